@@ -1,0 +1,174 @@
+"""vLLM's paged KV block pool with prefix caching (after `vllm/v1/core/block_pool.py`).
+
+Blocks are plain objects; the free queue is an ordered dict used as a doubly linked list:
+the front is evicted first. Events are collected in `events` and drained once per step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+
+def hash_block_tokens(parent_hash: bytes | None, token_ids: Sequence[int]) -> bytes:
+    """Chained block hash: covers the parent's hash and this block's token ids (stable encoding)."""
+    parent = parent_hash if parent_hash is not None else b"\x00" * 32
+    payload = parent + struct.pack(f">{len(token_ids)}q", *token_ids)
+    return hashlib.sha256(payload).digest()
+
+
+def external_hash(block_hash: bytes) -> int:
+    """What KV events carry: the low 64 bits of the big-endian digest, as vLLM does."""
+    return int.from_bytes(block_hash, "big") & 0xFFFF_FFFF_FFFF_FFFF
+
+
+def block_hashes_for(token_ids: Sequence[int], block_size: int, known: list[bytes]) -> list[bytes]:
+    """Extend `known` (hashes of the leading full blocks) to every full block of `token_ids`."""
+    for start in range(len(known) * block_size, len(token_ids) - block_size + 1, block_size):
+        parent = known[-1] if known else None
+        known.append(hash_block_tokens(parent, token_ids[start : start + block_size]))
+    return known
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    block_hashes: list[int]
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    pass
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(eq=False)
+class Block:
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: bytes | None = None
+
+
+@dataclass
+class BlockPool:
+    num_gpu_blocks: int
+    block_size: int
+    blocks: list[Block] = field(init=False)
+    free_queue: OrderedDict[int, Block] = field(init=False)
+    cached: dict[bytes, Block] = field(init=False)
+    events: list[KVEvent] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.num_gpu_blocks < 2:
+            raise ValueError("num_gpu_blocks must be at least 2 (one is the null block)")
+        self.blocks = [Block(i) for i in range(self.num_gpu_blocks)]
+        # Block 0 is vLLM's null block: never free, never counted as usable.
+        self.free_queue = OrderedDict((b.block_id, b) for b in self.blocks[1:])
+        self.cached = {}
+        self.events = []
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / (self.num_gpu_blocks - 1)
+
+    def longest_cached_prefix(self, block_hashes: Sequence[bytes]) -> list[Block]:
+        hit: list[Block] = []
+        for block_hash in block_hashes:
+            block = self.cached.get(block_hash)
+            if block is None:
+                break
+            hit.append(block)
+        return hit
+
+    def touch(self, blocks: Iterable[Block]) -> None:
+        for block in blocks:
+            if block.ref_cnt == 0:
+                del self.free_queue[block.block_id]
+            block.ref_cnt += 1
+
+    def get_new_blocks(self, count: int) -> list[Block]:
+        if count > self.num_free_blocks:
+            raise ValueError(f"cannot get {count} free blocks from the pool")
+        taken = []
+        for _ in range(count):
+            _, block = self.free_queue.popitem(last=False)
+            self._evict(block)
+            block.ref_cnt = 1
+            taken.append(block)
+        return taken
+
+    def _evict(self, block: Block) -> None:
+        if block.block_hash is None:
+            return
+        if self.cached.get(block.block_hash) is block:
+            del self.cached[block.block_hash]
+        self.events.append(BlockRemoved([external_hash(block.block_hash)]))
+        block.block_hash = None
+
+    def cache_full_blocks(
+        self,
+        blocks: Sequence[Block],
+        block_hashes: Sequence[bytes],
+        token_ids: Sequence[int],
+        num_cached: int,
+        num_full: int,
+    ) -> None:
+        """Give blocks[num_cached:num_full] their hashes and announce them (one BlockStored)."""
+        if num_cached >= num_full:
+            return
+        new_hashes = []
+        for index in range(num_cached, num_full):
+            block = blocks[index]
+            if block.block_hash is not None:
+                continue
+            block.block_hash = block_hashes[index]
+            # vLLM keeps duplicates; a lookup returns the first one cached.
+            self.cached.setdefault(block.block_hash, block)
+            new_hashes.append(external_hash(block.block_hash))
+        parent = external_hash(block_hashes[num_cached - 1]) if num_cached else None
+        tokens = list(token_ids[num_cached * self.block_size : num_full * self.block_size])
+        self.events.append(BlockStored(new_hashes, parent, tokens, self.block_size))
+
+    def free_blocks(self, ordered_blocks: Iterable[Block]) -> None:
+        """Release blocks, first one evicted first: unhashed ones go to the front, cached ones to the back."""
+        freeable = []
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                freeable.append(block)
+        fresh = [b for b in freeable if b.block_hash is None]
+        for block in reversed(fresh):
+            self.free_queue[block.block_id] = block
+            self.free_queue.move_to_end(block.block_id, last=False)
+        for block in freeable:
+            if block.block_hash is not None:
+                self.free_queue[block.block_id] = block
+
+    def reset_prefix_cache(self) -> bool:
+        if self.num_free_blocks != self.num_gpu_blocks - 1:
+            return False
+        self.cached.clear()
+        for block in self.blocks:
+            block.block_hash = None
+        self.events.append(AllBlocksCleared())
+        return True
+
+    def take_events(self) -> list[KVEvent]:
+        events, self.events = self.events, []
+        return events
