@@ -382,7 +382,7 @@ CATALOG: tuple[Metric, ...] = (
     _m(
         "kvcache_cache_savings_per_hour",
         "gauge",
-        "What the prefix cache saves per hour: cached prompt tokens priced at the computed-prompt-token cost.",
+        "What the prefix cache saves per hour: cached prompt tokens priced as computed prompt tokens.",
         ("window",),
         "currency/h",
         "cost",
