@@ -67,7 +67,7 @@ class BlockPool:
     block_size: int
     blocks: list[Block] = field(init=False)
     free_queue: OrderedDict[int, Block] = field(init=False)
-    cached: dict[bytes, Block] = field(init=False)
+    cached: dict[bytes, dict[int, Block]] = field(init=False)
     events: list[KVEvent] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -90,10 +90,10 @@ class BlockPool:
     def longest_cached_prefix(self, block_hashes: Sequence[bytes]) -> list[Block]:
         hit: list[Block] = []
         for block_hash in block_hashes:
-            block = self.cached.get(block_hash)
-            if block is None:
+            same_hash = self.cached.get(block_hash)
+            if not same_hash:
                 break
-            hit.append(block)
+            hit.append(next(iter(same_hash.values())))
         return hit
 
     def touch(self, blocks: Iterable[Block]) -> None:
@@ -116,8 +116,10 @@ class BlockPool:
     def _evict(self, block: Block) -> None:
         if block.block_hash is None:
             return
-        if self.cached.get(block.block_hash) is block:
-            del self.cached[block.block_hash]
+        same_hash = self.cached.get(block.block_hash, {})
+        same_hash.pop(block.block_id, None)
+        if not same_hash:
+            self.cached.pop(block.block_hash, None)
         self.events.append(BlockRemoved([external_hash(block.block_hash)]))
         block.block_hash = None
 
@@ -139,7 +141,7 @@ class BlockPool:
                 continue
             block.block_hash = block_hashes[index]
             # vLLM keeps duplicates; a lookup returns the first one cached.
-            self.cached.setdefault(block.block_hash, block)
+            self.cached.setdefault(block.block_hash, {})[block.block_id] = block
             new_hashes.append(external_hash(block.block_hash))
         parent = external_hash(block_hashes[num_cached - 1]) if num_cached else None
         tokens = list(token_ids[num_cached * self.block_size : num_full * self.block_size])

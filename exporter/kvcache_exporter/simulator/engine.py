@@ -1,0 +1,255 @@
+"""One engine core: vLLM V1's FCFS scheduler over a prefix-caching block pool. No I/O, no clock of its own:
+the caller passes `now` to `step` and gets back how long the step took."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .blocks import Block, BlockPool, KVEvent, block_hashes_for
+from .latency import LatencyModel
+from .stats import EngineStats
+
+VOCAB_LOW, VOCAB_HIGH = 5, 500
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int = 16
+    num_gpu_blocks: int = 2048
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 8192
+    enable_prefix_caching: bool = True
+    latency: LatencyModel = field(default_factory=LatencyModel)
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    arrival_time: float
+    forced_output: list[int] | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1
+    num_preemptions: int = 0
+    blocks: list[Block] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_cached_blocks: int = 0
+    scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finish_time: float | None = None
+    finished_reason: str | None = None
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def next_token(self) -> int:
+        """Deterministic "sampling": the replayed token when given, else a function of the context."""
+        index = len(self.output_token_ids)
+        if self.forced_output is not None and index < len(self.forced_output):
+            return self.forced_output[index]
+        previous = self.all_token_ids[-1]
+        return VOCAB_LOW + (previous * 1103515245 + 12345 + index) % (VOCAB_HIGH - VOCAB_LOW)
+
+
+@dataclass
+class StepResult:
+    duration: float
+    scheduled_tokens: int
+    finished: list[Request]
+    events: list[KVEvent]
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, index: int = 0) -> None:
+        self.config = config
+        self.index = index
+        self.pool = BlockPool(config.num_gpu_blocks, config.block_size)
+        self.stats = EngineStats(config.max_model_len)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add_request(self, request: Request) -> None:
+        if not request.prompt_token_ids:
+            raise ValueError("empty prompt")
+        if len(request.prompt_token_ids) + request.max_tokens > self.config.max_model_len:
+            raise ValueError(f"prompt + max_tokens exceeds max_model_len {self.config.max_model_len}")
+        needed_blocks = -(-(len(request.prompt_token_ids) + request.max_tokens) // self.config.block_size)
+        if needed_blocks > self.config.num_gpu_blocks - 1:
+            raise ValueError(f"request needs {needed_blocks} KV blocks, the pool has fewer")
+        self.waiting.append(request)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.pool.reset_prefix_cache()
+
+    def step(self, now: float) -> StepResult:
+        scheduled = self._schedule(now)
+        decode_seqs = sum(1 for r, n in scheduled if r.output_token_ids and n == 1)
+        total = sum(n for _, n in scheduled)
+        duration = self.config.latency.step_seconds(total - decode_seqs, decode_seqs)
+        if total:
+            self.stats.observe("iteration_tokens_total", total)
+        finished = self._execute(scheduled, now + duration)
+        return StepResult(duration, total, finished, self.pool.take_events())
+
+    # --- scheduling -------------------------------------------------------------------------
+
+    def _schedule(self, now: float) -> list[tuple[Request, int]]:
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[tuple[Request, int]] = []
+        preempted = False
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self._allocate(request, num_new, []):
+                victim = self.running.pop()  # FCFS: the latest arrival goes first
+                self._preempt(victim)
+                preempted = True
+                if victim is request:
+                    break
+            else:
+                scheduled.append((request, num_new))
+                budget -= num_new
+                index += 1
+                continue
+            break
+        # As in vLLM, no new admissions in a step that had to preempt.
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            hit_blocks = self._lookup(request)
+            num_hit_tokens = len(hit_blocks) * self.config.block_size
+            num_new = min(request.num_tokens - num_hit_tokens, budget)
+            if not self._allocate(request, num_new, hit_blocks):
+                break
+            self.waiting.popleft()
+            self._admit(request, num_hit_tokens, now)
+            scheduled.append((request, num_new))
+            budget -= num_new
+        return scheduled
+
+    def _lookup(self, request: Request) -> list[Block]:
+        if not self.config.enable_prefix_caching:
+            return []
+        block_hashes_for(request.all_token_ids, self.config.block_size, request.block_hashes)
+        # The last token is always recomputed (its logits are needed), so at most num_tokens-1 hit.
+        max_hit_blocks = (request.num_tokens - 1) // self.config.block_size
+        return self.pool.longest_cached_prefix(request.block_hashes[:max_hit_blocks])
+
+    def _admit(self, request: Request, num_hit_tokens: int, now: float) -> None:
+        request.num_computed_tokens = num_hit_tokens
+        if request.scheduled_time is None:
+            request.scheduled_time = now
+        if request.num_preemptions == 0 and self.config.enable_prefix_caching:
+            # Recorded once at admission (vLLM PR #48860); lookups after a preemption are not exported.
+            self.stats.prefix_cache_queries += request.num_tokens
+            self.stats.prefix_cache_hits += num_hit_tokens
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_hit_tokens
+        self.running.append(request)
+
+    def _allocate(self, request: Request, num_new: int, hit_blocks: list[Block]) -> bool:
+        bs = self.config.block_size
+        computed = request.num_computed_tokens + len(hit_blocks) * bs
+        required = -(-(computed + num_new) // bs)
+        num_new_blocks = max(required - len(request.blocks) - len(hit_blocks), 0)
+        evictable_hits = sum(1 for b in hit_blocks if b.ref_cnt == 0)
+        if num_new_blocks + evictable_hits > self.pool.num_free_blocks:
+            return False
+        self.pool.touch(hit_blocks)
+        request.blocks.extend(hit_blocks)
+        request.blocks.extend(self.pool.get_new_blocks(num_new_blocks))
+        if self.config.enable_prefix_caching:
+            num_cached = request.num_cached_blocks if not hit_blocks else len(hit_blocks)
+            num_full = min(computed + num_new, request.num_tokens) // bs
+            block_hashes_for(request.all_token_ids, bs, request.block_hashes)
+            self.pool.cache_full_blocks(
+                request.blocks, request.block_hashes, request.all_token_ids, num_cached, num_full
+            )
+            request.num_cached_blocks = max(num_cached, num_full)
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self._free(request)
+        request.num_computed_tokens = 0
+        request.num_cached_blocks = 0
+        request.num_preemptions += 1
+        self.stats.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _free(self, request: Request) -> None:
+        # Tail blocks first: they hold the least shareable tokens, so they are evicted first.
+        self.pool.free_blocks(reversed(request.blocks))
+        request.blocks = []
+
+    # --- execution --------------------------------------------------------------------------
+
+    def _execute(self, scheduled: list[tuple[Request, int]], done: float) -> list[Request]:
+        finished = []
+        for request, num_new in scheduled:
+            request.num_computed_tokens += num_new
+            if request.num_computed_tokens < request.num_tokens:
+                continue  # a chunk of a longer prefill
+            self._emit_token(request, done)
+            if len(request.output_token_ids) >= request.max_tokens:
+                self._finish(request, done, "length")
+                finished.append(request)
+        return finished
+
+    def _emit_token(self, request: Request, now: float) -> None:
+        stats = self.stats
+        if request.first_token_time is None:
+            request.first_token_time = now
+            prompt_len = len(request.prompt_token_ids)
+            cached = max(request.num_cached_tokens, 0)
+            stats.prompt_tokens += prompt_len
+            stats.prompt_tokens_cached += cached
+            stats.prompt_tokens_computed += prompt_len - cached
+            stats.observe("time_to_first_token_seconds", now - request.arrival_time)
+        else:
+            stats.observe("inter_token_latency_seconds", now - request.last_token_time)
+        request.last_token_time = now
+        request.output_token_ids.append(request.next_token())
+        stats.generation_tokens += 1
+
+    def _finish(self, request: Request, now: float, reason: str) -> None:
+        self.running.remove(request)
+        self._free(request)
+        request.finish_time = now
+        request.finished_reason = reason
+        stats = self.stats
+        stats.request_success[reason] += 1
+        generated = len(request.output_token_ids)
+        decode = request.last_token_time - request.first_token_time
+        observations = {
+            "e2e_request_latency_seconds": now - request.arrival_time,
+            "request_queue_time_seconds": request.scheduled_time - request.arrival_time,
+            "request_prefill_time_seconds": request.first_token_time - request.scheduled_time,
+            "request_decode_time_seconds": decode,
+            "request_inference_time_seconds": request.last_token_time - request.scheduled_time,
+            "request_prompt_tokens": len(request.prompt_token_ids),
+            "request_generation_tokens": generated,
+            "request_max_num_generation_tokens": request.max_tokens,
+            "request_params_max_tokens": request.max_tokens,
+            "request_params_n": 1,
+            "request_num_preemptions": request.num_preemptions,
+            "request_prefill_kv_computed_tokens": len(request.prompt_token_ids)
+            - max(request.num_cached_tokens, 0),
+        }
+        if generated > 1:
+            observations["request_time_per_output_token_seconds"] = decode / (generated - 1)
+        for name, value in observations.items():
+            stats.observe(name, value)
