@@ -1,0 +1,134 @@
+"""`kvcache-exporter simulate ...` (and `python -m kvcache_exporter.simulator ...`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+
+from .config import Faults, SimulatorConfig
+from .engine import EngineConfig
+from .latency import LatencyModel
+from .server import Simulator
+from .workloads import parse_schedule
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "simulate", help="run a vLLM-compatible simulator (metrics, KV events, API)", description=__doc__
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--listen", default="127.0.0.1:8000", help="HOST:PORT to serve on (port 0: any free port)")
+    add("--model-name", default="sim-llama", help="served model name (the model_name label)")
+    add("--block-size", type=int, default=16)
+    add("--num-gpu-blocks", type=int, default=2048)
+    add("--max-num-seqs", type=int, default=256)
+    add("--max-num-batched-tokens", type=int, default=8192)
+    add("--max-model-len", type=int, default=8192)
+    add("--no-prefix-caching", action="store_true")
+    add("--engines", type=int, default=1, help="data-parallel engines, each with its own pool")
+    add("--routing", choices=("round-robin", "session"), default="round-robin")
+    add("--metrics-schema", choices=("v1", "v0"), default="v1")
+    add(
+        "--workload",
+        "--schedule",
+        dest="schedule",
+        default="normalized",
+        help="workloads over simulated time, e.g. normalized:60s,raw:60s,normalized "
+        "(each one of raw|normalized|chat|trace|none)",
+    )
+    add("--trace", dest="trace_path", help="trace.jsonl for the `trace` workload")
+    add("--rate", type=float, default=5.0, help="built-in requests per simulated second (Poisson)")
+    add("--concurrency", type=int, default=32, help="most built-in requests in flight")
+    add("--speed", type=float, default=1.0, help="simulated seconds per wall second")
+    add("--seed", type=int, default=20251202)
+    add("--kv-events-endpoint", help="ZMQ PUB endpoint (binds on */::/ipc/inproc, else connects)")
+    add("--kv-events-replay-endpoint", help="ZMQ ROUTER endpoint for replay")
+    add("--kv-events-topic", default="kv")
+    add(
+        "--kv-bytes-per-token", type=int, default=131072, help="for cache_config_info's kv_cache_memory_bytes"
+    )
+    add("--step-base-s", type=float, default=LatencyModel.base_s)
+    add("--step-prefill-token-s", type=float, default=LatencyModel.per_prefill_token_s)
+    add("--step-decode-seq-s", type=float, default=LatencyModel.per_decode_seq_s)
+    add("--memory-swing-period", type=float, default=0.0, help="seconds per 12 GB -> 20 GB GPU memory swing")
+    add("--fault-metrics-delay", type=float, default=0.0, help="seconds to wait before answering /metrics")
+    add("--fault-metrics-fail", action="store_true", help="answer /metrics with HTTP 500")
+    add("--fault-metrics-malformed", action="store_true", help="prepend an unparsable line to /metrics")
+    add("--fault-drop-kv-seq", type=int, default=0, metavar="N", help="skip a KV-event seq every N batches")
+
+
+def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
+    host, _, port = args.listen.rpartition(":")
+    parse_schedule(args.schedule)  # fail early on a bad schedule
+    return SimulatorConfig(
+        host=host.strip("[]") or "127.0.0.1",
+        port=int(port),
+        model_name=args.model_name,
+        engine=EngineConfig(
+            block_size=args.block_size,
+            num_gpu_blocks=args.num_gpu_blocks,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.max_model_len,
+            enable_prefix_caching=not args.no_prefix_caching,
+            latency=LatencyModel(args.step_base_s, args.step_prefill_token_s, args.step_decode_seq_s),
+        ),
+        engines=args.engines,
+        routing=args.routing,
+        metrics_schema=args.metrics_schema,
+        schedule=args.schedule,
+        rate=args.rate,
+        concurrency=args.concurrency,
+        speed=args.speed,
+        seed=args.seed,
+        trace_path=args.trace_path,
+        kv_events_endpoint=args.kv_events_endpoint,
+        kv_events_replay_endpoint=args.kv_events_replay_endpoint,
+        kv_events_topic=args.kv_events_topic,
+        kv_bytes_per_token=args.kv_bytes_per_token,
+        memory_swing_period_s=args.memory_swing_period,
+        faults=Faults(
+            args.fault_metrics_delay,
+            args.fault_metrics_fail,
+            args.fault_metrics_malformed,
+            args.fault_drop_kv_seq,
+        ),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"simulate: {exc}")
+        return 2
+    asyncio.run(_serve(config))
+    return 0
+
+
+async def _serve(config: SimulatorConfig) -> None:
+    simulator = await Simulator(config).start()
+    print(f"simulator serving {config.model_name} on {simulator.url}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await simulator.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvcache_exporter.simulator")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,294 @@
+"""`/metrics` in the shape of real vLLM: a prometheus_client custom collector over the engines' stats."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import CollectorRegistry
+from prometheus_client.samples import Sample
+
+from .engine import Engine
+from .stats import Histogram
+
+V0_BUCKETS = {
+    "time_to_first_token_seconds": (
+        0.001,
+        0.005,
+        0.01,
+        0.02,
+        0.04,
+        0.06,
+        0.08,
+        0.1,
+        0.25,
+        0.5,
+        0.75,
+        1.0,
+        2.5,
+        5.0,
+        7.5,
+        10.0,
+    ),
+    "time_per_output_token_seconds": (
+        0.01,
+        0.025,
+        0.05,
+        0.075,
+        0.1,
+        0.15,
+        0.2,
+        0.3,
+        0.4,
+        0.5,
+        0.75,
+        1.0,
+        2.5,
+    ),
+    "e2e_request_latency_seconds": (1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0),
+}
+
+HELP = {
+    "num_requests_running": "Number of requests in model execution batches.",
+    "num_requests_waiting": "Number of requests waiting to be processed.",
+    "kv_cache_usage_perc": "KV-cache usage. 1 means 100 percent usage.",
+    "prefix_cache_queries": "Prefix cache queries, in terms of number of queried tokens.",
+    "prefix_cache_hits": "Prefix cache hits, in terms of number of cached tokens.",
+    "num_preemptions": "Cumulative number of preemption from the engine.",
+    "prompt_tokens": "Number of prefill tokens processed.",
+    "prompt_tokens_by_source": "Number of prompt tokens by source.",
+    "prompt_tokens_cached": "Number of cached prompt tokens (local + external).",
+    "generation_tokens": "Number of generation tokens processed.",
+    "request_success": "Count of successfully processed requests.",
+    "request_prompt_tokens": "Number of prefill tokens processed.",
+    "request_generation_tokens": "Number of generation tokens processed.",
+    "iteration_tokens_total": "Histogram of number of tokens per engine_step.",
+    "request_max_num_generation_tokens": "Histogram of maximum number of requested generation tokens.",
+    "request_params_n": "Histogram of the n request parameter.",
+    "request_params_max_tokens": "Histogram of the max_tokens request parameter.",
+    "time_to_first_token_seconds": "Histogram of time to first token in seconds.",
+    "inter_token_latency_seconds": "Histogram of inter-token latency in seconds.",
+    "request_time_per_output_token_seconds": "Histogram of time_per_output_token_seconds per request.",
+    "e2e_request_latency_seconds": "Histogram of e2e request latency in seconds.",
+    "request_queue_time_seconds": "Histogram of time spent in WAITING phase for request.",
+    "request_inference_time_seconds": "Histogram of time spent in RUNNING phase for request.",
+    "request_prefill_time_seconds": "Histogram of time spent in PREFILL phase for request.",
+    "request_decode_time_seconds": "Histogram of time spent in DECODE phase for request.",
+    "request_num_preemptions": "Histogram of the number of times a request was preempted.",
+    "request_prefill_kv_computed_tokens": "Histogram of new KV tokens computed during prefill "
+    "(excluding cached tokens).",
+}
+
+
+@dataclass
+class ExpositionState:
+    """What one scrape reads; `created` is the wall-clock start of the current server instance."""
+
+    model_name: str
+    engines: list[Engine]
+    created: float
+    cache_config: Callable[[int], dict[str, str]]
+
+
+class VllmCollector:
+    def __init__(self, state: Callable[[], ExpositionState], schema: str = "v1") -> None:
+        self._state = state
+        self._schema = schema
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._state()
+        if self._schema == "v0":
+            yield from _collect_v0(state)
+        else:
+            yield from _collect_v1(state)
+
+
+def make_registry(state: Callable[[], ExpositionState], schema: str = "v1") -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(VllmCollector(state, schema))
+    return registry
+
+
+def _collect_v1(state: ExpositionState) -> Iterator[Metric]:
+    engines, created = state.engines, state.created
+    labels = ["engine", "model_name"]
+
+    def per_engine(engine: Engine) -> list[str]:
+        return [str(engine.index), state.model_name]
+
+    def gauge(name: str, value: Callable[[Engine], float]) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(f"vllm:{name}", HELP[name], labels=labels)
+        for engine in engines:
+            family.add_metric(per_engine(engine), value(engine))
+        return family
+
+    def counter(name: str, value: Callable[[Engine], float]) -> CounterMetricFamily:
+        family = CounterMetricFamily(f"vllm:{name}", HELP[name], labels=labels)
+        for engine in engines:
+            family.add_metric(per_engine(engine), value(engine), created=created)
+        return family
+
+    yield gauge("num_requests_running", lambda e: len(e.running))
+    yield gauge("num_requests_waiting", lambda e: len(e.waiting))
+    yield gauge("kv_cache_usage_perc", lambda e: e.pool.usage)
+    yield counter("prefix_cache_queries", lambda e: e.stats.prefix_cache_queries)
+    yield counter("prefix_cache_hits", lambda e: e.stats.prefix_cache_hits)
+    yield counter("num_preemptions", lambda e: e.stats.num_preemptions)
+    yield counter("prompt_tokens", lambda e: e.stats.prompt_tokens)
+    by_source = CounterMetricFamily(
+        "vllm:prompt_tokens_by_source", HELP["prompt_tokens_by_source"], labels=[*labels, "source"]
+    )
+    for engine in engines:
+        s = engine.stats
+        for source, value in (
+            ("local_compute", s.prompt_tokens_computed),
+            ("local_cache_hit", s.prompt_tokens_cached),
+            ("external_kv_transfer", 0),
+        ):
+            by_source.add_metric([*per_engine(engine), source], value, created=created)
+    yield by_source
+    yield counter("prompt_tokens_cached", lambda e: e.stats.prompt_tokens_cached)
+    yield counter("generation_tokens", lambda e: e.stats.generation_tokens)
+    success = CounterMetricFamily(
+        "vllm:request_success", HELP["request_success"], labels=["engine", "finished_reason", "model_name"]
+    )
+    for engine in engines:
+        for reason, value in engine.stats.request_success.items():
+            success.add_metric([str(engine.index), reason, state.model_name], value, created=created)
+    yield success
+    for name in HELP:
+        if engines and name in engines[0].stats.histograms:
+            yield _histogram(
+                f"vllm:{name}",
+                HELP[name],
+                labels,
+                [(per_engine(e), e.stats.histograms[name]) for e in engines],
+                created,
+            )
+    info = GaugeMetricFamily(
+        "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=_info_labels(state, 0)
+    )
+    for engine in engines:
+        config = state.cache_config(engine.index)
+        info.add_metric([config[k] for k in sorted(config)], 1.0)
+    yield info
+
+
+def _info_labels(state: ExpositionState, engine_index: int) -> list[str]:
+    return sorted(state.cache_config(engine_index))
+
+
+def _histogram(
+    name: str,
+    documentation: str,
+    labels: list[str],
+    series: list[tuple[list[str], Histogram]],
+    created: float | None,
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, documentation, labels=labels)
+    for values, histogram in series:
+        family.add_metric(values, histogram.cumulative(), histogram.total)
+        if created is not None:
+            family.samples.append(Sample(f"{name}_created", dict(zip(labels, values, strict=True)), created))
+    return family
+
+
+def _collect_v0(state: ExpositionState) -> Iterator[Metric]:
+    """Late-V0 names: one engine's worth (engines summed), `model_name` only, no `_created` series."""
+    engines, labels, values = state.engines, ["model_name"], [state.model_name]
+
+    def total(read: Callable[[Engine], float]) -> float:
+        return sum(read(e) for e in engines)
+
+    def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(f"vllm:{name}", documentation, labels=labels)
+        family.add_metric(values, value)
+        return family
+
+    def counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+        family = CounterMetricFamily(f"vllm:{name}", documentation, labels=labels)
+        family.add_metric(values, value)
+        return family
+
+    config = state.cache_config(0)
+    info = GaugeMetricFamily("vllm:cache_config_info", "information of cache_config", labels=sorted(_V0_INFO))
+    info.add_metric([config.get(k, "None") for k in sorted(_V0_INFO)], 1.0)
+    yield info
+    yield gauge(
+        "num_requests_running",
+        "Number of requests currently running on GPU.",
+        total(lambda e: len(e.running)),
+    )
+    yield gauge(
+        "num_requests_waiting", "Number of requests waiting to be processed.", total(lambda e: len(e.waiting))
+    )
+    yield gauge("num_requests_swapped", "Number of requests swapped to CPU.", 0)
+    yield gauge(
+        "gpu_cache_usage_perc",
+        "GPU KV-cache usage. 1 means 100 percent usage.",
+        total(lambda e: e.pool.usage) / max(len(engines), 1),
+    )
+    yield gauge("cpu_cache_usage_perc", "CPU KV-cache usage. 1 means 100 percent usage.", 0)
+    queries = total(lambda e: e.stats.prefix_cache_queries)
+    hit_rate = total(lambda e: e.stats.prefix_cache_hits) / queries if queries else 0.0
+    yield gauge("gpu_prefix_cache_hit_rate", "GPU prefix cache block hit rate.", hit_rate)
+    yield gauge("cpu_prefix_cache_hit_rate", "CPU prefix cache block hit rate.", -1.0)
+    yield counter(
+        "num_preemptions",
+        "Cumulative number of preemption from the engine.",
+        total(lambda e: e.stats.num_preemptions),
+    )
+    yield counter(
+        "prompt_tokens", "Number of prefill tokens processed.", total(lambda e: e.stats.prompt_tokens)
+    )
+    yield counter(
+        "generation_tokens",
+        "Number of generation tokens processed.",
+        total(lambda e: e.stats.generation_tokens),
+    )
+    success = CounterMetricFamily(
+        "vllm:request_success",
+        "Count of successfully processed requests.",
+        labels=["finished_reason", "model_name"],
+    )
+    for reason in ("stop", "length"):
+        success.add_metric([reason, state.model_name], total(lambda e, r=reason: e.stats.request_success[r]))
+    yield success
+    for name, v1_name in (
+        ("time_to_first_token_seconds", "time_to_first_token_seconds"),
+        ("time_per_output_token_seconds", "inter_token_latency_seconds"),
+        ("e2e_request_latency_seconds", "e2e_request_latency_seconds"),
+    ):
+        merged = Histogram(V0_BUCKETS[name])
+        for engine in engines:
+            _rebucket(engine.stats.histograms[v1_name], merged)
+        yield _histogram(f"vllm:{name}", HELP.get(name, HELP[v1_name]), labels, [(values, merged)], None)
+
+
+_V0_INFO = (
+    "block_size",
+    "cache_dtype",
+    "enable_prefix_caching",
+    "gpu_memory_utilization",
+    "num_cpu_blocks",
+    "num_gpu_blocks",
+    "num_gpu_blocks_override",
+    "sliding_window",
+    "swap_space_bytes",
+)
+
+
+def _rebucket(source: Histogram, target: Histogram) -> None:
+    """Move V1 observations into coarser V0 buckets (each V1 bucket lands where its upper bound falls)."""
+    for bound, count in zip([*source.buckets, float("inf")], source.counts, strict=True):
+        if count:
+            target.counts[_bucket_index(target.buckets, bound)] += count
+    target.total += source.total
+
+
+def _bucket_index(buckets: tuple[float, ...], value: float) -> int:
+    for index, bound in enumerate(buckets):
+        if value <= bound:
+            return index
+    return len(buckets)

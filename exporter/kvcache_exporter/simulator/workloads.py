@@ -1,0 +1,200 @@
+"""Built-in traffic: the seed's e-commerce prompts (raw / normalized), multi-turn chat, trace replay,
+and the schedule that switches between them over (simulated) time."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TOKEN_LOW, TOKEN_HIGH = 5, 500
+USER_LABEL, TIMESTAMP_LABEL, ORDER_LABEL = 7, 8, 9
+
+
+@dataclass
+class RequestSpec:
+    prompt_token_ids: list[int]
+    max_tokens: int
+    session: str
+    forced_output: list[int] | None = None
+    gap_s: float | None = None
+    """Time since the previous request, when the workload dictates it (trace replay)."""
+
+
+class Workload:
+    name = "base"
+
+    def next_request(self) -> RequestSpec | None:
+        raise NotImplementedError
+
+    def on_response(self, spec: RequestSpec, output_token_ids: list[int]) -> None:
+        """Feedback for workloads whose next prompt depends on the answer (chat)."""
+
+
+def _tokens(rng: random.Random, low: int, high: int) -> list[int]:
+    return [rng.randint(TOKEN_LOW, TOKEN_HIGH) for _ in range(rng.randint(low, high))]
+
+
+@dataclass
+class CustomerServiceCorpus:
+    """The seed's static parts: a 200-token system block and 30 recurring questions of 20-60 tokens."""
+
+    seed: int
+    system: list[int] = field(init=False)
+    questions: list[list[int]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        rng = random.Random(self.seed)
+        self.system = _tokens(rng, 200, 200)
+        self.questions = [_tokens(rng, 20, 60) for _ in range(30)]
+
+
+class CustomerService(Workload):
+    """`raw`: dynamic header (user id, timestamp, order no.) first; `normalized`: header last."""
+
+    def __init__(
+        self, layout: str, corpus: CustomerServiceCorpus, rng: random.Random, max_tokens: int
+    ) -> None:
+        if layout not in ("raw", "normalized"):
+            raise ValueError(f"unknown layout {layout!r}")
+        self.name = layout
+        self._corpus, self._rng, self._max_tokens = corpus, rng, max_tokens
+        self._customer = 0
+
+    def next_request(self) -> RequestSpec:
+        rng = self._rng
+        header = [USER_LABEL, *_tokens(rng, 3, 5), TIMESTAMP_LABEL, *_tokens(rng, 4, 6), ORDER_LABEL]
+        header += _tokens(rng, 2, 6)
+        question = rng.choice(self._corpus.questions)
+        static = self._corpus.system + question
+        prompt = header + static if self.name == "raw" else static + header
+        self._customer += 1
+        return RequestSpec(prompt, self._max_tokens, f"cust-{self._customer:03d}")
+
+
+class MultiTurnChat(Workload):
+    """Sessions that grow turn by turn: system block + every previous question and answer + a new question."""
+
+    name = "chat"
+
+    def __init__(
+        self,
+        corpus: CustomerServiceCorpus,
+        rng: random.Random,
+        max_tokens: int,
+        sessions: int = 16,
+        max_turns: int = 6,
+    ) -> None:
+        self._corpus, self._rng, self._max_tokens = corpus, rng, max_tokens
+        self._sessions, self._max_turns = sessions, max_turns
+        self._history: dict[str, list[int]] = {}
+        self._turns: dict[str, int] = {}
+        self._in_flight: set[str] = set()
+        self._next_id = 0
+
+    def next_request(self) -> RequestSpec:
+        idle = [s for s in self._history if s not in self._in_flight]
+        if len(self._history) < self._sessions or not idle:
+            session = f"chat-{self._next_id:04d}"
+            self._next_id += 1
+            self._history[session] = list(self._corpus.system)
+            self._turns[session] = 0
+        else:
+            session = self._rng.choice(idle)
+        prompt = self._history[session] + _tokens(self._rng, 10, 40)
+        self._history[session] = prompt
+        self._in_flight.add(session)
+        return RequestSpec(list(prompt), self._max_tokens, session)
+
+    def on_response(self, spec: RequestSpec, output_token_ids: list[int]) -> None:
+        session = spec.session
+        self._in_flight.discard(session)
+        if session not in self._history:
+            return
+        self._history[session] = self._history[session] + output_token_ids
+        self._turns[session] += 1
+        if self._turns[session] >= self._max_turns:
+            del self._history[session], self._turns[session]
+
+
+class TraceReplay(Workload):
+    """Replays a trace.jsonl (seed-scenario format) in order with its inter-arrival gaps; loops."""
+
+    name = "trace"
+
+    def __init__(self, path: str | Path) -> None:
+        self._lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+        if not self._lines:
+            raise ValueError(f"{path}: empty trace")
+        self._index = 0
+
+    def next_request(self) -> RequestSpec:
+        line = self._lines[self._index % len(self._lines)]
+        previous = self._lines[self._index - 1] if self._index % len(self._lines) else None
+        self._index += 1
+        gap = line["send_ts"] - previous["send_ts"] if previous and "send_ts" in line else 0.0
+        return RequestSpec(
+            list(line["prompt_token_ids"]),
+            int(line.get("max_tokens") or 16),
+            str(line.get("session", f"trace-{line.get('i', self._index)}")),
+            forced_output=line.get("completion_token_ids"),
+            gap_s=max(gap, 0.0),
+        )
+
+
+WORKLOAD_NAMES = ("raw", "normalized", "chat", "trace", "none")
+
+
+class WorkloadFactory:
+    def __init__(self, seed: int, max_tokens: int = 32, trace_path: str | None = None) -> None:
+        self._corpus = CustomerServiceCorpus(seed)
+        self._rng = random.Random(seed + 1)
+        self._max_tokens = max_tokens
+        self._trace_path = trace_path
+
+    def make(self, name: str) -> Workload | None:
+        if name in ("raw", "normalized"):
+            return CustomerService(name, self._corpus, self._rng, self._max_tokens)
+        if name == "chat":
+            return MultiTurnChat(self._corpus, self._rng, self._max_tokens)
+        if name == "trace":
+            if not self._trace_path:
+                raise ValueError("the trace workload needs --trace PATH")
+            return TraceReplay(self._trace_path)
+        if name == "none":
+            return None
+        raise ValueError(f"unknown workload {name!r} (choose from {', '.join(WORKLOAD_NAMES)})")
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_schedule(text: str) -> list[tuple[str, float | None]]:
+    """`normalized:60s,raw:60s,normalized` -> [(name, seconds), ...]; a missing duration means "forever"."""
+    phases: list[tuple[str, float | None]] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, duration = part.partition(":")
+        if name not in WORKLOAD_NAMES:
+            raise ValueError(f"unknown workload {name!r} in schedule {text!r}")
+        seconds = None
+        if duration:
+            match = _DURATION.match(duration)
+            if not match:
+                raise ValueError(f"bad duration {duration!r} in schedule {text!r}")
+            seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        phases.append((name, seconds))
+    if not phases:
+        raise ValueError("empty schedule")
+    return phases
+
+
+def phase_at(phases: list[tuple[str, float | None]], elapsed: float) -> str:
+    """Which workload runs `elapsed` simulated seconds into the schedule (the last phase then stays)."""
+    for name, seconds in phases:
+        if seconds is None or elapsed < seconds:
+            return name
+        elapsed -= seconds
+    return phases[-1][0]
