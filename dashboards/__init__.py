@@ -1,0 +1,1 @@
+"""Grafana dashboards as code: `python -m dashboards` writes dashboards/json/*.json."""

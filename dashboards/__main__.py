@@ -1,0 +1,5 @@
+import sys
+
+from dashboards.generate import main
+
+sys.exit(main())

@@ -1,0 +1,178 @@
+"""kvcache-overview: the on-call view. Is the KV cache healthy right now?"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.models import units
+
+from .common import (
+    HIT_RATIO_FLOOR,
+    Query,
+    above_is_bad,
+    below_is_bad,
+    dashboard,
+    graph,
+    grid,
+    rate,
+    sel,
+    single,
+)
+
+UID = "kvcache-overview"
+FIRING = 'ALERTS{alertname=~"KVCache.*", alertstate="firing"}'
+P99 = 'quantile="0.99"'
+LATENCY_ALERTS = ("KVCacheTTFTSLOBurn", "KVCachePrefillSLOBurn")
+HIT_ALERTS = ("KVCacheHitRatioBelowFloor", "KVCacheHitRatioDropped")
+MEMORY_ALERTS = ("KVCacheGPUMemoryOverBudget", "KVCacheGPUMemorySwing")
+UP_ALERTS = ("KVCacheExporterDown", "KVCacheVLLMDown", "KVCacheCollectorFailing")
+TTFT_SLA, PREFILL_SLA = 2.0, 1.0  # seconds; defaults of the ttft_sla / prefill_sla boxes
+
+
+def _sla(name: str, label: str, default: float) -> db.TextBoxVariable:
+    return db.TextBoxVariable(name).label(label).default_value(f"{default:g}")
+
+
+def _stats():
+    hit = sel("kvcache_prefix_cache_hit_ratio")
+    return [
+        single(
+            "Prefix-cache hit ratio",
+            Query(f"min by (window) ({hit})", "{{window}}"),
+            shows=f"Lowest hit ratio across the selected models, per window; red below {HIT_RATIO_FLOOR}.",
+            action="Open KV cache deep dive: a drop with steady traffic means prompts changed (template, "
+            "dynamic fields first) or the cache is evicted (see block utilization, preemptions).",
+            alerts=HIT_ALERTS,
+            unit=units.PercentUnit,
+            thresholds=below_is_bad(HIT_RATIO_FLOOR),
+        ),
+        single(
+            "TTFT p99",
+            Query(f"max({sel('kvcache_time_to_first_token_seconds', P99)})"),
+            shows="Worst time-to-first-token p99 over the exporter's windows.",
+            action="Compare with prefill p99: if prefill is fine, requests queue (saturation).",
+            alerts=LATENCY_ALERTS[:1],
+            unit=units.Seconds,
+            thresholds=above_is_bad(TTFT_SLA),
+        ),
+        single(
+            "Prefill p99",
+            Query(f"max({sel('kvcache_prefill_latency_seconds', P99)})"),
+            shows="Worst prefill-time p99 over the exporter's windows.",
+            action="Prefill grows when the hit ratio falls (more tokens computed): check it first.",
+            alerts=LATENCY_ALERTS[1:],
+            unit=units.Seconds,
+            thresholds=above_is_bad(PREFILL_SLA),
+        ),
+        single(
+            "KV block utilization",
+            Query(f"max({sel('kvcache_block_utilization_ratio')})"),
+            shows="Highest share of KV blocks held by running requests.",
+            action="Near 100 % vLLM preempts requests: add replicas, lower max_num_seqs or raise "
+            "gpu_memory_utilization.",
+            alerts=("KVCacheSaturated",),
+            unit=units.PercentUnit,
+            thresholds=above_is_bad(0.9),
+        ),
+        single(
+            "GPU memory / budget",
+            Query(f"max({sel('kvcache_gpu_memory_budget_usage_ratio')})"),
+            shows="GPU memory in use over the budget vLLM was given (gpu_memory_utilization x total).",
+            action="Above 100 % another process shares the GPU: find it in the GPU & cost dashboard.",
+            alerts=MEMORY_ALERTS[:1],
+            unit=units.PercentUnit,
+            thresholds=above_is_bad(1.0),
+        ),
+        single(
+            "Targets up",
+            Query(f"min({sel('up')})", "exporter"),
+            Query(f"min({sel('kvcache_vllm_up')})", "vLLM"),
+            shows="1 when Prometheus scrapes every exporter and every exporter reaches vLLM.",
+            action="0 for the exporter: check the sidecar's logs and /healthz; 0 for vLLM: the engine is "
+            "down or its /metrics URL is wrong.",
+            alerts=UP_ALERTS[:2],
+            thresholds=below_is_bad(1),
+        ),
+        grid(
+            "Firing KV cache alerts",
+            Query(FIRING),
+            shows="Alerts of this project that fire now, with their labels.",
+            action="Open each alert's runbook section (links on this panel and in the alert).",
+            alerts=("KVCacheHitRatioBelowFloor", "KVCacheSaturated", "KVCacheExporterDown"),
+            w=24,
+            h=6,
+        ),
+    ]
+
+
+def _graphs():
+    latency = [
+        Query(f"max by (model_name) ({sel(metric, P99)})", f"{{{{model_name}}}} {what} p99")
+        for metric, what in (
+            ("kvcache_time_to_first_token_seconds", "TTFT"),
+            ("kvcache_prefill_latency_seconds", "prefill"),
+        )
+    ]
+    return [
+        graph(
+            "Hit ratio per window",
+            Query(sel("kvcache_prefix_cache_hit_ratio"), "{{model_name}}/{{engine}} {{window}}"),
+            shows=f"Share of queried prompt tokens served from the prefix cache over each window; the "
+            f"dashed line is the {HIT_RATIO_FLOOR} floor. Gaps mean the window saw no queries.",
+            action="Short windows dip first; act when the long window crosses the floor. Check the deep "
+            "dive's computed-vs-cached tokens and the config audit.",
+            alerts=HIT_ALERTS,
+            unit=units.PercentUnit,
+            thresholds=below_is_bad(HIT_RATIO_FLOOR),
+        ),
+        graph(
+            "TTFT and prefill p99 against the SLA",
+            *latency,
+            Query("vector($ttft_sla)", "TTFT SLA"),
+            Query("vector($prefill_sla)", "prefill SLA"),
+            shows="p99 of time to first token and of prefill per model (worst window), with the SLAs set "
+            "in the dashboard's ttft_sla / prefill_sla boxes.",
+            action="TTFT above the SLA with prefill below it is queueing (saturation); both above means "
+            "prefill work grew (cache misses, longer prompts).",
+            alerts=LATENCY_ALERTS,
+            unit=units.Seconds,
+        ),
+        graph(
+            "KV block utilization",
+            Query(sel("kvcache_block_utilization_ratio"), "{{model_name}}/{{engine}}"),
+            shows="Share of KV blocks held by running requests (evictable cached blocks count as free).",
+            action="Sustained above 90 % evicts the prefix cache and preempts: scale out or cut concurrency.",
+            alerts=("KVCacheSaturated",),
+            unit=units.PercentUnit,
+            thresholds=above_is_bad(0.9),
+        ),
+        graph(
+            "Preemptions",
+            Query(rate("kvcache_preemptions_total"), "{{model_name}}"),
+            shows="Requests preempted per second because KV blocks ran out.",
+            action="Any sustained preemption wastes prefill work: see KV block utilization.",
+            alerts=("KVCacheSaturated",),
+            unit=units.OpsPerSecond,
+        ),
+        graph(
+            "GPU memory against the budget",
+            Query(sel("kvcache_gpu_memory_used_bytes"), "used gpu{{gpu}}"),
+            Query(sel("kvcache_gpu_memory_budget_bytes"), "budget gpu{{gpu}}"),
+            shows="GPU memory in use against the budget vLLM was given.",
+            action="Used above budget: another process shares the GPU, or vLLM's budget is wrong.",
+            alerts=MEMORY_ALERTS,
+            unit=units.BytesIEC,
+        ),
+        graph(
+            "Cost per million tokens",
+            Query(sel("kvcache_cost_per_million_tokens"), "{{token_kind}} {{window}}"),
+            shows="GPU cost per million tokens, prompt vs generation, in kvcache_cost_info's currency.",
+            action="Rises when throughput falls or misses add prefill work; see the GPU & cost dashboard.",
+            alerts=("KVCacheCostAboveBudget",),
+        ),
+    ]
+
+
+def build() -> db.Dashboard:
+    slas = (_sla("ttft_sla", "TTFT SLA (s)", TTFT_SLA), _sla("prefill_sla", "Prefill SLA (s)", PREFILL_SLA))
+    rows = {"Now": _stats(), "Trends": _graphs()}
+    return dashboard(UID, "KV cache / Overview", "On-call view: is vLLM's KV cache healthy now?", rows, slas)
