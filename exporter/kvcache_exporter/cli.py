@@ -1,0 +1,94 @@
+"""`kvcache-exporter`: the only place that parses arguments and exits the process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+from . import __version__, config, docs
+from .config import OPTIONS, ConfigError
+
+
+def _add_serve(subparsers: argparse._SubParsersAction) -> None:
+    serve = subparsers.add_parser(
+        "serve",
+        help="poll vLLM (and the GPU, and the KV-event stream) and serve the derived metrics",
+        description="Every flag has an environment twin (KVCACHE_EXPORTER_<FLAG>) and a --config.file key.",
+    )
+    serve.add_argument(
+        "--config.file", dest="config_file", help="optional YAML file with the same keys as the flags"
+    )
+    serve.add_argument(
+        "--check-config", action="store_true", help="validate the configuration and exit (0 or 1)"
+    )
+    for option in OPTIONS:
+        default_text = option.default if option.default not in (None, [], {}) else "unset"
+        serve.add_argument(
+            option.flag,
+            dest=option.attr,
+            action="append" if option.multiple else "store",
+            metavar=option.key.rsplit(".", 1)[-1].upper(),
+            help=f"{option.help} (env {option.env}; default {default_text})",
+        )
+    serve.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .server import serve
+
+    flags = {o.key: getattr(args, o.attr) for o in OPTIONS}
+    try:
+        settings = config.resolve(flags, dict(os.environ), args.config_file)
+        if args.check_config:
+            from .web import load_web_config
+
+            load_web_config(settings.web_config_file)
+            print("configuration OK")
+            return 0
+    except ConfigError as err:
+        print(f"kvcache-exporter: {err}", file=sys.stderr)
+        return 1
+    return asyncio.run(serve(settings))
+
+
+def _docs(args: argparse.Namespace) -> int:
+    text = docs.metrics_markdown()
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvcache-exporter", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"kvcache-exporter {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _add_serve(subparsers)
+    doc = subparsers.add_parser("docs", help="write docs/metrics.md from the metric catalog")
+    doc.add_argument("--output", default="-", help="file to write (default stdout)")
+    doc.set_defaults(func=_docs)
+    for module in _subcommand_modules():
+        module.register(subparsers)  # each sets func= on its parser
+    return parser
+
+
+def _subcommand_modules() -> list:
+    from .simulator import cli as simulate
+
+    return [simulate]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Pure derivations for one vLLM engine: counters, block use, windowed ratios, rates and quantiles."""
+
+from __future__ import annotations
+
+from ..sources.base import Sample
+from ..sources.vllm import EngineSample
+from .quantiles import histogram_quantile
+from .windows import Delta
+
+COUNTERS = {
+    "kvcache_prefix_cache_query_tokens_total": "query_tokens",
+    "kvcache_prefix_cache_hit_tokens_total": "hit_tokens",
+    "kvcache_generation_tokens_total": "generation_tokens",
+    "kvcache_preemptions_total": "preemptions",
+}
+PROMPT_SOURCES = {"computed": "computed_prompt_tokens", "cached": "cached_prompt_tokens"}
+GAUGES = {"kvcache_requests_running": "running", "kvcache_requests_waiting": "waiting"}
+RATES = {
+    "kvcache_generation_tokens_per_second": "generation_tokens",
+    "kvcache_preemptions_per_second": "preemptions",
+}
+LATENCIES = {
+    "kvcache_prefill_latency_seconds": "prefill",
+    "kvcache_time_to_first_token_seconds": "ttft",
+    "kvcache_queue_time_seconds": "queue",
+    "kvcache_e2e_latency_seconds": "e2e",
+}
+CONFIG_LABELS = (
+    "block_size",
+    "num_gpu_blocks",
+    "enable_prefix_caching",
+    "gpu_memory_utilization",
+    "cache_dtype",
+    "prefix_caching_hash_algo",
+)
+
+
+def hit_ratio(hits: float | None, queries: float | None) -> float | None:
+    """hits/queries, or None when nothing was queried (a ratio of nothing is no series, not 0)."""
+    if hits is None or not queries or queries <= 0:
+        return None
+    return min(max(hits / queries, 0.0), 1.0)
+
+
+def config_number(config: dict[str, str] | None, key: str) -> float | None:
+    """A numeric cache_config_info label; vLLM prints "None" for unset ones."""
+    try:
+        value = float((config or {})[key])
+    except (KeyError, ValueError):
+        return None
+    return value if value == value else None  # NaN
+
+
+def current(labels: dict[str, str], sample: EngineSample, config: dict[str, str] | None) -> list[Sample]:
+    """The engine's state at the latest poll."""
+    out = [
+        Sample(name, labels, sample.counters[key]) for name, key in COUNTERS.items() if key in sample.counters
+    ]
+    out += [
+        Sample("kvcache_prompt_tokens_total", {**labels, "source": source}, sample.counters[key])
+        for source, key in PROMPT_SOURCES.items()
+        if key in sample.counters
+    ]
+    out += [Sample(name, labels, sample.gauges[key]) for name, key in GAUGES.items() if key in sample.gauges]
+    v0_rate = sample.gauges.get("v0_block_hit_rate")
+    if v0_rate is not None and 0 <= v0_rate <= 1:
+        out.append(Sample("kvcache_vllm_v0_prefix_cache_block_hit_ratio", labels, v0_rate))
+    return out + blocks(labels, sample.gauges.get("kv_usage"), config)
+
+
+def blocks(labels: dict[str, str], usage: float | None, config: dict[str, str] | None) -> list[Sample]:
+    out = []
+    if usage is not None:
+        usage = min(max(usage, 0.0), 1.0)
+        out.append(Sample("kvcache_block_utilization_ratio", labels, usage))
+    num_blocks = config_number(config, "num_gpu_blocks")
+    block_size = config_number(config, "block_size")
+    if num_blocks is not None:
+        out.append(Sample("kvcache_blocks_capacity", labels, num_blocks))
+        if usage is not None:
+            # vLLM's usage excludes the one null block: 1 - free / (num_gpu_blocks - 1).
+            out.append(Sample("kvcache_blocks_in_use", labels, round(usage * max(num_blocks - 1, 0), 6)))
+    if block_size is not None:
+        out.append(Sample("kvcache_block_size_tokens", labels, block_size))
+    capacity = config_number(config, "kv_cache_size_tokens")
+    if capacity is None and num_blocks is not None and block_size is not None:
+        capacity = num_blocks * block_size
+    if capacity is not None:
+        out.append(Sample("kvcache_capacity_tokens", labels, capacity))
+    if config is not None:
+        info = {key: config.get(key, "") for key in CONFIG_LABELS}
+        out.append(Sample("kvcache_vllm_config_info", {**labels, **info}, 1.0))
+    return out
+
+
+def windowed(labels: dict[str, str], window: str, delta: Delta, quantiles: tuple[float, ...]) -> list[Sample]:
+    """Ratios, rates and latency quantiles over one window."""
+    labels = {**labels, "window": window}
+    out = []
+    ratio = hit_ratio(delta.counters.get("hit_tokens"), delta.counters.get("query_tokens"))
+    if ratio is not None:
+        out.append(Sample("kvcache_prefix_cache_hit_ratio", labels, ratio))
+    for source, key in PROMPT_SOURCES.items():
+        if key in delta.counters:
+            rate = delta.counters[key] / delta.seconds
+            out.append(Sample("kvcache_prompt_tokens_per_second", {**labels, "source": source}, rate))
+    out += [
+        Sample(name, labels, delta.counters[key] / delta.seconds)
+        for name, key in RATES.items()
+        if key in delta.counters
+    ]
+    for name, key in LATENCIES.items():
+        if key not in delta.histograms:
+            continue
+        bounds, counts, _ = delta.histograms[key]
+        for q in quantiles:
+            value = histogram_quantile(q, bounds, counts)
+            if value is not None:
+                out.append(Sample(name, {**labels, "quantile": f"{q:g}"}, value))
+    return out

@@ -1,0 +1,115 @@
+"""Sliding windows over a bounded history of polls, with counter resets handled like rate().
+
+Each poll is stored as reset-adjusted running totals: a counter that goes down (or whose
+vLLM process restarted) is taken to have restarted from zero, so its new value is all
+increase. The increase over any window is then one subtraction, never negative.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass
+
+from ..sources.vllm import EngineSample
+
+
+@dataclass(frozen=True)
+class Point:
+    ts: float
+    counters: dict[str, float]  # reset-adjusted running totals
+    histograms: dict[str, tuple[tuple[float, ...], tuple[float, ...], float]]  # bounds, counts, sum
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What happened between two polls."""
+
+    seconds: float
+    counters: dict[str, float]
+    histograms: dict[str, tuple[tuple[float, ...], tuple[float, ...], float]]
+
+
+def advance(previous: float | None, previous_total: float, value: float, restarted: bool) -> float:
+    """The next running total of a counter: rate() semantics for resets."""
+    if previous is None:
+        return value
+    if restarted or value < previous:
+        return previous_total + value
+    return previous_total + value - previous
+
+
+class SeriesHistory:
+    """The polls of one (model_name, engine), kept for `retention` seconds."""
+
+    def __init__(self, retention: float):
+        self.retention = retention
+        self.points: deque[Point] = deque()
+        self._last_raw: EngineSample | None = None
+
+    def append(self, ts: float, raw: EngineSample) -> None:
+        last, prev = self._last_raw, self.points[-1] if self.points else None
+        restarted = (
+            last is not None and raw.start_time is not None and last.start_time not in (None, raw.start_time)
+        )
+        counters = {
+            name: advance(
+                last.counters.get(name) if last else None,
+                prev.counters.get(name, 0.0) if prev else 0.0,
+                value,
+                restarted,
+            )
+            for name, value in raw.counters.items()
+        }
+        histograms = {}
+        for name, hist in raw.histograms.items():
+            before = last.histograms.get(name) if last else None
+            total = prev.histograms.get(name) if prev else None
+            if before is None or total is None or before.bounds != hist.bounds:
+                if before is not None and before.bounds != hist.bounds:
+                    self._forget(name)  # bucket layout changed: old points cannot be compared
+                histograms[name] = (hist.bounds, hist.counts, hist.sum)
+                continue
+            reset = restarted or hist.count < before.count
+            histograms[name] = (
+                hist.bounds,
+                tuple(
+                    advance(b, t, c, reset)
+                    for b, t, c in zip(before.counts, total[1], hist.counts, strict=True)
+                ),
+                advance(before.sum, total[2], hist.sum, reset),
+            )
+        self.points.append(Point(ts, counters, histograms))
+        self._last_raw = raw
+        while self.points and self.points[0].ts < ts - self.retention:
+            self.points.popleft()
+
+    def _forget(self, histogram: str) -> None:
+        for point in self.points:
+            point.histograms.pop(histogram, None)
+
+    def window(self, seconds: float) -> Delta | None:
+        """The delta from the newest poll at or before now-seconds (else the oldest) to the latest."""
+        if len(self.points) < 2:
+            return None
+        latest = self.points[-1]
+        times = [p.ts for p in self.points]
+        i = bisect.bisect_right(times, latest.ts - seconds) - 1
+        base = self.points[max(i, 0)]
+        if base is latest or latest.ts <= base.ts:
+            return None
+        counters = {
+            name: value - base.counters[name]
+            for name, value in latest.counters.items()
+            if name in base.counters
+        }
+        histograms = {
+            name: (
+                bounds,
+                tuple(c - b for c, b in zip(counts, base.histograms[name][1], strict=True)),
+                s - base.histograms[name][2],
+            )
+            for name, (bounds, counts, s) in latest.histograms.items()
+            if name in base.histograms and base.histograms[name][0] == bounds
+        }
+        return Delta(latest.ts - base.ts, counters, histograms)

@@ -1,0 +1,48 @@
+"""docs/metrics.md, generated from the catalog (make generate; make check fails on drift)."""
+
+from __future__ import annotations
+
+from . import catalog
+
+GROUPS = {
+    "cache": "Prefix cache and tokens",
+    "blocks": "KV blocks",
+    "latency": "Latency quantiles",
+    "config": "Configuration",
+    "gpu": "GPU telemetry",
+    "memory": "GPU memory against vLLM's budget",
+    "cost": "Cost and energy",
+    "events": "KV-event stream",
+    "health": "vLLM schema and exporter health",
+}
+
+HEADER = """# Metrics
+
+Generated from `exporter/kvcache_exporter/catalog.py` by `make generate`; do not edit.
+
+Every metric carries the labels listed. With more than one `--vllm.url`, the series derived
+from vLLM also carry `target` (the server's host:port). Windowed metrics carry `window`
+(default `1m`, `5m`, `15m`, `1h`) and are computed by the exporter from its own poll history
+(`--collect.interval`), so they do not depend on how often Prometheus scrapes. A window with
+no data has no series: never a made-up 0. Counter resets (vLLM restarts) are handled like
+PromQL's `rate()`. Formulas for the GPU, memory, audit and cost metrics are explained in
+[gpu-cost.md](gpu-cost.md).
+"""
+
+
+TABLE_HEAD = "| name | type | unit | labels | meaning | from | formula |\n|---|---|---|---|---|---|---|"
+
+
+def _row(m: catalog.Metric) -> str:
+    labels = ", ".join(f"`{label}`" for label in m.labels) or "—"
+    cells = (f"`{m.name}`", m.type, m.unit or "—", labels, m.help, m.source or "—", m.formula or "—")
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def metrics_markdown() -> str:
+    parts = [HEADER]
+    for group, title in GROUPS.items():
+        metrics = [m for m in catalog.CATALOG if m.group == group]
+        parts.append(f"\n## {title}\n\n{TABLE_HEAD}")
+        parts += [_row(m) for m in metrics]
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,55 @@
+"""Samples -> Prometheus text, with names, types and HELP from the catalog."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from . import __version__, catalog
+from .sources.base import Sample
+
+
+def families(samples: Iterable[Sample]) -> list[Metric]:
+    """Group samples into metric families. A name missing from the catalog is a bug: KeyError."""
+    grouped: dict[str, tuple[Metric, list[str]]] = {}
+    for name, labels, value in samples:
+        if name not in grouped:
+            spec = catalog.get(name)
+            kind = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
+            grouped[name] = (kind(name, spec.help, labels=list(labels)), list(labels))
+        family, label_names = grouped[name]
+        family.add_metric([labels.get(key, "") for key in label_names], value)
+    return [family for family, _ in grouped.values()]
+
+
+def build_info() -> Sample:
+    return Sample(
+        "kvcache_exporter_build_info",
+        {"version": __version__, "python_version": platform.python_version()},
+        1.0,
+    )
+
+
+class SampleCollector(Collector):
+    """Serves whatever the poll loop derived last; a scrape does no work beyond formatting."""
+
+    def __init__(self, latest: Callable[[], list[Sample]]):
+        self.latest = latest
+
+    def collect(self) -> Iterable[Metric]:
+        return families([build_info(), *self.latest()])
+
+
+def registry_for(latest: Callable[[], list[Sample]]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SampleCollector(latest))
+    registry.register(ProcessCollector(registry=None))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,50 @@
+"""logfmt or JSON log lines, the formats Prometheus components use."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "error": logging.ERROR}
+
+
+def _fields(record: logging.LogRecord) -> dict[str, object]:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+    fields = {
+        "ts": stamp,
+        "level": record.levelname.lower().replace("warning", "warn"),
+        "msg": record.getMessage(),
+    }
+    fields.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
+    if record.exc_info:
+        fields["err"] = logging.Formatter().formatException(record.exc_info)
+    return fields
+
+
+class LogfmtFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return " ".join(f"{k}={_quote(v)}" for k, v in _fields(record).items())
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(_fields(record), default=str)
+
+
+def _quote(value: object) -> str:
+    text = str(value)
+    if text and not any(c in text for c in ' "=\n'):
+        return text
+    return json.dumps(text)
+
+
+def setup(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else LogfmtFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(_LEVELS[level])
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

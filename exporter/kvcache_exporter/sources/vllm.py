@@ -1,0 +1,261 @@
+"""The vLLM source: poll one server's /metrics and normalize it into a VllmSnapshot.
+
+Every naming generation (V1, deprecated V1, V0, `ray_vllm:`) maps onto the same logical
+quantities per (model_name, engine); see vllm_names.py.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from . import vllm_names as names
+from .base import SourceError
+from .http import fetch_text
+
+
+@dataclass(frozen=True)
+class Histogram:
+    bounds: tuple[float, ...]  # upper bounds, ascending, ending with +Inf
+    counts: tuple[float, ...]  # cumulative counts per bound
+    sum: float
+
+    @property
+    def count(self) -> float:
+        return self.counts[-1] if self.counts else 0.0
+
+
+@dataclass
+class EngineSample:
+    counters: dict[str, float] = field(default_factory=dict)
+    gauges: dict[str, float] = field(default_factory=dict)
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+    start_time: float | None = None  # changes when vLLM restarts
+
+
+EngineKey = tuple[str, str]  # (model_name, engine)
+
+
+@dataclass
+class VllmSnapshot:
+    ts: float
+    engines: dict[EngineKey, EngineSample]
+    cache_configs: dict[str, dict[str, str]]  # engine -> cache_config_info labels
+    schema: str
+    prefix: str
+    deprecated: tuple[str, ...]
+    missing: tuple[str, ...]
+
+    def model_of(self, engine: str) -> str:
+        """cache_config_info has no model_name: join it from the engine's other series."""
+        models = sorted({model for model, eng in self.engines if eng == engine})
+        return models[0] if models else ""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_samples: int = 200_000
+    max_labels: int = 128
+    max_engines: int = 512
+
+
+class _Accumulator:
+    """Collects the wanted samples of one scrape, keyed by (model_name, engine)."""
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.engines: dict[EngineKey, EngineSample] = {}
+        self.gauge_parts: dict[tuple[EngineKey, str], list[float]] = defaultdict(list)
+        self.buckets: dict[tuple[EngineKey, str], dict[float, float]] = defaultdict(
+            lambda: defaultdict(float)
+        )
+        self.sums: dict[tuple[EngineKey, str], float] = defaultdict(float)
+        self.cache_configs: dict[str, dict[str, str]] = {}
+        self.process_start: float | None = None
+
+    def engine(self, labels: dict[str, str]) -> EngineSample:
+        key = (labels.get("model_name", ""), labels.get("engine", "0"))
+        if key not in self.engines:
+            if len(self.engines) >= self.limits.max_engines:
+                raise SourceError(
+                    "too_many_series", f"more than {self.limits.max_engines} (model, engine) pairs"
+                )
+            self.engines[key] = EngineSample()
+        return self.engines[key]
+
+
+_COUNTER_OF = {name: logical for logical, cands in names.COUNTERS.items() for name in cands}
+_GAUGE_OF = {name: logical for logical, cands in names.GAUGES.items() for name in cands}
+_BLOCK_COUNTABLE = {"vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total"}
+_HIST_OF = {
+    f"{base}{suffix}": logical for logical, base in names.HISTOGRAMS.items() for suffix in ("_bucket", "_sum")
+}
+
+
+def parse(text: str, ts: float | None = None, limits: Limits = Limits()) -> VllmSnapshot:
+    """Normalize one /metrics exposition. Raises SourceError("parse_error") on malformed text."""
+    acc = _Accumulator(limits)
+    seen: set[str] = set()
+    block_counted: set[str] = set()  # early V1 gpu_prefix_cache_* counted blocks, not tokens
+    chosen: dict[str, str] = {}  # logical -> the candidate name in use
+    prefix = "ray_vllm:" if "ray_vllm:" in text else "vllm:"
+    n = 0
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                n += 1
+                if n > limits.max_samples:
+                    raise SourceError("too_many_series", f"more than {limits.max_samples} samples")
+                if len(sample.labels) > limits.max_labels:
+                    raise SourceError("too_many_labels", f"{sample.name} has {len(sample.labels)} labels")
+                name = "vllm:" + sample.name[len("ray_vllm:") :] if prefix == "ray_vllm:" else sample.name
+                seen.add(name)
+                if name in _BLOCK_COUNTABLE and "blocks" in family.documentation:
+                    block_counted.add(name)
+                _take(acc, name, sample.labels, sample.value, chosen)
+    except SourceError:
+        raise
+    except (ValueError, IndexError, TypeError) as err:
+        raise SourceError("parse_error", f"malformed exposition: {err}") from err
+    schema = names.schema_of(seen)
+    if schema == "unknown":
+        raise SourceError(
+            "no_vllm_metrics", "the body holds no vllm: metrics; is --vllm.url a vLLM /metrics?"
+        )
+    engines = _finish(acc, chosen, block_counted)
+    present = set(chosen) | {k for e in engines.values() for k in e.histograms}
+    if acc.cache_configs:
+        present.add("cache_config")
+    expected = names.EXPECTED_V0 if schema == "v0" else names.EXPECTED_V1
+    return VllmSnapshot(
+        ts=time.time() if ts is None else ts,
+        engines=engines,
+        cache_configs=acc.cache_configs,
+        schema=schema,
+        prefix=prefix,
+        deprecated=tuple(sorted(seen & names.DEPRECATED)),
+        missing=tuple(m for m in expected if m not in present),
+    )
+
+
+def _take(acc: _Accumulator, name: str, labels: dict[str, str], value: float, chosen: dict[str, str]) -> None:
+    if math.isnan(value):
+        return
+    if name in _COUNTER_OF:
+        logical = _COUNTER_OF[name]
+        if chosen.setdefault(logical, name) == name:
+            sample = acc.engine(labels)
+            sample.counters[logical] = sample.counters.get(logical, 0.0) + value
+    elif name == names.PROMPT_BY_SOURCE and labels.get("source") == names.COMPUTED_SOURCE:
+        sample = acc.engine(labels)
+        sample.counters["computed_prompt_tokens"] = sample.counters.get("computed_prompt_tokens", 0.0) + value
+    elif name in _GAUGE_OF:
+        logical = _GAUGE_OF[name]
+        if chosen.setdefault(logical, name) == name:
+            acc.engine(labels)
+            acc.gauge_parts[((labels.get("model_name", ""), labels.get("engine", "0")), logical)].append(
+                value
+            )
+    elif name in _HIST_OF:
+        key = ((labels.get("model_name", ""), labels.get("engine", "0")), _HIST_OF[name])
+        acc.engine(labels)
+        if name.endswith("_bucket"):
+            acc.buckets[key][float(labels["le"])] += value
+        else:
+            acc.sums[key] += value
+    elif name == names.CACHE_CONFIG:
+        acc.cache_configs[labels.get("engine", "0")] = dict(labels)
+    elif name == names.CREATED:
+        acc.engine(labels).start_time = value
+    elif name == names.PROCESS_START:
+        acc.process_start = value
+
+
+def _finish(
+    acc: _Accumulator, chosen: dict[str, str], block_counted: set[str]
+) -> dict[EngineKey, EngineSample]:
+    for (key, logical), parts in acc.gauge_parts.items():
+        total = sum(parts)
+        acc.engines[key].gauges[logical] = total / len(parts) if logical in names.RATIO_GAUGES else total
+    for (key, logical), buckets in acc.buckets.items():
+        bounds = tuple(sorted(buckets))
+        if bounds and math.isinf(bounds[-1]):
+            acc.engines[key].histograms[logical] = Histogram(
+                bounds, tuple(buckets[b] for b in bounds), acc.sums.get((key, logical), 0.0)
+            )
+    for (_, engine), sample in acc.engines.items():
+        if sample.start_time is None:
+            sample.start_time = acc.process_start
+        _split_prompt_tokens(sample.counters)
+        for logical in ("query_tokens", "hit_tokens"):
+            if chosen.get(logical) in block_counted and logical in sample.counters:
+                block_size = _block_size(acc.cache_configs.get(engine))
+                if block_size is None:
+                    del sample.counters[logical]  # blocks we cannot convert: better absent than wrong
+                else:
+                    sample.counters[logical] *= block_size
+    return {key: s for key, s in acc.engines.items() if s.counters or s.gauges or s.histograms}
+
+
+def _split_prompt_tokens(counters: dict[str, float]) -> None:
+    """Prompt tokens computed (prefilled) vs cached; vLLM's by-source counter when it exists."""
+    prompt = counters.get("prompt_tokens")
+    if prompt is None:
+        return
+    if "computed_prompt_tokens" not in counters:
+        if "hit_tokens" not in counters:
+            return
+        counters["computed_prompt_tokens"] = max(prompt - counters["hit_tokens"], 0.0)
+    counters["cached_prompt_tokens"] = max(prompt - counters["computed_prompt_tokens"], 0.0)
+
+
+def _block_size(config: dict[str, str] | None) -> int | None:
+    try:
+        return int((config or {})["block_size"])
+    except (KeyError, ValueError):
+        return None
+
+
+@dataclass
+class VllmSource:
+    """Polls one vLLM server. The URL comes from configuration only, never from a request."""
+
+    url: str
+    timeout: float = 5.0
+    max_body_bytes: int = 8 * 1024 * 1024
+    bearer_token_file: str | None = None
+    limits: Limits = field(default_factory=Limits)
+    _session: aiohttp.ClientSession | None = None
+
+    def _headers(self) -> dict[str, str]:
+        if not self.bearer_token_file:
+            return {}
+        try:
+            # Re-read every poll so a rotated token (Kubernetes projected secret) is picked up.
+            token = Path(self.bearer_token_file).read_text().strip()
+        except OSError as err:
+            raise SourceError("bearer_token", f"cannot read bearer token file: {err}") from err
+        return {"Authorization": f"Bearer {token}"}
+
+    async def collect(self) -> VllmSnapshot:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        text = await fetch_text(
+            self._session,
+            self.url,
+            timeout=self.timeout,
+            max_bytes=self.max_body_bytes,
+            headers=self._headers(),
+        )
+        return parse(text, limits=self.limits)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
