@@ -95,6 +95,13 @@ class KVEventPublisher:
             self._router.bind(offset_endpoint(replay_endpoint, rank))
             self._replay_task = asyncio.get_running_loop().create_task(self._serve_replay())
 
+    @property
+    def endpoints(self) -> tuple[str, str | None]:
+        """The live and replay endpoints as bound or connected (resolves `*` ports)."""
+        live = self._pub.getsockopt(zmq.LAST_ENDPOINT).decode()
+        replay = self._router.getsockopt(zmq.LAST_ENDPOINT).decode() if self._router else None
+        return live, replay
+
     async def publish(self, events: list[KVEvent]) -> None:
         if not events:
             return
