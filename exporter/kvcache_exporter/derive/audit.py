@@ -1,0 +1,101 @@
+"""Configuration checks on vLLM's cache config, per model: kvcache_config_check{model_name, check}.
+
+Each check passes (1), fails (0), or is absent when its inputs are unknown. The list:
+
+- prefix_caching_enabled: enable_prefix_caching is True on every engine of the model.
+- gpu_memory_utilization_ceiling: gpu_memory_utilization <= the ceiling (default 0.9) on every
+  engine; a co-located process needs the rest of the GPU.
+- kv_capacity_for_concurrency: the KV cache holds the observed peak of running + waiting requests.
+  Capacity in requests, summed over engines: capacity tokens / typical request tokens when the
+  typical request size is known, else vLLM's kv_cache_max_concurrency (requests at max_model_len,
+  a pessimistic bound).
+- block_size_consistent, hash_algo_consistent: identical across the model's targets and engines
+  (prefix-cache hits and routing assume one block size and one hash).
+- no_deprecated_metrics: the targets expose no deprecated vLLM metric names the exporter reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+
+from ..sources.base import Sample
+
+CacheConfig = Mapping[str, str]  # the labels of one vllm:cache_config_info series
+
+DEFAULT_GPU_MEMORY_UTILIZATION_CEILING = 0.9
+
+
+def _number(config: CacheConfig, label: str) -> float | None:
+    try:
+        return float(config[label])
+    except (KeyError, ValueError):  # absent, or vLLM's str(None) == "None"
+        return None
+
+
+def _all(configs: Sequence[CacheConfig], test: Callable[[CacheConfig], bool | None]) -> bool | None:
+    results = [test(config) for config in configs]
+    return None if not results or None in results else all(results)
+
+
+def _consistent(configs: Sequence[CacheConfig], label: str) -> bool | None:
+    values = {config.get(label) for config in configs}
+    return None if not configs or None in values else len(values) == 1
+
+
+def capacity_tokens(config: CacheConfig) -> float | None:
+    tokens = _number(config, "kv_cache_size_tokens")
+    if tokens is not None:
+        return tokens
+    blocks, block_size = _number(config, "num_gpu_blocks"), _number(config, "block_size")
+    return None if blocks is None or block_size is None else blocks * block_size
+
+
+def capacity_requests(config: CacheConfig, typical_request_tokens: float | None) -> float | None:
+    tokens = capacity_tokens(config)
+    if typical_request_tokens and typical_request_tokens > 0 and tokens is not None:
+        return tokens / typical_request_tokens
+    return _number(config, "kv_cache_max_concurrency")
+
+
+def kv_capacity_for_concurrency(
+    configs: Sequence[CacheConfig], peak_requests: float | None, typical_request_tokens: float | None
+) -> bool | None:
+    capacities = [capacity_requests(config, typical_request_tokens) for config in configs]
+    if peak_requests is None or not capacities or None in capacities:
+        return None
+    return sum(capacities) >= peak_requests
+
+
+def config_checks(
+    model_name: str,
+    configs: Sequence[CacheConfig],
+    peak_requests: float | None = None,
+    typical_request_tokens: float | None = None,
+    deprecated_metrics: Collection[str] | None = None,
+    gpu_memory_utilization_ceiling: float = DEFAULT_GPU_MEMORY_UTILIZATION_CEILING,
+) -> list[Sample]:
+    """configs: the cache_config_info labels of every engine serving model_name, on every target."""
+
+    def under_ceiling(config: CacheConfig) -> bool | None:
+        value = _number(config, "gpu_memory_utilization")
+        return None if value is None else value <= gpu_memory_utilization_ceiling
+
+    def caching_on(config: CacheConfig) -> bool | None:
+        value = config.get("enable_prefix_caching")
+        return None if value not in ("True", "False") else value == "True"
+
+    results = {
+        "prefix_caching_enabled": _all(configs, caching_on),
+        "gpu_memory_utilization_ceiling": _all(configs, under_ceiling),
+        "kv_capacity_for_concurrency": kv_capacity_for_concurrency(
+            configs, peak_requests, typical_request_tokens
+        ),
+        "block_size_consistent": _consistent(configs, "block_size"),
+        "hash_algo_consistent": _consistent(configs, "prefix_caching_hash_algo"),
+        "no_deprecated_metrics": None if deprecated_metrics is None else not deprecated_metrics,
+    }
+    return [
+        Sample("kvcache_config_check", {"model_name": model_name, "check": check}, float(passed))
+        for check, passed in results.items()
+        if passed is not None
+    ]
