@@ -1,0 +1,239 @@
+"""The alerting rules: expressions and texts. Numbers come from config.yaml as <placeholders>."""
+
+from __future__ import annotations
+
+# Level of the per-model rules: every label but `engine` (job, instance, pod, target, model_name).
+LVL = "instance_model_name"
+HIT = f"{LVL}:kvcache_prefix_cache_hit_tokens:rate"
+QUERY = f"{LVL}:kvcache_prefix_cache_query_tokens:rate"
+RATIO = f"{LVL}:kvcache_prefix_cache_hit:ratio_rate"
+VALUE = "{{ $value | humanizePercentage }}"
+
+WHERE = "{{ with $labels.pod }} (pod {{ . }}){{ end }}{{ with $labels.target }} (target {{ . }}){{ end }}"
+MODEL = "{{ $labels.model_name }} on {{ $labels.instance }}" + WHERE
+GPU = "GPU {{ $labels.gpu }} ({{ $labels.name }}) on {{ $labels.instance }}" + WHERE
+EXTRA_COST = (
+    '{{ with printf "max by(currency) (kvcache_cache_miss_extra_cost_per_hour{instance=%q} '
+    '* on(job, instance) group_left(currency) kvcache_cost_info)" $labels.instance | query }}'
+    '{{ with first . }} The exporter estimates the misses cost {{ value . | printf "%.2f" }} '
+    '{{ label "currency" . }}/h extra.{{ end }}{{ end }}'
+)
+
+
+def pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def num(x: float) -> str:
+    return f"{round(x, 6):g}"
+
+
+def hit_ratio(g) -> list[dict]:
+    hr = g.cfg["hit_ratio"]
+    w, base, off, tps = (
+        hr["windows"][0],
+        hr["baseline_window"],
+        hr["baseline_offset"],
+        hr["min_query_tokens_per_second"],
+    )
+    guard = f"and {QUERY}{w} > {tps}"
+    baseline = f"({RATIO}{base} offset {g.d(off)})"
+    return g.alert(
+        "KVCacheHitRatioBelowFloor",
+        f"{RATIO}{w} < <threshold>\n{guard}",
+        "Prefix-cache hit ratio is below its floor.",
+        f"The prefix-cache hit ratio of {MODEL} is {VALUE} over {w}, below the floor of <pct> "
+        f"while it serves more than {tps} prompt tokens/s.{EXTRA_COST}",
+        pct=lambda s: pct(s["threshold"]),
+    ) + g.alert(
+        "KVCacheHitRatioDropped",
+        f"{RATIO}{w} < (1 - <relative_drop>) * {baseline}\n"
+        f"and {RATIO}{w} < {baseline} - {hr['min_drop_points']}\n{guard}",
+        "Prefix-cache hit ratio dropped well below its own recent baseline.",
+        f"The prefix-cache hit ratio of {MODEL} fell to {VALUE} over {w}, more than <pct> below its "
+        f"own ratio over the {base} that ended {off} ago.{EXTRA_COST}",
+        pct=lambda s: pct(s["relative_drop"]),
+    )
+
+
+def latency_slo(g) -> list[dict]:
+    slo, rules = g.cfg["slo"], []
+    budget = 1 - slo["objective"]
+    for key, lat in slo["latencies"].items():
+        errors = f"{LVL}:{lat['histogram'].replace(':', '_')}:slo_error_ratio_rate"
+        count = f"{LVL}:{lat['histogram'].replace(':', '_')}_count:rate"
+
+        def burn(spec: dict, errors: str = errors, count: str = count) -> str:
+            return "\nor\n".join(
+                f"(\n  {errors}{p['long']} > {num(p['factor'] * budget)}\n  and {errors}{p['short']} > "
+                f"{num(p['factor'] * budget)}\n  and {count}{p['long']} > {slo['min_requests_per_second']}\n)"
+                for p in slo["burn_rates"][spec["severity"]]
+            )
+
+        rules += g.alert(
+            f"KVCache{key}SLOBurn",
+            "<burn>",
+            f"{lat['histogram']} is burning its latency error budget fast.",
+            f"{VALUE} of the requests to {MODEL} took longer than {lat['threshold_seconds']}s "
+            f"({lat['histogram']}) over <windows>; the SLO allows {pct(budget)} (burn rate <factors>).",
+            burn=burn,
+            windows=lambda s: " and ".join(
+                f"{p['long']}/{p['short']}" for p in slo["burn_rates"][s["severity"]]
+            ),
+            factors=lambda s: " or ".join(f"{p['factor']}x" for p in slo["burn_rates"][s["severity"]]),
+        )
+    return rules
+
+
+def capacity(g) -> list[dict]:
+    sat, mw = g.cfg["saturation"], g.cfg["memory"]["swing_window"]
+    sw, gw = sat["window"], sat["growth_window"]
+    return (
+        g.alert(
+            "KVCacheSaturated",
+            f"{LVL}:kvcache_block_utilization:max_avg{sw} > <threshold>\nand (\n"
+            f"  {LVL}:kvcache_preemptions:rate{gw} > 0\n"
+            f"  or {LVL}:kvcache_requests_waiting:deriv{gw} > <waiting_growth_per_second>\n)",
+            "KV cache is full and requests are preempted or queueing.",
+            f"The KV cache of {MODEL} is {VALUE} in use (busiest engine, {sw} average) while requests are "
+            f"preempted or the waiting queue grows (over {gw}).",
+        )
+        + g.alert(
+            "KVCacheGPUMemoryOverBudget",
+            "kvcache_gpu_memory_budget_usage_ratio > <threshold>",
+            "GPU memory use exceeds the budget vLLM was given.",
+            f"{GPU} uses {VALUE} of the memory budget vLLM was given (gpu_memory_utilization x total): "
+            "something else on the GPU is using memory vLLM counts on.",
+        )
+        + g.alert(
+            "KVCacheGPUMemorySwingLarge",
+            f"instance_gpu:kvcache_gpu_memory_swing:ratio{mw} > <threshold>",
+            "GPU memory use swings enough to endanger co-located processes.",
+            f"GPU memory use of {GPU} swung by {VALUE} of the GPU's memory within {mw}.",
+        )
+    )
+
+
+def config_checks(g) -> list[dict]:
+    named = {
+        "prefix_caching_enabled": "PrefixCachingDisabled",
+        "gpu_memory_utilization_ceiling": "GPUMemoryUtilizationTooHigh",
+    }
+    check = (
+        "Configuration check {{ $labels.check }} of {{ $labels.model_name }} on {{ $labels.instance }}"
+        + WHERE
+    )
+    return (
+        g.alert(
+            "KVCachePrefixCachingDisabled",
+            'kvcache_config_check{check="prefix_caching_enabled"} == 0',
+            "vLLM runs with prefix caching disabled.",
+            f"{check} fails (value {{{{ $value }}}}): vLLM was started without "
+            "--enable-prefix-caching, so no prompt prefix is ever reused.",
+        )
+        + g.alert(
+            "KVCacheGPUMemoryUtilizationTooHigh",
+            'kvcache_config_check{check="gpu_memory_utilization_ceiling"} == 0',
+            "vLLM's gpu_memory_utilization leaves too little GPU memory for anything else.",
+            f"{check} fails (value {{{{ $value }}}}): gpu_memory_utilization is above the "
+            "configured ceiling.",
+        )
+        + g.alert(
+            "KVCacheConfigCheckFailed",
+            f'kvcache_config_check{{check!~"{"|".join(named)}"}} == 0',
+            "A vLLM cache configuration check fails.",
+            f"{check} fails (value {{{{ $value }}}}).",
+        )
+        + g.alert(
+            "KVCacheVLLMMetricsMissing",
+            "kvcache_vllm_missing_metrics > 0",
+            "Expected vLLM metrics are missing: the vLLM metric schema drifted.",
+            "{{ $value }} expected vLLM metrics are missing from the scrape by {{ $labels.instance }}"
+            + WHERE
+            + "; dashboards and alerts built on them go blank.",
+        )
+        + g.alert(
+            "KVCacheVLLMMetricsDeprecated",
+            "kvcache_vllm_deprecated_metrics > 0",
+            "vLLM exposes deprecated metric names that a future release removes.",
+            "{{ $value }} deprecated vLLM metric names are still read by {{ $labels.instance }}"
+            + WHERE
+            + ".",
+        )
+    )
+
+
+def cost(g) -> list[dict]:
+    hr = g.cfg["hit_ratio"]
+    w, tps = hr["windows"][0], hr["min_query_tokens_per_second"]
+    cpm = "instance:kvcache_cost_per_million_tokens:window1h"
+    guard = f"and instance:kvcache_prefix_cache_query_tokens:rate{w} > {tps}"
+    where = "{{ $labels.instance }}" + WHERE
+    return g.alert(
+        "KVCacheCostOverBudget",
+        f"{cpm} > <threshold>\n{guard}",
+        "GPU cost per million tokens is above budget.",
+        f'GPU cost per million tokens on {where} is {{{{ $value | printf "%.2f" }}}} over the last '
+        "hour, above the budget of <threshold> (currency of kvcache_cost_info).",
+    ) + g.alert(
+        "KVCacheCostAboveBaseline",
+        f"{cpm} > <factor> * ({cpm} offset <offset>)\n{guard}",
+        "GPU cost per million tokens is well above the same time yesterday.",
+        f'GPU cost per million tokens on {where} is {{{{ $value | printf "%.2f" }}}} over the last '
+        "hour, more than <factor>x its value <baseline_offset> earlier.",
+        offset=lambda s: g.d(s["baseline_offset"]),
+    )
+
+
+def health(g) -> list[dict]:
+    job, missed = g.cfg["exporter_job"], g.cfg["alerts"]["KVCacheEventsMissed"]["window"]
+    return (
+        g.alert(
+            "KVCacheExporterDown",
+            f'up{{job=~"{job}"}} == 0',
+            "Prometheus cannot scrape the kvcache exporter.",
+            "Prometheus cannot scrape {{ $labels.instance }} (job {{ $labels.job }})"
+            + WHERE
+            + " (up = {{ $value }}): the KV-cache alerts for its vLLM are blind.",
+        )
+        + g.alert(
+            "KVCacheExporterAbsent",
+            f'absent(up{{job=~"{job}"}})',
+            "No kvcache exporter is scraped at all.",
+            f'Prometheus has no target whose job matches "{job}": the KV-cache alerts are blind.',
+        )
+        + g.alert(
+            "KVCacheVLLMDown",
+            "kvcache_vllm_up == 0",
+            "The exporter cannot poll vLLM's /metrics.",
+            "{{ $labels.instance }}"
+            + WHERE
+            + " cannot poll vLLM's /metrics (kvcache_vllm_up = {{ $value }}): "
+            "vLLM is down, restarting or unreachable.",
+        )
+        + g.alert(
+            "KVCacheCollectorFailing",
+            "kvcache_exporter_collector_success == 0",
+            "An exporter collector keeps failing.",
+            "Collector {{ $labels.collector }} of {{ $labels.instance }}"
+            + WHERE
+            + " has failed (success = {{ $value }}); see kvcache_exporter_errors_total for the reason.",
+        )
+        + g.alert(
+            "KVCacheEventsMissed",
+            f"increase(kvcache_kv_events_missed_batches_total[{g.d(missed)}]) > 0",
+            "KV-event batches from vLLM were lost.",
+            "{{ $labels.instance }}" + WHERE + ' lost {{ $value | printf "%.0f" }} KV-event batches in the '
+            f"last {missed}: block counts from the event stream are off until the next AllBlocksCleared.",
+        )
+    )
+
+
+ALERT_GROUPS = (
+    ("kvcache-hit-ratio.alerts", hit_ratio),
+    ("kvcache-latency-slo.alerts", latency_slo),
+    ("kvcache-capacity.alerts", capacity),
+    ("kvcache-config.alerts", config_checks),
+    ("kvcache-cost.alerts", cost),
+    ("kvcache-health.alerts", health),
+)

@@ -1,0 +1,211 @@
+"""Write alerts/rules/{recording,alerts}.yaml from alerts/config.yaml (`make generate`).
+
+    python -m alerts.generate [--config alerts/config.yaml] [--out alerts/rules] [--scale 1]
+
+`--scale` multiplies every duration (windows, offsets, `for:`, evaluation interval) so the
+end-to-end test can run the same rules in seconds; rule names keep the configured windows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+from alerts.alert_rules import ALERT_GROUPS, HIT, LVL, QUERY, RATIO
+
+HERE = Path(__file__).resolve().parent
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def seconds(text: str) -> float:
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)", str(text))
+    if not parts or "".join(n + u for n, u in parts) != str(text):
+        raise ValueError(f"not a duration: {text!r}")
+    return sum(float(n) * _UNITS[u] for n, u in parts)
+
+
+def duration(secs: float) -> str:
+    ms = round(secs * 1000)
+    if ms % 1000:
+        return f"{ms}ms"
+    out, rest = "", ms // 1000
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if rest >= size:
+            out, rest = out + f"{rest // size}{unit}", rest % size
+    return out or "0s"
+
+
+def le_regex(value: float) -> str:
+    """vLLM (Python client) prints le="1.0", Go clients le="1": match both, and trailing zeros."""
+    whole, _, frac = repr(float(value)).partition(".")
+    frac = frac.rstrip("0")
+    return rf"{whole}\\.{frac}0*" if frac else rf"{whole}(\\.0*)?"
+
+
+def metric_slug(histogram: str) -> str:
+    return histogram.replace(":", "_")
+
+
+class Generator:
+    def __init__(self, cfg: dict, scale: float = 1.0):
+        self.cfg, self.scale = cfg, scale
+
+    def d(self, text: str) -> str:
+        return duration(seconds(text) * self.scale)
+
+    def tiers(self, name: str) -> list[tuple[str, dict]]:
+        entry = self.cfg["alerts"][name]
+        if "severity" in entry:
+            return [(entry["severity"], entry)]
+        return [(sev, entry[sev]) for sev in ("critical", "warning", "info") if sev in entry]
+
+    def alert(self, name: str, expr: str, summary: str, description: str, **derived) -> list[dict]:
+        """One rule per severity tier; `<key>` in expr/description is the tier's config value, or
+        derived[key](spec) for values computed from it."""
+        rules = []
+        for severity, spec in self.tiers(name):
+            spec = {**spec, "severity": severity, "for": self.d(spec["for"])}
+            spec.update({key: fn(spec) for key, fn in derived.items()})
+
+            def fill(text: str, spec: dict = spec) -> str:
+                return re.sub(r"<(\w+)>", lambda m: str(spec[m.group(1)]), text)
+
+            annotations = {
+                "summary": summary,
+                "description": fill(description),
+                "runbook_url": f"{self.cfg['urls']['runbook']}#{name.lower()}",
+            }
+            if "dashboard" in spec:
+                annotations["dashboard_url"] = f"{self.cfg['urls']['grafana']}/d/{spec['dashboard']}"
+            rules.append(
+                {
+                    "alert": name,
+                    "expr": fill(expr).strip(),
+                    "for": spec["for"],
+                    "labels": {"severity": severity},
+                    "annotations": annotations,
+                }
+            )
+        return rules
+
+    def group(self, name: str, rules: list[dict]) -> dict:
+        return {"name": name, "interval": self.d(self.cfg["evaluation_interval"]), "rules": rules}
+
+    # --- recording rules ----------------------------------------------------------------------
+    def recording(self) -> dict:
+        hr, slo = self.cfg["hit_ratio"], self.cfg["slo"]
+        hit = []
+        for w in hr["windows"]:
+            for name, counter in ((HIT, "hit"), (QUERY, "query")):
+                expr = f"sum without(engine) (rate(kvcache_prefix_cache_{counter}_tokens_total[{self.d(w)}]))"
+                hit.append({"record": f"{name}{w}", "expr": expr})
+            hit.append({"record": f"{RATIO}{w}", "expr": f"{HIT}{w} / ({QUERY}{w} > 0)"})
+        short = hr["windows"][0]
+        hit.append(
+            {
+                "record": f"instance:kvcache_prefix_cache_query_tokens:rate{short}",
+                "expr": f"sum without(model_name, target) ({QUERY}{short})",
+            }
+        )
+        windows = sorted(
+            {w for pairs in slo["burn_rates"].values() for p in pairs for w in (p["long"], p["short"])},
+            key=seconds,
+        )
+        latency = []
+        for lat in slo["latencies"].values():
+            if float(lat["threshold_seconds"]) not in map(float, lat["buckets"]):
+                raise ValueError(f"{lat['histogram']}: threshold is not one of vLLM's buckets")
+            h, slug = lat["histogram"], metric_slug(lat["histogram"])
+            le = le_regex(lat["threshold_seconds"])
+            for w in windows:
+                count = f"{LVL}:{slug}_count:rate{w}"
+                good = f'sum without(engine, le) (rate({h}_bucket{{le=~"{le}"}}[{self.d(w)}]))'
+                latency += [
+                    {"record": count, "expr": f"sum without(engine) (rate({h}_count[{self.d(w)}]))"},
+                    {
+                        "record": f"{LVL}:{slug}:slo_error_ratio_rate{w}",
+                        "expr": f"1 - {good} / ({count} > 0)",
+                    },
+                ]
+        sat, mem = self.cfg["saturation"], self.cfg["memory"]
+        sw, gw, mw = sat["window"], sat["growth_window"], mem["swing_window"]
+        used = f"kvcache_gpu_memory_used_bytes[{self.d(mw)}]"
+        capacity = [
+            {
+                "record": f"{LVL}:kvcache_block_utilization:max_avg{sw}",
+                "expr": f"max without(engine) (avg_over_time(kvcache_block_utilization_ratio[{self.d(sw)}]))",
+            },
+            {
+                "record": f"{LVL}:kvcache_preemptions:rate{gw}",
+                "expr": f"sum without(engine) (rate(kvcache_preemptions_total[{self.d(gw)}]))",
+            },
+            {
+                "record": f"{LVL}:kvcache_requests_waiting:deriv{gw}",
+                "expr": f"sum without(engine) (deriv(kvcache_requests_waiting[{self.d(gw)}]))",
+            },
+            {
+                "record": f"instance_gpu:kvcache_gpu_memory_swing:ratio{mw}",
+                "expr": f'(\n  max without(window) (kvcache_gpu_memory_swing_bytes{{window="{mw}"}})\n'
+                f"  or (max_over_time({used}) - min_over_time({used}))\n)\n/ kvcache_gpu_memory_total_bytes",
+            },
+            {
+                "record": "instance:kvcache_cost_per_million_tokens:window1h",
+                "expr": 'max without(token_kind, window) (kvcache_cost_per_million_tokens{token_kind="all", '
+                'window="1h"})',
+            },
+        ]
+        return {
+            "groups": [
+                self.group("kvcache-hit-ratio.rules", hit),
+                self.group("kvcache-latency-slo.rules", latency),
+                self.group("kvcache-capacity.rules", capacity),
+            ]
+        }
+
+    # --- alerting rules ------------------------------------------------------------------------
+    def alerts(self) -> dict:
+        return {"groups": [self.group(name, build(self)) for name, build in ALERT_GROUPS]}
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(
+    str,
+    lambda dumper, s: dumper.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None),
+)
+
+HEADER = "# Generated by alerts/generate.py from alerts/config.yaml: edit those, then `make generate`.\n"
+
+
+def write(out: Path, scale: float = 1.0, config: Path = HERE / "config.yaml") -> list[Path]:
+    gen = Generator(yaml.safe_load(config.read_text()), scale)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, doc in (("recording.yaml", gen.recording()), ("alerts.yaml", gen.alerts())):
+        path = out / name
+        path.write_text(HEADER + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, width=120))
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", type=Path, default=HERE / "config.yaml")
+    parser.add_argument("--out", type=Path, default=HERE / "rules")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every duration (e2e tests)")
+    args = parser.parse_args(argv)
+    for path in write(args.out, args.scale, args.config):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
