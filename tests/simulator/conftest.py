@@ -42,3 +42,8 @@ def seed_kv_frames() -> list[list[bytes]]:
 @pytest.fixture(scope="session")
 def real_metrics_text() -> str:
     return (VLLM_CPU / "metrics.txt").read_text()
+
+
+@pytest.fixture(scope="session")
+def seed_dir() -> Path:
+    return SEED

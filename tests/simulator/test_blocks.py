@@ -51,7 +51,7 @@ def test_blocks_filled_during_decode_are_cached_and_announced():
     # 3 prompt tokens + 5 computed outputs = 8 tokens = 2 full blocks, each stored in the step that filled it
     assert [len(e.block_hashes) for e in stored] == [1, 1]
     assert stored[1].parent_block_hash == stored[0].block_hashes[0]
-    follow_up = run_one(engine, request.all_token_ids[:8] + [1])
+    follow_up = run_one(engine, [*request.all_token_ids[:8], 1])
     assert follow_up.num_cached_tokens == 8
 
 

@@ -6,14 +6,13 @@ import msgspec
 import pytest
 import zmq
 import zmq.asyncio
-
 from kvcache_exporter.simulator.blocks import AllBlocksCleared, BlockRemoved, BlockStored
 from kvcache_exporter.simulator.kv_events import KVEventPublisher, offset_endpoint, should_bind
 
 
 def decode(frames: list[bytes]) -> tuple[int, dict[str, dict[str, type]]]:
     """-> (seq, {event type: {key: value type}}) for one multipart message."""
-    topic, seq, payload = frames
+    _topic, seq, payload = frames
     ts, events, rank = msgspec.msgpack.decode(payload)
     assert isinstance(ts, float) and isinstance(rank, int) and len(seq) == 8
     structure: dict[str, dict[str, type]] = {}

@@ -1,0 +1,52 @@
+import pytest
+from kvcache_exporter.simulator.dcgm import GpuState
+from kvcache_exporter.simulator.workloads import WorkloadFactory, parse_schedule, phase_at
+
+
+def test_schedule_parsing_and_phases():
+    phases = parse_schedule("normalized:60s,raw:1m,normalized")
+    assert phases == [("normalized", 60.0), ("raw", 60.0), ("normalized", None)]
+    assert [phase_at(phases, t) for t in (0, 59.9, 60, 119, 500)] == [
+        "normalized",
+        "normalized",
+        "raw",
+        "raw",
+        "normalized",
+    ]
+    with pytest.raises(ValueError):
+        parse_schedule("rawx:10s")
+
+
+def test_seed_layouts():
+    factory = WorkloadFactory(seed=1, max_tokens=8)
+    raw, normalized = factory.make("raw").next_request(), factory.make("normalized").next_request()
+    assert raw.prompt_token_ids[0] == 7  # header first
+    assert normalized.prompt_token_ids[-1] != 7 and 7 in normalized.prompt_token_ids[200:]
+    assert raw.prompt_token_ids[-60:] != normalized.prompt_token_ids[:200]
+
+
+def test_chat_sessions_grow_with_the_answers():
+    chat = WorkloadFactory(seed=1).make("chat")
+    first = chat.next_request()
+    chat.on_response(first, [42, 43])
+    chat._sessions = 1
+    second = chat.next_request()
+    assert second.session == first.session
+    assert second.prompt_token_ids[: len(first.prompt_token_ids) + 2] == [*first.prompt_token_ids, 42, 43]
+
+
+def test_trace_replay_keeps_gaps_and_outputs(seed_dir):
+    trace = WorkloadFactory(seed=1, trace_path=str(seed_dir / "trace.jsonl")).make("trace")
+    first, second = trace.next_request(), trace.next_request()
+    assert first.max_tokens == 8 and len(first.forced_output) == 8
+    assert first.gap_s == 0 and second.gap_s > 0
+
+
+def test_memory_swing_moves_between_12_and_20_gb():
+    gpu = GpuState(0, 81559, 70000, swing_period_s=60)
+    used = []
+    for _ in range(60):
+        gpu.advance(1.0, 0.5, 0.1)
+        used.append(gpu.values()["DCGM_FI_DEV_FB_USED"])
+    assert 11400 <= min(used) < 11500 and 19000 < max(used) <= 19074
+    assert gpu.values()["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] > 0
