@@ -16,7 +16,7 @@ GPU = ("gpu", "uuid", "name")
 @dataclass(frozen=True)
 class Metric:
     name: str
-    type: str  # counter | gauge
+    type: str  # counter | gauge | summary (windowed quantiles: promtool wants `quantile` only on summaries)
     help: str
     labels: tuple[str, ...] = ()
     unit: str = ""
@@ -231,9 +231,10 @@ CATALOG: tuple[Metric, ...] = (
     *(
         _m(
             name,
-            "gauge",
-            f"{what} quantile over the window, from histogram bucket deltas (PromQL histogram_quantile "
-            "interpolation); absent when no request finished in the window.",
+            "summary",
+            f"{what} over the window: quantiles from histogram bucket deltas (PromQL histogram_quantile "
+            "interpolation); _count and _sum are the requests and seconds observed in the window "
+            "(not cumulative). Absent when no request finished in the window.",
             (*ME, "quantile", "window"),
             "seconds",
             source=src,

@@ -270,8 +270,10 @@ def validate(s: SimpleNamespace) -> None:
 
 
 def window_label(seconds: float) -> str:
-    """60 -> 1m, 3600 -> 1h, 90 -> 90s: the `window` label value."""
-    for unit, size_s in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds % size_s == 0:
-            return f"{int(seconds // size_s)}{unit}"
-    return f"{seconds:g}s"
+    """60 -> 1m, 3600 -> 1h, 100 -> 1m40s: the `window` label value, in PromQL duration style."""
+    parts, rest = [], round(seconds * 1000)
+    for unit, size_ms in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
+        if rest >= size_ms:
+            parts.append(f"{rest // size_ms}{unit}")
+            rest %= size_ms
+    return "".join(parts) or "0s"

@@ -17,13 +17,28 @@ def families(samples: Iterable[Sample]) -> list[Metric]:
     """Group samples into metric families. A name missing from the catalog is a bug: KeyError."""
     grouped: dict[str, tuple[Metric, list[str]]] = {}
     for name, labels, value in samples:
-        if name not in grouped:
-            spec = catalog.get(name)
-            kind = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
-            grouped[name] = (kind(name, spec.help, labels=list(labels)), list(labels))
-        family, label_names = grouped[name]
-        family.add_metric([labels.get(key, "") for key in label_names], value)
+        family_name = _summary_of(name) or name
+        if family_name not in grouped:
+            spec = catalog.get(family_name)
+            if spec.type == "summary":
+                family = Metric(family_name, spec.help, "summary")
+            else:
+                kind = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
+                family = kind(family_name, spec.help, labels=list(labels))
+            grouped[family_name] = (family, list(labels))
+        family, label_names = grouped[family_name]
+        if family.type == "summary":
+            family.add_sample(name, labels, value)
+        else:
+            family.add_metric([labels.get(key, "") for key in label_names], value)
     return [family for family, _ in grouped.values()]
+
+
+def _summary_of(name: str) -> str | None:
+    """`x_count` / `x_sum` belong to the summary family `x`."""
+    base, _, suffix = name.rpartition("_")
+    spec = catalog.BY_NAME.get(base)
+    return base if suffix in ("count", "sum") and spec is not None and spec.type == "summary" else None
 
 
 def build_info() -> Sample:

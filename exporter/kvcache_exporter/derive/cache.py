@@ -112,9 +112,12 @@ def windowed(labels: dict[str, str], window: str, delta: Delta, quantiles: tuple
     for name, key in LATENCIES.items():
         if key not in delta.histograms:
             continue
-        bounds, counts, _ = delta.histograms[key]
+        bounds, counts, seconds = delta.histograms[key]
+        if counts[-1] <= 0:
+            continue
         for q in quantiles:
             value = histogram_quantile(q, bounds, counts)
             if value is not None:
                 out.append(Sample(name, {**labels, "quantile": f"{q:g}"}, value))
+        out += [Sample(f"{name}_count", labels, counts[-1]), Sample(f"{name}_sum", labels, max(seconds, 0.0))]
     return out
