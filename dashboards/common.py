@@ -181,7 +181,7 @@ def variables() -> list[db.DatasourceVariable | db.QueryVariable]:
     config = 'kvcache_vllm_config_info{job=~"$job", instance=~"$instance"'
     return [
         db.DatasourceVariable("datasource").label("Data source").type("prometheus"),
-        _query_var("job", "Job", f"label_values({build_info}, job)"),
+        _query_var("job", "Job", f'label_values({build_info}{{job!=""}}, job)'),
         _query_var("instance", "Instance (pod)", f'label_values({build_info}{{job=~"$job"}}, instance)'),
         _query_var("model_name", "Model", f"label_values({config}}}, model_name)"),
         _query_var("engine", "Engine", f'label_values({config}, model_name=~"$model_name"}}, engine)'),
