@@ -10,8 +10,8 @@ import subprocess
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kvcache_exporter.exposition import SampleCollector
-
 from tests.conftest import REPO
+
 from .replay import replay, seed_snapshots
 
 GOLDEN = REPO / "tests" / "golden" / "seed-scenario.prom"

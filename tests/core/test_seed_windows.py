@@ -36,7 +36,9 @@ def test_normalized_phase_ratio_matches_the_recorded_counters(snapshots):
 
 def test_one_minute_window_is_the_last_six_polls(snapshots):
     exporter = replay(snapshots, windows=(60.0,))
-    hits = counter(snapshots[-1], "vllm:prefix_cache_hits_total") - counter(snapshots[-7], "vllm:prefix_cache_hits_total")
+    hits = counter(snapshots[-1], "vllm:prefix_cache_hits_total") - counter(
+        snapshots[-7], "vllm:prefix_cache_hits_total"
+    )
     queries = counter(snapshots[-1], "vllm:prefix_cache_queries_total") - counter(
         snapshots[-7], "vllm:prefix_cache_queries_total"
     )
@@ -47,7 +49,9 @@ def test_a_restart_inside_the_window_neither_spikes_nor_goes_negative(snapshots)
     # vLLM restarts after the normalized phase and replays the run from zero.
     exporter = replay(snapshots + snapshots[:5], windows=(100.0,))
     last, base = snapshots[4], snapshots[-6]  # window of 100 s = 10 polls: 5 before and 5 after the restart
-    q = counter(snapshots[-1], "vllm:prefix_cache_queries_total") - counter(base, "vllm:prefix_cache_queries_total")
+    q = counter(snapshots[-1], "vllm:prefix_cache_queries_total") - counter(
+        base, "vllm:prefix_cache_queries_total"
+    )
     h = counter(snapshots[-1], "vllm:prefix_cache_hits_total") - counter(base, "vllm:prefix_cache_hits_total")
     q += counter(last, "vllm:prefix_cache_queries_total")  # after the reset everything counts from zero
     h += counter(last, "vllm:prefix_cache_hits_total")

@@ -71,7 +71,7 @@ def test_mixed_capture_prefers_current_names_and_reports_deprecated(shared_fixtu
 
 
 def test_early_v1_block_counters_are_converted_to_tokens():
-    text = """# HELP vllm:gpu_prefix_cache_queries_total GPU prefix cache queries, in terms of number of queried blocks.
+    text = """# HELP vllm:gpu_prefix_cache_queries_total GPU prefix cache queries, in terms of queried blocks.
 # TYPE vllm:gpu_prefix_cache_queries_total counter
 vllm:gpu_prefix_cache_queries_total{engine="0",model_name="m"} 10.0
 # HELP vllm:gpu_prefix_cache_hits_total GPU prefix cache hits, in terms of number of cached blocks.

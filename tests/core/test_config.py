@@ -1,0 +1,67 @@
+import subprocess
+import sys
+
+import pytest
+
+from kvcache_exporter.config import ConfigError, duration, resolve, window_label
+
+CLI = [sys.executable, "-m", "kvcache_exporter", "serve"]
+
+
+def test_precedence_defaults_file_env_flags(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("vllm:\n  url: [http://a:8000/metrics]\n  timeout: 3s\ncollect:\n  interval: 2s\n")
+    env = {"KVCACHE_EXPORTER_VLLM_TIMEOUT": "4s", "KVCACHE_EXPORTER_COLLECT_WINDOWS": "1m,10m"}
+    s = resolve({"vllm.timeout": "7s"}, env, str(cfg))
+    assert s.vllm_url == ["http://a:8000/metrics"]  # file
+    assert s.collect_interval == 2  # file
+    assert s.collect_windows == [60, 600]  # env
+    assert s.vllm_timeout == 7  # flag beats env and file
+    assert s.web_listen_address == ":18090"  # default
+
+
+def test_unknown_key_names_its_location_and_suggests(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("vllm:\n  urll: http://a/metrics\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:vllm.urll: unknown key \(did you mean vllm.url\?\)"):
+        resolve({}, {}, str(cfg))
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        ({"vllm.url": ["ftp://x"]}, "--vllm.url:"),
+        ({"collect.interval": "5x"}, "--collect.interval: invalid duration"),
+        ({"collect.windows": ["1s"], "collect.interval": "5s"}, "at least --collect.interval"),
+        ({"gpu.source": "dcgm"}, "--gpu.dcgm-url"),
+        ({"cost.hit_ratio_floor": "1.5"}, "not between 0 and 1"),
+    ],
+)
+def test_bad_values_are_location_message_errors(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve(flags, {}, None)
+
+
+def test_price_table_from_flags_and_yaml(tmp_path):
+    s = resolve({"cost.gpu_hour_prices": ["NVIDIA H100 80GB HBM3=2.5", "A10=0.6"]}, {}, None)
+    assert s.cost_gpu_hour_prices == {"NVIDIA H100 80GB HBM3": 2.5, "A10": 0.6}
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("cost:\n  gpu_hour_prices:\n    NVIDIA H200: 3.1\n")
+    assert resolve({}, {}, str(cfg)).cost_gpu_hour_prices == {"NVIDIA H200": 3.1}
+
+
+def test_durations_and_window_labels():
+    assert duration("1m30s") == 90
+    assert [window_label(s) for s in (60, 300, 3600, 100, 0.5)] == ["1m", "5m", "1h", "1m40s", "500ms"]
+
+
+def test_check_config_exits_0_or_1(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text("vllm:\n  url: [http://127.0.0.1:8000/metrics]\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("web:\n  listen_adress: ':1'\n")
+    ok = subprocess.run([*CLI, "--config.file", str(good), "--check-config"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    fail = subprocess.run([*CLI, "--config.file", str(bad), "--check-config"], capture_output=True, text=True)
+    assert fail.returncode == 1
+    assert "bad.yaml:web.listen_adress: unknown key (did you mean web.listen_address?)" in fail.stderr

@@ -1,0 +1,95 @@
+"""`kvcache-exporter serve` as a process: endpoints, TLS and basic auth, against the simulator."""
+
+import base64
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import bcrypt
+import pytest
+
+from tests.conftest import free_port
+
+CLI = [sys.executable, "-m", "kvcache_exporter"]
+
+
+def wait_for(url, timeout=20.0, context=None, headers=None):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            request = urllib.request.Request(url, headers=headers or {})
+            with urllib.request.urlopen(request, timeout=2, context=context) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+        except (urllib.error.URLError, ConnectionError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+@pytest.fixture
+def processes():
+    started = []
+    yield started
+    for p in started:
+        p.terminate()
+    for p in started:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def start(processes, *args):
+    p = subprocess.Popen([*CLI, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    processes.append(p)
+    return p
+
+
+def test_serves_landing_health_ready_and_metrics(processes):
+    vllm_port, port = free_port(), free_port()
+    upstream = f"http://127.0.0.1:{vllm_port}/metrics"
+    start(processes, "serve", "--vllm.url", upstream, "--collect.interval", "0.5s",
+          "--web.listen-address", f"127.0.0.1:{port}", "--gpu.source", "none")  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    assert wait_for(base + "/healthz")[0] == 200
+    assert wait_for(base + "/readyz")[0] == 503  # vLLM not up yet
+    status, body = wait_for(base + "/metrics")
+    assert status == 200 and "kvcache_vllm_up 0.0" in body and 'reason="connection"' in body
+    assert "Metrics" in wait_for(base + "/")[1]
+    start(processes, "simulate", "--listen", f"127.0.0.1:{vllm_port}", "--rate", "20")
+    deadline = time.monotonic() + 30
+    while wait_for(base + "/readyz")[0] != 200:
+        assert time.monotonic() < deadline, "exporter never became ready"
+        time.sleep(0.3)
+    body = wait_for(base + "/metrics")[1]
+    assert "kvcache_vllm_up 1.0" in body and "kvcache_blocks_capacity{" in body
+
+
+def test_tls_and_basic_auth_from_a_web_config_file(processes, tmp_path):
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)  # fmt: skip
+    hashed = bcrypt.hashpw(b"hunter2", bcrypt.gensalt(rounds=4)).decode()
+    web_config = tmp_path / "web.yaml"
+    web_config.write_text(
+        f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\nbasic_auth_users:\n  prom: '{hashed}'\n"
+    )
+    port = free_port()
+    start(processes, "serve", "--vllm.url", "http://127.0.0.1:1/metrics", "--web.config.file",
+          str(web_config), "--web.listen-address", f"127.0.0.1:{port}", "--gpu.source", "none")  # fmt: skip
+    context = ssl.create_default_context(cafile=str(cert))
+    context.check_hostname = False
+    url = f"https://127.0.0.1:{port}/metrics"
+    assert wait_for(url, context=context)[0] == 401
+    wrong = {"Authorization": "Basic " + base64.b64encode(b"prom:nope").decode()}
+    assert wait_for(url, context=context, headers=wrong)[0] == 401
+    right = {"Authorization": "Basic " + base64.b64encode(b"prom:hunter2").decode()}
+    status, body = wait_for(url, context=context, headers=right)
+    assert status == 200 and "kvcache_exporter_build_info" in body
+    with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP is refused on a TLS port
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
