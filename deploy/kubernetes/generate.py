@@ -1,0 +1,167 @@
+"""Write the Kubernetes manifests of vLLM with the exporter as a sidecar (`make generate`).
+
+kvcache-exporter.yaml: Deployment (vLLM + sidecar), Service, ServiceMonitor; prometheusrule.yaml:
+the PrometheusRule built from alerts/rules/*.yaml, when those exist. Edit this file, not the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+RULES = HERE.parents[1] / "alerts" / "rules"
+NAME, PORT, VLLM_PORT = "vllm", 18090, 8000
+LABELS = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/component": "inference"}
+EXPORTER_IMAGE = "kvcache-exporter:0.1.0"
+VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+DCGM_URL = "http://nvidia-dcgm-exporter.gpu-operator:9400/metrics"
+
+
+def _field_env(name: str, path: str) -> dict:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _probe(path: str, period: int) -> dict:
+    return {"httpGet": {"path": path, "port": "metrics"}, "periodSeconds": period, "timeoutSeconds": 3}
+
+
+def exporter() -> dict:
+    return {
+        "name": "kvcache-exporter",
+        "image": EXPORTER_IMAGE,
+        "args": [
+            "serve",
+            f"--vllm.url=http://127.0.0.1:{VLLM_PORT}/metrics",
+            "--gpu.source",
+            "dcgm",
+            "--gpu.dcgm-url",
+            DCGM_URL,
+            "--gpu.pod",
+            "$(POD_NAME)",
+            "--gpu.namespace",
+            "$(POD_NAMESPACE)",
+            "--kv-events.endpoint=tcp://127.0.0.1:5557",
+            "--kv-events.mode=connect",
+        ],
+        "env": [_field_env("POD_NAME", "metadata.name"), _field_env("POD_NAMESPACE", "metadata.namespace")],
+        "ports": [{"name": "metrics", "containerPort": PORT}],
+        "livenessProbe": _probe("/healthz", 20),
+        "readinessProbe": _probe("/readyz", 10),
+        "resources": {
+            "requests": {"cpu": "50m", "memory": "64Mi"},
+            "limits": {"cpu": "500m", "memory": "256Mi"},
+        },
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 10001,
+            "runAsGroup": 10001,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+
+
+def vllm() -> dict:
+    events = '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557"}'
+    return {
+        "name": "vllm",
+        "image": VLLM_IMAGE,
+        "args": [f"--model={MODEL}", "--enable-prefix-caching", f"--kv-events-config={events}"],
+        "ports": [{"name": "http", "containerPort": VLLM_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
+        "resources": {"limits": {"nvidia.com/gpu": 1}},
+        "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+    }
+
+
+def deployment() -> dict:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": NAME, "labels": LABELS},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": LABELS},
+            "template": {
+                "metadata": {"labels": LABELS},
+                "spec": {
+                    "containers": [vllm(), exporter()],
+                    "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}],
+                },
+            },
+        },
+    }
+
+
+def service() -> dict:
+    ports = [{"name": "http", "port": VLLM_PORT, "targetPort": "http"}]
+    ports.append({"name": "metrics", "port": PORT, "targetPort": "metrics"})
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": NAME, "labels": LABELS},
+        "spec": {"selector": LABELS, "ports": ports},
+    }
+
+
+def service_monitor() -> dict:
+    endpoints = [
+        {"port": "metrics", "interval": "15s"},
+        {"port": "http", "path": "/metrics", "interval": "15s"},
+    ]
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": {"name": NAME, "labels": LABELS},
+        "spec": {"selector": {"matchLabels": LABELS}, "endpoints": endpoints},
+    }
+
+
+def prometheus_rule(rules_dir: Path = RULES) -> dict | None:
+    groups = [g for p in sorted(rules_dir.glob("*.yaml")) for g in yaml.safe_load(p.read_text())["groups"]]
+    if not groups:
+        return None
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": "kvcache-exporter", "labels": LABELS},
+        "spec": {"groups": groups},
+    }
+
+
+class _Dumper(yaml.SafeDumper):
+    def ignore_aliases(self, data) -> bool:  # the label set repeats: write it out, not as &id001
+        return True
+
+
+def _dump(documents: list[dict]) -> str:
+    header = "# Generated by deploy/kubernetes/generate.py (`make generate`): edit that, not this.\n"
+    body = yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False, explicit_start=True, width=110)
+    return header + body
+
+
+def write(out: Path = HERE) -> list[Path]:
+    files = {"kvcache-exporter.yaml": [deployment(), service(), service_monitor()]}
+    rule = prometheus_rule()
+    if rule:
+        files["prometheusrule.yaml"] = [rule]
+    for name, documents in files.items():
+        (out / name).write_text(_dump(documents))
+    return [out / name for name in files]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=HERE)
+    for path in write(parser.parse_args().out):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
