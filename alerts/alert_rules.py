@@ -92,7 +92,7 @@ def capacity(g) -> list[dict]:
         g.alert(
             "KVCacheSaturated",
             f"{LVL}:kvcache_block_utilization:max_avg{sw} > <threshold>\nand (\n"
-            f"  {LVL}:kvcache_preemptions:rate{gw} > 0\n"
+            f"  {LVL}:kvcache_preemptions:rate{gw} > <preemptions_per_second>\n"
             f"  or {LVL}:kvcache_requests_waiting:deriv{gw} > <waiting_growth_per_second>\n)",
             "KV cache is full and requests are preempted or queueing.",
             f"The KV cache of {MODEL} is {VALUE} in use (busiest engine, {sw} average) while requests are "
