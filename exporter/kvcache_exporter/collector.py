@@ -101,6 +101,7 @@ class Exporter:
         clock: Callable[[], float] = time.time,
         extras: list[Extra] | None = None,
         pollers: dict[str, Callable[[], Awaitable[Any]]] | None = None,
+        closers: list[Callable[[], Any]] | None = None,
     ):
         self.targets = targets
         self.windows = sorted(windows)
@@ -109,6 +110,7 @@ class Exporter:
         self.clock = clock
         self.extras = extras or []  # derivations that need more than one target (GPU, cost, audit)
         self.pollers = pollers or {}  # other sources, polled beside vLLM: name -> collect()
+        self.closers = closers or []
         self.results: dict[str, Any] = {}
         self.health: dict[str, Health] = {name: Health() for name in self.pollers}
         self.ready = False
@@ -201,3 +203,7 @@ class Exporter:
     async def close(self) -> None:
         for target in self.targets:
             await target.source.close()
+        for closer in self.closers:
+            result = closer()
+            if asyncio.iscoroutine(result):
+                await result

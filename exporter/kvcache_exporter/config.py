@@ -207,7 +207,13 @@ def _parse(option: Option, value: Any, location: str) -> Any:
         if option.multiple and option.parse is price_table:
             return price_table(value)
         if option.multiple:
-            items = value if isinstance(value, list) else [v for v in str(value).split(",") if v]
+            raw = value if isinstance(value, list) else [value]
+            items = [
+                v
+                for item in raw
+                for v in (str(item).split(",") if isinstance(item, str) else [item])
+                if v != ""
+            ]
             return [option.parse(v) for v in items]
         return option.parse(value)
     except (ValueError, TypeError) as err:

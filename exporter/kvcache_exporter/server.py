@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from types import SimpleNamespace
 from urllib.parse import urlsplit
@@ -13,6 +14,8 @@ from aiohttp import web
 from . import logs
 from .collector import Exporter, Target
 from .exposition import registry_for
+from .fleet import Fleet, pricing_from
+from .sources.gpu import make_gpu_source
 from .sources.vllm import VllmSource
 from .web import load_web_config, make_app
 
@@ -29,8 +32,25 @@ def build_exporter(s: SimpleNamespace) -> Exporter:
         )
         for url in s.vllm_url
     ]
+    gpu = make_gpu_source(
+        s.gpu_source,
+        devices=s.gpu_devices or None,
+        max_processes=s.gpu_max_processes,
+        dcgm_url=s.gpu_dcgm_url,
+        pod_name=s.gpu_pod or os.environ.get("POD_NAME"),
+        pod_namespace=s.gpu_namespace or os.environ.get("POD_NAMESPACE"),
+        gpu_uuids=s.gpu_uuids or None,
+        timeout_seconds=s.vllm_timeout,
+    )
+    fleet = Fleet(pricing_from(s), s.audit_gpu_memory_utilization_ceiling, retention)
     return Exporter(
-        targets, windows=s.collect_windows, quantiles=s.collect_quantiles, interval=s.collect_interval
+        targets,
+        windows=s.collect_windows,
+        quantiles=s.collect_quantiles,
+        interval=s.collect_interval,
+        extras=[fleet],
+        pollers={"gpu": gpu.collect},
+        closers=[gpu.close],
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..sources.base import Sample
 from ..sources.vllm import EngineSample
+from .fragmentation import fragmentation_estimate_ratio
 from .quantiles import histogram_quantile
 from .windows import Delta
 
@@ -65,10 +66,12 @@ def current(labels: dict[str, str], sample: EngineSample, config: dict[str, str]
     v0_rate = sample.gauges.get("v0_block_hit_rate")
     if v0_rate is not None and 0 <= v0_rate <= 1:
         out.append(Sample("kvcache_vllm_v0_prefix_cache_block_hit_ratio", labels, v0_rate))
-    return out + blocks(labels, sample.gauges.get("kv_usage"), config)
+    return out + blocks(labels, sample.gauges.get("kv_usage"), sample.gauges.get("running"), config)
 
 
-def blocks(labels: dict[str, str], usage: float | None, config: dict[str, str] | None) -> list[Sample]:
+def blocks(
+    labels: dict[str, str], usage: float | None, running: float | None, config: dict[str, str] | None
+) -> list[Sample]:
     out = []
     if usage is not None:
         usage = min(max(usage, 0.0), 1.0)
@@ -79,7 +82,11 @@ def blocks(labels: dict[str, str], usage: float | None, config: dict[str, str] |
         out.append(Sample("kvcache_blocks_capacity", labels, num_blocks))
         if usage is not None:
             # vLLM's usage excludes the one null block: 1 - free / (num_gpu_blocks - 1).
-            out.append(Sample("kvcache_blocks_in_use", labels, round(usage * max(num_blocks - 1, 0), 6)))
+            in_use = round(usage * max(num_blocks - 1, 0), 6)
+            out.append(Sample("kvcache_blocks_in_use", labels, in_use))
+            fragmentation = fragmentation_estimate_ratio(block_size, in_use, running)
+            if fragmentation is not None:
+                out.append(Sample("kvcache_block_fragmentation_estimate_ratio", labels, fragmentation))
     if block_size is not None:
         out.append(Sample("kvcache_block_size_tokens", labels, block_size))
     capacity = config_number(config, "kv_cache_size_tokens")
