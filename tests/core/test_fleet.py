@@ -1,0 +1,81 @@
+"""The exporter-wide derivations wired into the poll loop: GPU history, memory swing, cost, audit."""
+
+import asyncio
+
+import pytest
+
+from kvcache_exporter.collector import Exporter, Target
+from kvcache_exporter.derive.cost import Pricing
+from kvcache_exporter.fleet import Fleet, GpuHistory
+from kvcache_exporter.sources.gpu import GpuDevice, GpuSnapshot
+
+from .replay import ReplaySource, seed_snapshots, values
+
+GIB = 1024**3
+
+
+def device(used_gib, energy_j, power=300.0):
+    return GpuDevice(
+        0, "GPU-1", "NVIDIA H100 80GB HBM3", used_gib * GIB, 80 * GIB, 0.5, 0.2, power, energy_j, 60
+    )
+
+
+def test_energy_increase_survives_a_driver_counter_reset():
+    history = GpuHistory(retention=600)
+    for ts, energy in [(0, 1000.0), (10, 4000.0), (20, 500.0), (30, 2500.0)]:  # reset after ts 10
+        history.ingest(GpuSnapshot(ts, (device(12, energy),)))
+    assert history.energy_increase(60, now=30) == 3000 + 500 + 2000
+
+
+def test_seed_incident_swing_from_12_to_20_gib_is_measured():
+    history = GpuHistory(retention=600)
+    for ts in range(0, 300, 10):
+        used = 12 if (ts // 60) % 2 == 0 else 20  # a one-minute square wave
+        history.ingest(GpuSnapshot(ts, (device(used, None),)))
+    used = history.used()["GPU-1"]
+    assert max(u for _, u in used) - min(u for _, u in used) == 8 * GIB
+
+
+def test_cost_and_audit_over_the_real_seed_run(shared_fixtures):
+    texts = [s["text"] for s in seed_snapshots(shared_fixtures)]
+    now = [0.0]
+    snapshots = iter(GpuSnapshot(10.0 * i, (device(20, 1000.0 * i),)) for i in range(len(texts)))
+
+    async def gpu():
+        return next(snapshots)
+
+    exporter = Exporter(
+        [Target("seed", ReplaySource(texts), retention=400)],
+        windows=[300.0],
+        quantiles=[0.5],
+        interval=10,
+        clock=lambda: now[0],
+        extras=[Fleet(Pricing(gpu_hour_price={"NVIDIA H100 80GB HBM3": 3.6}), ceiling=0.9, retention=400)],
+        pollers={"gpu": gpu},
+    )
+    for _ in texts:
+        asyncio.run(exporter.poll_once())
+        now[0] += 10
+    assert values(exporter, "kvcache_gpu_cost_per_hour") == {(): 3.6}
+    # 300 s of a 3.6/h GPU = 0.3; tokens: the last 30 polls of the run
+    cost_all = values(exporter, "kvcache_cost_per_million_tokens", token_kind="all", window="5m")
+    assert len(cost_all) == 1 and next(iter(cost_all.values())) > 0
+    joules = next(iter(values(exporter, "kvcache_energy_joules_per_token", window="5m").values()))
+    assert joules == pytest.approx(30 * 1000.0 / tokens_between(texts, -31, -1))
+    checks = {dict(k)["check"]: v for k, v in values(exporter, "kvcache_config_check").items()}
+    # the seed run: prefix caching on, gpu_memory_utilization 0.92 (> 0.9 ceiling), no deprecated names
+    assert checks["prefix_caching_enabled"] == 1
+    assert checks["gpu_memory_utilization_ceiling"] == 0
+    assert checks["no_deprecated_metrics"] == 1
+
+
+def tokens_between(texts, start, end):
+    import re
+
+    def total(text):
+        return sum(
+            float(re.search(rf"^vllm:{name}_total{{[^}}]*}} (\S+)$", text, re.M).group(1))
+            for name in ("prompt_tokens", "generation_tokens")
+        )
+
+    return total(texts[end]) - total(texts[start])
