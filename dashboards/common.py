@@ -19,6 +19,7 @@ from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import prometheus as pm
 from grafana_foundation_sdk.models import units
+
 from kvcache_exporter.catalog import BY_NAME
 
 # Where `docs/runbook.md` is served; `python -m dashboards --runbook-url URL` overrides it.

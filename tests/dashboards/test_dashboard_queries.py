@@ -62,6 +62,7 @@ def test_every_panel_has_data_from_the_demo_stack(tmp_path):
         binary(exe), "serve",
         "--vllm.url", f"http://127.0.0.1:{sim}/metrics",
         "--gpu.source", "dcgm", "--gpu.dcgm-url", f"http://127.0.0.1:{sim}/dcgm/metrics",
+        "--gpu.pod", "vllm-0", "--gpu.namespace", "default",  # the simulator's dcgm-exporter pod
         "--collect.interval", "1s", "--web.listen-address", f"127.0.0.1:{exp}",
         "--cost.gpu-hour-price", "2.5", "--cost.energy-price-per-kwh", "0.2",
         "--kv-events.endpoint", f"tcp://127.0.0.1:{zmq}", "--kv-events.mode", "bind",
