@@ -1,0 +1,1 @@
+"""`kvcache-exporter demo`: simulator + exporter (+ Prometheus/Alertmanager when installed), live view."""

@@ -1,0 +1,164 @@
+"""The demo's live view: read the exporter's own /metrics and render a frame (ANSI) or one line per tick."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+CLEAR = "\x1b[H\x1b[2J"
+BOLD, DIM, RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
+RED, YELLOW, GREEN = "\x1b[31m", "\x1b[33m", "\x1b[32m"
+
+
+@dataclass
+class Snapshot:
+    up: float | None = None
+    hit_ratio: dict[str, float] = field(default_factory=dict)
+    """window label -> hit ratio (mean over engines)"""
+    prefill_p99: dict[str, float] = field(default_factory=dict)
+    block_utilization: float | None = None
+    cost_per_million_tokens: dict[str, float] = field(default_factory=dict)
+    """token kind -> cost per million tokens over the shortest window"""
+
+
+def _mean(values: list[float]) -> float | None:
+    values = [v for v in values if not math.isnan(v)]
+    return sum(values) / len(values) if values else None
+
+
+def _window_seconds(label: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    total, number = 0.0, ""
+    i = 0
+    while i < len(label):
+        ch = label[i]
+        if ch.isdigit() or ch == ".":
+            number += ch
+            i += 1
+            continue
+        unit = "ms" if label.startswith("ms", i) else ch
+        total += float(number or 0) * units.get(unit, 0)
+        number = ""
+        i += len(unit)
+    return total + (float(number) if number else 0.0)
+
+
+def parse_metrics(text: str) -> Snapshot:
+    hits: dict[str, list[float]] = {}
+    p99: dict[str, list[float]] = {}
+    util: list[float] = []
+    cost: dict[str, dict[str, list[float]]] = {}
+    snap = Snapshot()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name, labels, value = sample.name, sample.labels, sample.value
+            if name == "kvcache_vllm_up":
+                snap.up = value if snap.up is None else min(snap.up, value)
+            elif name == "kvcache_prefix_cache_hit_ratio" and "window" in labels:
+                hits.setdefault(labels["window"], []).append(value)
+            elif name == "kvcache_prefill_latency_seconds" and labels.get("quantile") == "0.99":
+                p99.setdefault(labels.get("window", ""), []).append(value)
+            elif name == "kvcache_block_utilization_ratio":
+                util.append(value)
+            elif name == "kvcache_cost_per_million_tokens":
+                kinds = cost.setdefault(labels.get("window", ""), {})
+                kinds.setdefault(labels.get("token_kind", "all"), []).append(value)
+    by_window = lambda d: dict(sorted(d.items(), key=lambda kv: _window_seconds(kv[0])))  # noqa: E731
+    snap.hit_ratio = {w: m for w, vs in by_window(hits).items() if (m := _mean(vs)) is not None}
+    snap.prefill_p99 = {w: m for w, vs in by_window(p99).items() if (m := _mean(vs)) is not None}
+    snap.block_utilization = _mean(util)
+    if cost:
+        shortest = by_window(cost)
+        kinds = shortest[next(iter(shortest))]
+        snap.cost_per_million_tokens = {
+            k: m for k, vs in sorted(kinds.items()) if (m := _mean(vs)) is not None
+        }
+    return snap
+
+
+@dataclass
+class Phase:
+    name: str
+    index: int
+    count: int
+    elapsed: float
+    left: float | None
+
+
+def _fmt(value: float | None, spec: str = ".3f", suffix: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{suffix}"
+
+
+def alerts_summary(alerts: list[dict] | None, absent: str | None) -> tuple[list[str], list[str]]:
+    """(firing, pending) alert names; `absent` (why Prometheus does not run) alone when it does not."""
+    if absent:
+        return [absent], []
+    if alerts is None:
+        return ["Prometheus not answering"], []
+    firing = sorted({a.get("labels", {}).get("alertname", "?") for a in alerts if a.get("state") == "firing"})
+    pending = sorted(
+        {a.get("labels", {}).get("alertname", "?") for a in alerts if a.get("state") == "pending"}
+    )
+    return firing, pending
+
+
+def render_line(t: float, phase: Phase, snap: Snapshot | None, firing: list[str], pending: list[str]) -> str:
+    parts = [f"[{t:7.1f}s]", f"phase={phase.name} ({phase.index}/{phase.count}, +{phase.elapsed:.1f}s)"]
+    if snap is None:
+        parts.append("exporter=unreachable")
+    else:
+        parts += [f"hit_ratio{{{w}}}={v:.3f}" for w, v in snap.hit_ratio.items()] or ["hit_ratio=n/a"]
+        parts += [f"prefill_p99{{{w}}}={v:.3f}s" for w, v in list(snap.prefill_p99.items())[:1]]
+        parts.append(f"block_util={_fmt(snap.block_utilization)}")
+        cost = snap.cost_per_million_tokens
+        parts += [f"cost_per_Mtok{{{k}}}={v:.4f}" for k, v in cost.items()] or ["cost_per_Mtok=n/a"]
+    parts.append("alerts=" + (",".join(firing) if firing else "none"))
+    if pending:
+        parts.append("pending=" + ",".join(pending))
+    return " ".join(parts)
+
+
+def _color_ratio(value: float) -> str:
+    color = GREEN if value >= 0.6 else YELLOW if value >= 0.3 else RED
+    bar = "#" * round(value * 30)
+    return f"{color}{value:6.1%}{RESET} {color}{bar:<30}{RESET}"
+
+
+def render_frame(
+    t: float,
+    phase: Phase,
+    snap: Snapshot | None,
+    firing: list[str],
+    pending: list[str],
+    urls: dict[str, str],
+) -> str:
+    left = "" if phase.left is None else f", {phase.left:.0f}s left"
+    lines = [
+        f"{BOLD}kvcache-exporter demo{RESET}   t={t:.0f}s   (Ctrl-C stops everything)",
+        "  " + "   ".join(f"{name}: {url}" for name, url in urls.items()),
+        "",
+        f"{BOLD}phase{RESET}           {phase.name}  "
+        f"({phase.index}/{phase.count}, +{phase.elapsed:.0f}s{left})",
+    ]
+    if snap is None:
+        lines.append(f"{RED}exporter unreachable{RESET}")
+    else:
+        if not snap.hit_ratio:
+            lines.append(f"{BOLD}hit ratio{RESET}       n/a (waiting for traffic)")
+        for w, v in snap.hit_ratio.items():
+            lines.append(f"{BOLD}hit ratio{RESET} {w:>5} {_color_ratio(v)}")
+        for w, v in snap.prefill_p99.items():
+            lines.append(f"{BOLD}prefill p99{RESET} {w:>3} {v * 1000:8.1f} ms")
+        lines.append(f"{BOLD}block util{RESET}      {_fmt(snap.block_utilization, '.1%')}")
+        cost = "   ".join(f"{k} {v:.4f}" for k, v in snap.cost_per_million_tokens.items()) or "n/a"
+        lines.append(f"{BOLD}cost / 1M tok{RESET}   {cost}")
+    if firing and firing[0].startswith("Prometheus "):
+        lines.append(f"{BOLD}alerts{RESET}          {DIM}{firing[0]}{RESET}")
+    else:
+        shown = f"{RED}{', '.join(firing)}{RESET}" if firing else f"{GREEN}none firing{RESET}"
+        lines.append(f"{BOLD}alerts{RESET}          {shown}")
+        if pending:
+            lines.append(f"{BOLD}pending{RESET}         {YELLOW}{', '.join(pending)}{RESET}")
+    return CLEAR + "\n".join(lines) + "\n"
