@@ -32,11 +32,17 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Every generated file is committed; `make check` regenerates and fails on drift.
+GENERATED := docs/metrics.md alerts/rules dashboards/json deploy/kubernetes
+
 generate: venv
 	$(PY) -m kvcache_exporter docs --output docs/metrics.md
+	$(PY) -m alerts.generate
+	$(PY) -m dashboards
+	$(PY) deploy/kubernetes/generate.py
 
-check: generate
-	git diff --exit-code -- docs/metrics.md
+check: generate lint
+	git diff --exit-code -- $(GENERATED)
 
 test: venv system-deps vllm-venv lint
 	$(PY) -m pytest -q -p no:cacheprovider
