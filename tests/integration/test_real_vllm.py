@@ -287,7 +287,12 @@ def test_exporter_ingests_real_kv_event_stream(vllm_server, start_exporter) -> N
     with start_exporter(*serve_args) as exporter:
         tap = KvEventTap(vllm_server.kv_events_endpoint, exporter_kv)
         try:
-            wait_for(lambda: "the exporter to subscribe to the tap", tap.subscribed.is_set, 10, exporter.log)
+            wait_for(
+                lambda: f"the exporter to bind and subscribe at --kv-events.endpoint {exporter_kv}",
+                tap.subscribed.is_set,
+                10,
+                exporter.log,
+            )
             # vLLM's PUB reconnects to the tap's fresh bind in the background; probe until a batch flows.
             rng = random.Random(7)
             probes = 0
