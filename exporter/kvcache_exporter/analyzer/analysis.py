@@ -1,0 +1,547 @@
+"""Why does a prompt workload miss the prefix cache? Pure functions over a trace.
+
+The cache itself is not modelled here: every hit ratio comes from replaying the requests through the
+simulator's engine (`kvcache_exporter.simulator.engine`, vLLM V1's scheduler over its block pool).
+Replays are sequential per replica (each request runs to completion before the next one on that replica
+starts), which is how the seed trace was recorded and the least cache pressure a real run can have.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..simulator import tokenizer
+from ..simulator.engine import Engine, EngineConfig, Request
+
+DEFAULT_MAX_TOKENS = 16
+GRAM = 8
+"""Token n-gram used to find a shared template that does not start at token 0."""
+TEMPLATE_SHARE = 0.3
+"""An n-gram in at least this share of the requests is part of a shared template."""
+SIGNIFICANT = 0.05
+"""Hit-ratio points below which a loss is not worth a diagnosis."""
+
+
+@dataclass
+class TraceRequest:
+    prompt_token_ids: list[int]
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    session: str | None = None
+    send_ts: float | None = None
+    forced_output: list[int] | None = None
+    index: int = 0
+
+
+def parse_trace_line(obj: dict, index: int, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> TraceRequest:
+    if "prompt_token_ids" in obj:
+        tokens = [int(t) for t in obj["prompt_token_ids"]]
+    elif isinstance(obj.get("prompt"), list):
+        tokens = [int(t) for t in obj["prompt"]]
+    elif isinstance(obj.get("prompt"), str):
+        tokens = tokenizer.encode(obj["prompt"])
+    elif isinstance(obj.get("messages"), list):
+        tokens = tokenizer.encode_chat(obj["messages"])
+    else:
+        raise ValueError(f"line {index + 1}: needs prompt_token_ids, prompt or messages")
+    if not tokens:
+        raise ValueError(f"line {index + 1}: empty prompt")
+    session = obj.get("session", obj.get("user"))
+    return TraceRequest(
+        tokens,
+        int(obj.get("max_tokens") or default_max_tokens),
+        None if session is None else str(session),
+        obj.get("send_ts"),
+        obj.get("completion_token_ids"),
+        int(obj.get("i", index)),
+    )
+
+
+def load_trace(path: str | Path, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> list[TraceRequest]:
+    return parse_trace(Path(path).read_text().splitlines(), default_max_tokens)
+
+
+def parse_trace(lines: Iterable[str], default_max_tokens: int = DEFAULT_MAX_TOKENS) -> list[TraceRequest]:
+    out = []
+    for n, line in enumerate(lines):
+        if line.strip():
+            out.append(parse_trace_line(json.loads(line), n, default_max_tokens))
+    return out
+
+
+# --- replay -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Replay:
+    hit_ratio: float
+    prompt_tokens: int
+    hit_tokens: int
+    requests: int
+    rejected: int
+    """requests that can never fit the pool (or max_model_len) and were skipped"""
+    preemptions: int
+    per_request_hits: list[int] = field(repr=False, default_factory=list)
+
+
+def route(requests: Sequence[TraceRequest], replicas: int, routing: str) -> list[int]:
+    """The replica of each request, as the simulator's API server routes (round-robin or CRC32 of session)."""
+    out, rr = [], 0
+    for r in requests:
+        if routing == "session" and r.session:
+            out.append(zlib.crc32(r.session.encode()) % replicas)
+        else:
+            out.append(rr % replicas)
+            rr += 1
+    return out
+
+
+def blocks_needed_unbounded(requests: Sequence[TraceRequest], block_size: int) -> int:
+    """A pool no request ever has to evict from: every token of the trace in its own block, plus slack."""
+    return sum(-(-(len(r.prompt_token_ids) + r.max_tokens) // block_size) for r in requests) + 2
+
+
+def replay(
+    requests: Sequence[TraceRequest],
+    block_size: int,
+    num_gpu_blocks: int,
+    replicas: int = 1,
+    routing: str = "round-robin",
+    max_model_len: int | None = None,
+) -> Replay:
+    if replicas < 1:
+        raise ValueError("replicas must be at least 1")
+    longest = max((len(r.prompt_token_ids) + r.max_tokens for r in requests), default=1)
+    config = EngineConfig(
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        max_model_len=max(max_model_len or 0, longest),
+        max_num_batched_tokens=max(8192, longest),
+    )
+    engines = [Engine(config, i) for i in range(replicas)]
+    clocks = [0.0] * replicas
+    hits, prompt_tokens, rejected = [], 0, 0
+    for request, replica in zip(requests, route(requests, replicas, routing), strict=True):
+        engine = engines[replica]
+        sim = Request(
+            str(request.index),
+            list(request.prompt_token_ids),
+            request.max_tokens,
+            clocks[replica],
+            forced_output=request.forced_output,
+        )
+        try:
+            engine.add_request(sim)
+        except ValueError:
+            rejected += 1
+            hits.append(0)
+            continue
+        while engine.has_work:
+            clocks[replica] += engine.step(clocks[replica]).duration
+        hits.append(max(sim.num_cached_tokens, 0))
+        prompt_tokens += len(request.prompt_token_ids)
+    total_hits = sum(hits)
+    return Replay(
+        total_hits / prompt_tokens if prompt_tokens else 0.0,
+        prompt_tokens,
+        total_hits,
+        len(requests),
+        rejected,
+        sum(e.stats.num_preemptions for e in engines),
+        hits,
+    )
+
+
+# --- prefix structure ---------------------------------------------------------------------------
+
+
+@dataclass
+class SharedPrefix:
+    tokens: int
+    requests: int
+    head: list[int]
+    """the first tokens of the prefix"""
+
+
+@dataclass
+class DynamicField:
+    start: int
+    """first token position where requests differ (tokens before it are identical in all of them)"""
+    end: int
+    """last token position of the dynamic part (the largest template offset minus one)"""
+    median_len: float
+    template_tokens: int
+    """how many tokens the requests share right after the dynamic part"""
+    requests: int
+    """requests with this layout"""
+
+
+@dataclass
+class Structure:
+    requests: int
+    first_block_unique_share: float
+    """share of the requests (with at least one full block) whose first block no other request has"""
+    shared_prefixes: list[SharedPrefix]
+    dynamic_field: DynamicField | None
+    block_granularity_loss: float
+    """share of prompt tokens shared with an earlier request but lost to partial blocks"""
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def shared_prefixes(prompts: Sequence[Sequence[int]], min_requests: int, top: int = 5) -> list[SharedPrefix]:
+    """Common prefixes (token level) shared by at least `min_requests` prompts: the nodes of the prompts'
+    prefix tree where it branches, found as LCP intervals of the sorted prompts; largest tokens x requests
+    first."""
+    order = sorted(range(len(prompts)), key=lambda i: tuple(prompts[i]))
+    ordered = [prompts[i] for i in order]
+    lcps = [_lcp(ordered[i - 1], ordered[i]) for i in range(1, len(ordered))]
+    found: dict[tuple[int, int], int] = {}  # (length, first row) -> rows
+    stack: list[tuple[int, int]] = []  # (lcp length, left row)
+    for i, h in enumerate([*lcps, 0]):
+        left = i
+        while stack and stack[-1][0] > h:
+            length, left = stack.pop()
+            rows = i + 1 - left
+            if length > 0 and rows >= min_requests:
+                found[(length, left)] = rows
+        if not stack or stack[-1][0] < h:
+            stack.append((h, left))
+    result = [
+        SharedPrefix(length, rows, list(ordered[left][: min(length, 12)]))
+        for (length, left), rows in found.items()
+    ]
+    result.sort(key=lambda p: (-p.tokens * p.requests, -p.tokens))
+    return result[:top]
+
+
+def _template_offsets(prompts: Sequence[Sequence[int]]) -> tuple[list[int | None], set[tuple[int, ...]]]:
+    """Per prompt, where its first frequent n-gram starts (None: no shared template in it)."""
+    seen: Counter[tuple[int, ...]] = Counter()
+    for p in prompts:
+        seen.update({tuple(p[i : i + GRAM]) for i in range(len(p) - GRAM + 1)})
+    threshold = max(2, int(TEMPLATE_SHARE * len(prompts)))
+    frequent = {g for g, n in seen.items() if n >= threshold}
+    offsets: list[int | None] = []
+    for p in prompts:
+        offsets.append(
+            next((i for i in range(len(p) - GRAM + 1) if tuple(p[i : i + GRAM]) in frequent), None)
+        )
+    return offsets, frequent
+
+
+def _template_run(prompt: Sequence[int], offset: int, frequent: set[tuple[int, ...]]) -> int:
+    end = offset
+    while end + GRAM <= len(prompt) and tuple(prompt[end : end + GRAM]) in frequent:
+        end += 1
+    return end - offset + GRAM - 1
+
+
+def dynamic_field(prompts: Sequence[Sequence[int]], block_size: int) -> DynamicField | None:
+    """A per-request dynamic part in front of a template most requests share: positions and lengths."""
+    offsets, frequent = _template_offsets(prompts)
+    late = [(p, o) for p, o in zip(prompts, offsets, strict=True) if o is not None and o > 0]
+    if len(late) < max(2, len(prompts) // 2):
+        return None
+    heads = [list(p[:o]) for p, o in late]
+    start = min(_lcp(heads[0], h) for h in heads[1:]) if len(heads) > 1 else 0
+    lengths = [o for _, o in late]
+    runs = [_template_run(p, o, frequent) for p, o in late]
+    return DynamicField(
+        start, max(lengths) - 1, statistics.median(lengths), int(statistics.median(runs)), len(late)
+    )
+
+
+def structure(requests: Sequence[TraceRequest], block_size: int) -> Structure:
+    prompts = [r.prompt_token_ids for r in requests]
+    firsts = Counter(tuple(p[:block_size]) for p in prompts if len(p) >= block_size)
+    with_block = sum(firsts.values())
+    unique = sum(n for n in firsts.values() if n == 1)
+    # Token-level sharing with any earlier request vs what whole blocks can hold.
+    lost = total = 0
+    order = sorted(range(len(prompts)), key=lambda i: tuple(prompts[i]))
+    best = [0] * len(prompts)
+    for a, b in itertools.pairwise(order):
+        n = _lcp(prompts[a], prompts[b])
+        later = max(a, b)  # only the later of the two can reuse the earlier one's blocks
+        best[later] = max(best[later], n)
+    for p, shared in zip(prompts, best, strict=True):
+        shared = min(shared, len(p) - 1)
+        total += len(p)
+        lost += shared - (shared // block_size) * block_size
+    return Structure(
+        len(prompts),
+        unique / with_block if with_block else 0.0,
+        shared_prefixes(prompts, max(2, len(prompts) // 20)),
+        dynamic_field(prompts, block_size),
+        lost / total if total else 0.0,
+    )
+
+
+# --- diagnosis ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Diagnosis:
+    kind: str
+    """dynamic_prefix | nothing_shared | capacity | affinity | block_granularity"""
+    title: str
+    gain: float
+    """hit-ratio points the remedy would recover (measured by a replay where possible)"""
+    evidence: str
+    remedies: list[str]
+
+
+@dataclass
+class Report:
+    settings: dict
+    observed: Replay
+    unbounded: Replay
+    """same replicas and routing, no eviction"""
+    one_replica: Replay | None
+    """one replica with no eviction (only when replicas > 1)"""
+    session_routing: Replay | None
+    """same cache, routing by session (only when replicas > 1 and routing is round-robin)"""
+    dynamic_moved_last: Replay | None
+    """same cache, dynamic part moved behind the template (only with a dynamic field)"""
+    capacity_blocks_needed: int | None
+    structure: Structure
+    diagnoses: list[Diagnosis]
+    notes: list[str]
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        for key in ("observed", "unbounded", "one_replica", "session_routing", "dynamic_moved_last"):
+            if out[key] is not None:
+                out[key].pop("per_request_hits", None)
+        return out
+
+
+def move_dynamic_last(requests: Sequence[TraceRequest], block_size: int) -> list[TraceRequest]:
+    """The same requests with everything before their shared template moved to the end."""
+    offsets, _ = _template_offsets([r.prompt_token_ids for r in requests])
+    out = []
+    for r, o in zip(requests, offsets, strict=True):
+        p = r.prompt_token_ids
+        moved = p[o:] + p[:o] if o else list(p)
+        out.append(TraceRequest(moved, r.max_tokens, r.session, r.send_ts, r.forced_output, r.index))
+    return out
+
+
+def _blocks_for(
+    requests: Sequence[TraceRequest], target: float, bs: int, start: int, replicas: int, routing: str
+) -> int:
+    """About the fewest blocks per replica whose hit ratio is within 1 point of `target` (doubling `start`,
+    then bisecting to within 5%)."""
+    limit = blocks_needed_unbounded(requests, bs)
+
+    def enough(blocks: int) -> bool:
+        return replay(requests, bs, blocks, replicas, routing).hit_ratio >= target - 0.01
+
+    low, high = start, start
+    while high < limit and not enough(high):
+        low, high = high, min(high * 2, limit)
+    while high - low > max(1, high // 20):
+        mid = (low + high) // 2
+        low, high = (low, mid) if enough(mid) else (mid, high)
+    return high
+
+
+def analyze(
+    requests: Sequence[TraceRequest],
+    block_size: int,
+    num_gpu_blocks: int,
+    replicas: int = 1,
+    routing: str = "round-robin",
+    max_model_len: int | None = None,
+) -> Report:
+    if not requests:
+        raise ValueError("empty trace")
+    bs = block_size
+    unbounded_blocks = blocks_needed_unbounded(requests, bs)
+    observed = replay(requests, bs, num_gpu_blocks, replicas, routing, max_model_len)
+    unbounded = replay(requests, bs, unbounded_blocks, replicas, routing, max_model_len)
+    one = replay(requests, bs, unbounded_blocks, 1, routing, max_model_len) if replicas > 1 else None
+    by_session = None
+    if replicas > 1 and routing == "round-robin" and any(r.session for r in requests):
+        by_session = replay(requests, bs, num_gpu_blocks, replicas, "session", max_model_len)
+    shape = structure(requests, bs)
+    diagnoses: list[Diagnosis] = []
+    notes: list[str] = []
+    moved = None
+
+    dyn = shape.dynamic_field
+    if dyn is not None and shape.first_block_unique_share >= 0.5:
+        moved = replay(move_dynamic_last(requests, bs), bs, num_gpu_blocks, replicas, routing, max_model_len)
+        diagnoses.append(
+            Diagnosis(
+                "dynamic_prefix",
+                "dynamic prefix at the front: per-request fields come before the shared template",
+                moved.hit_ratio - observed.hit_ratio,
+                f"{shape.first_block_unique_share:.0%} of the requests have a first block no other request "
+                f"has; "
+                f"{dyn.requests} requests differ at token {dyn.start}-{dyn.end} "
+                f"(median {dyn.median_len:g} tokens) then share {dyn.template_tokens} tokens. "
+                f"Replayed with that part moved to the end: hit ratio {observed.hit_ratio:.3f} -> "
+                f"{moved.hit_ratio:.3f}.",
+                [
+                    "move the dynamic header (user id, timestamps, order numbers, request ids) after the "
+                    "static "
+                    "template: system prompt and instructions first, per-request data last",
+                    "keep the static part byte-identical between requests (no timestamps or ids inside it)",
+                ],
+            )
+        )
+    elif shape.first_block_unique_share >= 0.9 and unbounded.hit_ratio < SIGNIFICANT:
+        diagnoses.append(
+            Diagnosis(
+                "nothing_shared",
+                "the prompts share nothing: no template recurs across requests",
+                0.0,
+                f"{shape.first_block_unique_share:.0%} of first blocks are unique and even an unbounded "
+                f"cache "
+                f"hits {unbounded.hit_ratio:.3f}.",
+                [
+                    "prefix caching cannot help this workload; check whether a common system prompt was "
+                    "expected"
+                ],
+            )
+        )
+
+    capacity_loss = unbounded.hit_ratio - observed.hit_ratio
+    needed = None
+    if capacity_loss >= SIGNIFICANT:
+        needed = _blocks_for(requests, unbounded.hit_ratio, bs, num_gpu_blocks, replicas, routing)
+        diagnoses.append(
+            Diagnosis(
+                "capacity",
+                "KV cache too small: shared blocks are evicted before they are reused",
+                capacity_loss,
+                f"hit ratio {observed.hit_ratio:.3f} with {num_gpu_blocks} blocks per replica vs "
+                f"{unbounded.hit_ratio:.3f} with no eviction ({capacity_loss:+.3f} measured); about "
+                f"{needed} blocks per replica ({needed * bs} tokens) reach it. Preemptions: "
+                f"{observed.preemptions}.",
+                [
+                    "raise KV capacity: a higher gpu_memory_utilization (or --kv-cache-memory-bytes)",
+                    "fewer concurrent sequences (max_num_seqs) or a shorter max_model_len leave more blocks "
+                    "for cached prefixes",
+                    "an fp8 KV cache (kv_cache_dtype=fp8) doubles the blocks in the same memory",
+                    "or spread the load over more replicas with prefix-aware routing",
+                ],
+            )
+        )
+
+    if one is not None:
+        affinity_loss = one.hit_ratio - unbounded.hit_ratio
+        if affinity_loss >= SIGNIFICANT:
+            session_text = ""
+            if by_session is not None:
+                session_text = f" Routing by session instead: {by_session.hit_ratio:.3f}."
+            diagnoses.append(
+                Diagnosis(
+                    "affinity",
+                    "session affinity broken: requests that share a prefix land on different replicas",
+                    affinity_loss,
+                    f"{replicas} replicas with {routing} routing hit {unbounded.hit_ratio:.3f} even without "
+                    f"eviction; one replica would hit {one.hit_ratio:.3f} ({affinity_loss:+.3f})."
+                    f"{session_text}",
+                    [
+                        "enable session affinity (route by user/session id: a consistent hash, sticky "
+                        "sessions)",
+                        "or prefix-aware routing (a router that hashes the prompt's leading blocks or "
+                        "follows "
+                        "the replicas' KV events)",
+                    ],
+                )
+            )
+
+    if shape.block_granularity_loss >= SIGNIFICANT:
+        diagnoses.append(
+            Diagnosis(
+                "block_granularity",
+                "shared prefixes end inside blocks: only whole blocks are reused",
+                shape.block_granularity_loss,
+                f"{shape.block_granularity_loss:.1%} of prompt tokens are shared with an earlier request but "
+                f"sit in a partly shared block of {bs} tokens.",
+                [
+                    "a smaller --block-size shares more of each prefix (more blocks, more metadata); "
+                    "block size "
+                    "is tokens per block and does not need to match the model's layer count",
+                    "or pad the static template to a multiple of the block size",
+                ],
+            )
+        )
+    diagnoses.sort(key=lambda d: -d.gain)
+    notes.append(
+        f"block size {bs} is tokens per KV block (a cache hit is counted in whole blocks); it does not "
+        "need to "
+        "match the model's layer count."
+    )
+    if observed.rejected:
+        notes.append(f"{observed.rejected} requests never fit the pool or max_model_len and were skipped")
+    if observed.preemptions:
+        notes.append(f"{observed.preemptions} preemptions in the observed replay")
+    settings = {
+        "block_size": bs,
+        "num_gpu_blocks": num_gpu_blocks,
+        "replicas": replicas,
+        "routing": routing,
+        "requests": len(requests),
+        "replay": "sequential per replica",
+    }
+    return Report(settings, observed, unbounded, one, by_session, moved, needed, shape, diagnoses, notes)
+
+
+def render_text(report: Report) -> str:
+    s = report.settings
+    lines = [
+        f"trace: {s['requests']} requests; block size {s['block_size']}, {s['num_gpu_blocks']} blocks per "
+        f"replica, {s['replicas']} replica(s), {s['routing']} routing ({s['replay']})",
+        "",
+        "hit ratio (prompt tokens served from the prefix cache)",
+        f"  observed (this cache)           {report.observed.hit_ratio:6.3f}",
+        f"  unbounded cache                 {report.unbounded.hit_ratio:6.3f}",
+    ]
+    if report.one_replica is not None:
+        lines.append(f"  one replica, unbounded          {report.one_replica.hit_ratio:6.3f}")
+    if report.session_routing is not None:
+        lines.append(f"  routing by session              {report.session_routing.hit_ratio:6.3f}")
+    if report.dynamic_moved_last is not None:
+        lines.append(f"  dynamic part moved last         {report.dynamic_moved_last.hit_ratio:6.3f}")
+    st = report.structure
+    lines += [
+        "",
+        "prefix structure",
+        f"  first block unique in           {st.first_block_unique_share:6.1%} of requests",
+        f"  tokens lost to partial blocks   {st.block_granularity_loss:6.1%}",
+    ]
+    for p in st.shared_prefixes:
+        head = " ".join(map(str, p.head)) + (" ..." if p.tokens > len(p.head) else "")
+        lines.append(f"  shared prefix {p.tokens:5d} tokens by {p.requests:4d} requests: [{head}]")
+    if st.dynamic_field is not None:
+        d = st.dynamic_field
+        lines.append(
+            f"  dynamic field: requests differ at token {d.start}-{d.end} (median {d.median_len:g} tokens) "
+            f"then share {d.template_tokens} tokens ({d.requests} requests)"
+        )
+    lines += ["", "diagnosis"]
+    if not report.diagnoses:
+        lines.append("  no significant cache loss found")
+    for n, d in enumerate(report.diagnoses, 1):
+        lines.append(f"  {n}. [{d.kind}] {d.title} (+{d.gain:.3f} hit ratio)")
+        lines.append(f"     {d.evidence}")
+        lines += [f"     - {r}" for r in d.remedies]
+    lines += ["", *[f"note: {n}" for n in report.notes]]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,78 @@
+"""`kvcache-exporter analyze TRACE`: why does this prompt workload miss the prefix cache?
+
+Replays the trace (JSON lines: `prompt_token_ids` or `prompt` text or `messages`, optional `session`,
+`max_tokens`, `send_ts`) through the simulator's model of vLLM's block pool and scheduler, compares the hit
+ratio with an unbounded cache and with one replica, inspects the prompts' prefix structure and prints a
+ranked diagnosis with remedies (see docs/analyzer.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import analysis
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "analyze",
+        help="replay a prompt trace through the KV-cache model and diagnose cache misses",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("trace", help="trace file (JSON lines); - reads stdin")
+    add("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    add("--num-gpu-blocks", type=int, default=2048, help="KV blocks per replica (default 2048)")
+    add("--replicas", type=int, default=1, help="vLLM replicas (data-parallel engines) behind the router")
+    add(
+        "--routing", choices=("round-robin", "session"), default="round-robin", help="how requests are spread"
+    )
+    add("--max-model-len", type=int, help="default: the longest request of the trace")
+    add("--max-tokens", type=int, default=analysis.DEFAULT_MAX_TOKENS, help="for lines without max_tokens")
+    add("--requests", metavar="FIRST-LAST", help="only these request positions (0-based, inclusive)")
+    add("--phase", help="only lines whose `phase` field has this value")
+    add("--format", choices=("text", "json"), default="text")
+
+
+def _select(lines: list[str], args: argparse.Namespace) -> list[str]:
+    if args.phase is not None:
+        lines = [line for line in lines if line.strip() and json.loads(line).get("phase") == args.phase]
+    if args.requests:
+        first, _, last = args.requests.partition("-")
+        lines = [line for line in lines if line.strip()][int(first) : int(last or first) + 1]
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.block_size < 1 or args.num_gpu_blocks < 2 or args.replicas < 1:
+            raise ValueError("--block-size >= 1, --num-gpu-blocks >= 2 and --replicas >= 1 are required")
+        text = sys.stdin.read() if args.trace == "-" else Path(args.trace).read_text(encoding="utf-8")
+        requests = analysis.parse_trace(_select(text.splitlines(), args), args.max_tokens)
+        report = analysis.analyze(
+            requests, args.block_size, args.num_gpu_blocks, args.replicas, args.routing, args.max_model_len
+        )
+    except (OSError, ValueError) as err:
+        print(f"analyze: {err}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        json.dump(report.to_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(analysis.render_text(report))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvcache_exporter.analyzer", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
