@@ -1,0 +1,55 @@
+"""`python -m kvcache_exporter.analyzer` (the `analyze` subcommand) end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def analyze(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "kvcache_exporter.analyzer", *args]
+    return subprocess.run(argv, capture_output=True, text=True, input=stdin, timeout=60)
+
+
+def test_json_on_the_raw_phase(seed_trace_path):
+    out = analyze(
+        str(seed_trace_path),
+        "--block-size",
+        "32",
+        "--num-gpu-blocks",
+        "96",
+        "--phase",
+        "raw",
+        "--format",
+        "json",
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["settings"]["requests"] == 160
+    assert report["observed"]["hit_ratio"] == 0.0
+    assert report["diagnoses"][0]["kind"] == "dynamic_prefix"
+    assert report["structure"]["dynamic_field"]["start"] == 1
+
+
+def test_text_on_the_normalized_requests(seed_trace_path):
+    out = analyze(
+        str(seed_trace_path), "--block-size", "32", "--num-gpu-blocks", "96", "--requests", "160-319"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "trace: 160 requests" in out.stdout
+    assert "no significant cache loss found" in out.stdout
+    assert "shared prefix   200 tokens by  160 requests" in out.stdout
+
+
+def test_stdin_text_prompts_and_bad_input():
+    lines = "\n".join(
+        json.dumps({"prompt": f"hello number {n} " + "static words here " * 20}) for n in range(10)
+    )
+    out = analyze("-", "--block-size", "4", stdin=lines)
+    assert out.returncode == 0, out.stderr
+    assert "dynamic_prefix" in out.stdout
+    bad = analyze("-", stdin='{"nothing": 1}\n')
+    assert bad.returncode == 2 and "needs prompt_token_ids" in bad.stderr
+    missing = analyze("/nonexistent/trace.jsonl")
+    assert missing.returncode == 2
