@@ -455,7 +455,8 @@ CATALOG: tuple[Metric, ...] = (
     _m(
         "kvcache_kv_events_dropped_total",
         "counter",
-        "Batches the exporter dropped itself because they exceeded the configured event rate or size.",
+        "Batches the exporter dropped itself: rate_limited (over --kv-events.max-batches-per-second), "
+        "too_many_blocks (resident-hash bound), parse_error (undecodable).",
         ("reason",),
         "",
         "events",

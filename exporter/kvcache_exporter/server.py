@@ -15,7 +15,9 @@ from . import logs
 from .collector import Exporter, Target
 from .exposition import registry_for
 from .fleet import Fleet, pricing_from
+from .sources.base import Sample
 from .sources.gpu import make_gpu_source
+from .sources.kv_events import KvEventSubscriber
 from .sources.vllm import VllmSource
 from .web import load_web_config, make_app
 
@@ -43,15 +45,35 @@ def build_exporter(s: SimpleNamespace) -> Exporter:
         timeout_seconds=s.vllm_timeout,
     )
     fleet = Fleet(pricing_from(s), s.audit_gpu_memory_utilization_ceiling, retention)
+    extras, closers = [fleet], [gpu.close]
+    if s.kv_events_endpoint:
+        subscriber = KvEventSubscriber(
+            s.kv_events_endpoint,
+            mode=s.kv_events_mode,
+            topic=s.kv_events_topic,
+            replay_endpoint=s.kv_events_replay_endpoint,
+            max_batches_per_second=s.kv_events_max_batches_per_second,
+        )
+        subscriber.start()  # needs the running event loop: build_exporter is called from serve()
+        extras.append(lambda _: kv_event_samples(subscriber))
+        closers.append(subscriber.stop)
     return Exporter(
         targets,
         windows=s.collect_windows,
         quantiles=s.collect_quantiles,
         interval=s.collect_interval,
-        extras=[fleet],
+        extras=extras,
         pollers={"gpu": gpu.collect},
-        closers=[gpu.close],
+        closers=closers,
     )
+
+
+def kv_event_samples(subscriber: KvEventSubscriber) -> list[Sample]:
+    """The stream is pushed, not polled: its health is whether the socket is open and reading."""
+    return [
+        *subscriber.samples(),
+        Sample("kvcache_exporter_collector_success", {"collector": "kv_events"}, float(subscriber.healthy)),
+    ]
 
 
 async def serve(s: SimpleNamespace) -> int:
