@@ -77,9 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _subcommand_modules() -> list:
+    from .analyzer import cli as analyze
+    from .demo import cli as demo
     from .simulator import cli as simulate
 
-    return [simulate]
+    return [simulate, demo, analyze]
 
 
 def main(argv: list[str] | None = None) -> int:
