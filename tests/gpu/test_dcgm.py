@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+
 from kvcache_exporter.sources.base import SourceError
 from kvcache_exporter.sources.dcgm import MIB, DcgmSource, parse_dcgm
 from kvcache_exporter.sources.gpu import make_gpu_source

@@ -3,6 +3,7 @@
 import ctypes.util
 
 import pytest
+
 from kvcache_exporter.sources.gpu import GpuDevice, GpuProcess, gpu_samples
 from kvcache_exporter.sources.nvml import select_processes
 

@@ -1,10 +1,11 @@
 """The simulator's /metrics has the same families, types, label names and buckets as real vLLM 0.32."""
 
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
 from kvcache_exporter.simulator.config import SimulatorConfig, cache_config_labels
 from kvcache_exporter.simulator.engine import Engine, EngineConfig, Request
 from kvcache_exporter.simulator.exposition import ExpositionState, make_registry
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 REQUIRED = {
     "vllm:prefix_cache_queries",

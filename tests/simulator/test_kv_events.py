@@ -6,6 +6,7 @@ import msgspec
 import pytest
 import zmq
 import zmq.asyncio
+
 from kvcache_exporter.simulator.blocks import AllBlocksCleared, BlockRemoved, BlockStored
 from kvcache_exporter.simulator.kv_events import KVEventPublisher, offset_endpoint, should_bind
 

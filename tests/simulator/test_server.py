@@ -4,9 +4,10 @@ import asyncio
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from kvcache_exporter.simulator import EngineConfig, LatencyModel, SimulatorConfig, start_simulator
 from kvcache_exporter.simulator.server import _is_loopback
-from prometheus_client.parser import text_string_to_metric_families
 
 FAST = LatencyModel(base_s=0.002, per_prefill_token_s=0.00001, per_decode_seq_s=0.0001)
 

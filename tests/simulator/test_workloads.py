@@ -1,4 +1,5 @@
 import pytest
+
 from kvcache_exporter.simulator.dcgm import GpuState
 from kvcache_exporter.simulator.workloads import WorkloadFactory, parse_schedule, phase_at
 
