@@ -428,10 +428,10 @@ def test_subscriber_survives_a_taken_port_and_retries():
 
 
 def test_the_simulators_publisher_with_gaps_and_replay():
-    """Cross-check with the project's simulator: its PUB connects to us and skips a seq every 5 batches.
+    """Cross-check with the project's simulator: its PUB connects to us and loses every 5th batch on the wire.
 
-    The skipped seqs are never buffered either, so its replay ROUTER answers without them: they stay missed,
-    and each of the 20 requests must end on the end marker, not on the (long) replay timeout."""
+    Like a vLLM high-water-mark drop, the lost batches stay in the publisher's replay buffer, so the
+    subscriber fills every gap through the replay ROUTER and nothing stays missed."""
     from kvcache_exporter.simulator.blocks import BlockRemoved as SimRemoved
     from kvcache_exporter.simulator.blocks import BlockStored as SimStored
     from kvcache_exporter.simulator.kv_events import KVEventPublisher
@@ -451,9 +451,12 @@ def test_the_simulators_publisher_with_gaps_and_replay():
             pub.drop_every = 5
             for i in range(100):
                 await pub.publish([SimStored([1000 + i], None, [i] * 16, 16), SimRemoved([1000 + i - 1])])
-            await until(lambda: sub.state.is_resident(1099), timeout=10)
-            assert sub.state.cached_blocks == 2
-            assert sub.state.missed == 20
+            pub.drop_every = 0
+            await pub.publish([SimStored([2000], None, [0] * 16, 16)])  # reveals the last lost batch
+            await until(lambda: sub.state.is_resident(2000), timeout=10)
+            assert sub.state.is_resident(1099)  # the 100th batch was lost on the wire, then replayed
+            assert sub.state.cached_blocks == 3  # 1, 1099 and 2000
+            assert sub.state.missed == 0
             assert sub.state.missing(pub.seq) == range(0)  # every seq it used was applied or replayed
         finally:
             await pub.close()

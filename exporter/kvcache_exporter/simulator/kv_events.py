@@ -105,17 +105,23 @@ class KVEventPublisher:
     async def publish(self, events: list[KVEvent]) -> None:
         if not events:
             return
-        if self.drop_every:
-            self._batches_since_drop += 1
-            if self._batches_since_drop >= self.drop_every:
-                self._batches_since_drop = 0
-                self.seq += 1  # a sequence number that is never sent: subscribers see a gap
         payload = encode_batch(events, self.rank)
         seq_bytes = self.seq.to_bytes(8, "big")
         self._buffer.append((self.seq, payload))
         self.seq += 1
+        if self._drop_this_one():
+            return  # lost on the wire like a high-water-mark overflow; replay can still serve it
         with contextlib.suppress(zmq.Again):
             await self._pub.send_multipart((self.topic, seq_bytes, payload), flags=zmq.NOBLOCK)
+
+    def _drop_this_one(self) -> bool:
+        if not self.drop_every:
+            return False
+        self._batches_since_drop += 1
+        if self._batches_since_drop < self.drop_every:
+            return False
+        self._batches_since_drop = 0
+        return True
 
     async def _serve_replay(self) -> None:
         assert self._router is not None
