@@ -41,7 +41,8 @@ def test_alert_is_named_labelled_and_annotated(rule):
         assert "$value" in notes["description"] and "$labels" in notes["description"]
     assert notes["runbook_url"].endswith("docs/runbook.md#" + rule["alert"].lower())
     if "dashboard_url" in notes:
-        assert notes["dashboard_url"].rsplit("/d/", 1)[1] in DASHBOARD_UIDS
+        uid = notes["dashboard_url"].rsplit("/d/", 1)[1]
+        assert uid in DASHBOARD_UIDS and (ROOT / "dashboards" / "json" / f"{uid}.json").exists()
 
 
 @pytest.mark.parametrize("name", NAMES)
