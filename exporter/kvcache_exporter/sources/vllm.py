@@ -7,7 +7,6 @@ quantities per (model_name, engine); see vllm_names.py.
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -108,8 +107,6 @@ _BLOCK_COUNTABLE = {"vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cach
 _HIST_OF = {
     f"{base}{suffix}": logical for logical, base in names.HISTOGRAMS.items() for suffix in ("_bucket", "_sum")
 }
-_SAMPLE_NAME = re.compile(r"^([^#\s{][^\s{]*)", re.M)
-_HELP = re.compile(r"^# HELP (\S+) (.*)$", re.M)
 _WANTED_BASES = {
     _base(n)
     for n in (
@@ -122,16 +119,6 @@ _WANTED_BASES = {
         names.PROCESS_START,
     )
 }
-_SUFFIXES = r"(?:_total|_created|_bucket|_count|_sum|_info)?"
-_ALTERNATIVES = "|".join(
-    sorted((re.escape(b.removeprefix("vllm:")) for b in _WANTED_BASES), key=len, reverse=True)
-)
-_WANTED_LINE = re.compile(
-    rf"^(?:vllm:(?:{_ALTERNATIVES})|process_start_time_seconds){_SUFFIXES}[{{ \t].*$", re.M
-)
-_WANTED_LINE_RAY = re.compile(
-    rf"^(?:ray_vllm:(?:{_ALTERNATIVES})|process_start_time_seconds){_SUFFIXES}[{{ \t].*$", re.M
-)
 
 
 def parse(text: str, ts: float | None = None, limits: Limits = Limits()) -> VllmSnapshot:
@@ -174,20 +161,25 @@ def _prefilter(text: str, prefix: str, limits: Limits) -> tuple[list[str], set[s
     early-V1 prefix-cache counters whose HELP says they count blocks, not tokens.
 
     vLLM serves ~45 families and ~700 lines of which about a fifth are read: the others are
-    only named (for the schema, deprecation and missing-metric checks), never parsed. Regexes
-    over the whole text do this at C speed.
+    only named (for the schema, deprecation and missing-metric checks), never parsed.
     """
-    names_in_order = _SAMPLE_NAME.findall(text)
-    if len(names_in_order) > limits.max_samples:
-        raise SourceError("too_many_series", f"more than {limits.max_samples} samples")
-    seen = {_normal(name, prefix) for name in names_in_order}
-    wanted = _WANTED_LINE_RAY if prefix == "ray_vllm:" else _WANTED_LINE
-    block_counted = {
-        _normal(name, prefix)
-        for name, doc in _HELP.findall(text)
-        if _normal(name, prefix) in _BLOCK_COUNTABLE and "blocks" in doc
-    }
-    return wanted.findall(text), seen, block_counted
+    kept, seen, block_counted = [], set(), set()
+    for line in text.split("\n"):
+        if not line:
+            continue
+        if line[0] == "#":
+            if "blocks" in line and line.startswith("# HELP "):
+                name = _normal(line.split(" ", 3)[2], prefix)
+                if name in _BLOCK_COUNTABLE:
+                    block_counted.add(name)
+            continue
+        name = _normal(line.split("{", 1)[0].split(" ", 1)[0], prefix)
+        seen.add(name)
+        if _base(name) in _WANTED_BASES:
+            kept.append(line)
+            if len(kept) > limits.max_samples:
+                raise SourceError("too_many_series", f"more than {limits.max_samples} samples")
+    return kept, seen, block_counted
 
 
 def _take(acc: _Accumulator, name: str, labels: dict[str, str], value: float, chosen: dict[str, str]) -> None:
