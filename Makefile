@@ -33,11 +33,12 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 
 # Every generated file is committed; `make check` regenerates and fails on drift.
-GENERATED := docs/metrics.md alerts/rules dashboards/json deploy/kubernetes
+GENERATED := docs/metrics.md alerts/rules docs/alerts.md dashboards/json deploy/kubernetes
 
 generate: venv
 	$(PY) -m kvcache_exporter docs --output docs/metrics.md
 	$(PY) -m alerts.generate
+	$(PY) -m alerts.quality --write docs/alerts.md
 	$(PY) -m dashboards
 	$(PY) deploy/kubernetes/generate.py
 
