@@ -46,6 +46,8 @@ class SeriesHistory:
     def __init__(self, retention: float):
         self.retention = retention
         self.points: deque[Point] = deque()
+        self._times: deque[float] = deque()  # the points' timestamps, for bisect
+        self._windows: dict[float, Delta | None] = {}  # this poll's windows, asked for by several derivations
         self._last_raw: EngineSample | None = None
 
     def append(self, ts: float, raw: EngineSample) -> None:
@@ -81,15 +83,23 @@ class SeriesHistory:
                 advance(before.sum, total[2], hist.sum, reset),
             )
         self.points.append(Point(ts, counters, histograms))
+        self._times.append(ts)
+        self._windows.clear()
         self._last_raw = raw
         while self.points and self.points[0].ts < ts - self.retention:
             self.points.popleft()
+            self._times.popleft()
 
     def _forget(self, histogram: str) -> None:
         for point in self.points:
             point.histograms.pop(histogram, None)
 
     def window(self, seconds: float) -> Delta | None:
+        if seconds not in self._windows:
+            self._windows[seconds] = self._window(seconds)
+        return self._windows[seconds]
+
+    def _window(self, seconds: float) -> Delta | None:
         """The delta from the newest poll at or before now-seconds (else the oldest) to the latest.
 
         A series that appeared later (or whose bucket layout changed) is measured from its
@@ -98,18 +108,20 @@ class SeriesHistory:
         if len(self.points) < 2:
             return None
         latest = self.points[-1]
-        times = [p.ts for p in self.points]
-        start = max(bisect.bisect_right(times, latest.ts - seconds) - 1, 0)
+        start = max(bisect.bisect_right(self._times, latest.ts - seconds) - 1, 0)
         if latest.ts <= self.points[start].ts:
             return None
-        candidates = list(itertools.islice(self.points, start, len(self.points) - 1))
+
+        def candidates():  # usually the first one has every series: stay lazy
+            return itertools.islice(self.points, start, len(self.points) - 1)
+
         counters, histograms = {}, {}
         for name, value in latest.counters.items():
-            base = next((p for p in candidates if name in p.counters), None)
+            base = next((p for p in candidates() if name in p.counters), None)
             if base is not None:
                 counters[name] = value - base.counters[name]
         for name, (bounds, counts, total) in latest.histograms.items():
-            base = next((p for p in candidates if p.histograms.get(name, ((),))[0] == bounds), None)
+            base = next((p for p in candidates() if p.histograms.get(name, ((),))[0] == bounds), None)
             if base is not None:
                 _, base_counts, base_total = base.histograms[name]
                 histograms[name] = (
