@@ -103,7 +103,11 @@ def _run(args: argparse.Namespace, stack: stack_mod.Stack, stop: threading.Event
             except RuntimeError as err:
                 stack.notes.append(f"alertmanager not started: {err}")
         try:
-            urls["prometheus"] = stack.start_prometheus(prometheus_bin, exporter.url, sim.url, am_url).url
+            # Rules scaled so that a 15-minute story fits one phase: a 90 s phase runs them 10x faster.
+            scale = min(1.0, args.phase_seconds / 900)
+            urls["prometheus"] = stack.start_prometheus(
+                prometheus_bin, exporter.url, sim.url, am_url, scale
+            ).url
             prometheus_running = True
         except RuntimeError as err:
             stack.notes.append(f"prometheus not started: {err}")

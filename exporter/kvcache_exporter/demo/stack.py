@@ -123,11 +123,18 @@ class Stack:
         self._require(service, service.url, 20, b"kvcache_vllm_up")
         return service
 
-    def rule_files(self) -> list[str]:
-        """The project's rules when present and valid for this Prometheus (promtool), else none."""
-        files = sorted(glob.glob(str(REPO_ROOT / "alerts" / "rules" / "*.yaml")))
+    def rule_files(self, scale: float) -> list[str]:
+        """The project's rules, generated from alerts/config.yaml with every duration times `scale`
+        (so a drop in a short demo phase can fire), when valid for this Prometheus; else none."""
+        out = self.workdir / "rules"
+        generate = [sys.executable, "-m", "alerts.generate", "--scale", f"{scale:g}", "--out", str(out)]
+        made = subprocess.run(generate, cwd=REPO_ROOT, capture_output=True, text=True)
+        files = sorted(glob.glob(str(out / "*.yaml")))
+        if made.returncode != 0 or not files:
+            self.notes.append("alert rules skipped: alerts.generate failed:\n" + made.stderr[-800:])
+            return []
         promtool = shutil.which("promtool")
-        if not files or promtool is None:
+        if promtool is None:
             return files
         check = subprocess.run([promtool, "check", "rules", *files], capture_output=True, text=True)
         if check.returncode != 0:
@@ -154,14 +161,14 @@ class Stack:
         return service
 
     def start_prometheus(
-        self, binary: str, exporter_url: str, sim_url: str, alertmanager_url: str | None
+        self, binary: str, exporter_url: str, sim_url: str, alertmanager_url: str | None, alert_scale: float
     ) -> Service:
         port = free_port()
         exporter_target = exporter_url.split("//", 1)[1].split("/", 1)[0]
         sim_target = sim_url.split("//", 1)[1]
         config: dict = {
             "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
-            "rule_files": self.rule_files(),
+            "rule_files": self.rule_files(alert_scale),
             "scrape_configs": [
                 {"job_name": "kvcache-exporter", "static_configs": [{"targets": [exporter_target]}]},
                 {"job_name": "vllm", "static_configs": [{"targets": [sim_target]}]},
