@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .. import catalog
 from ..sources.base import Sample
 from ..sources.vllm import EngineSample
 from .fragmentation import fragmentation_estimate_ratio
@@ -26,14 +27,8 @@ LATENCIES = {
     "kvcache_queue_time_seconds": "queue",
     "kvcache_e2e_latency_seconds": "e2e",
 }
-CONFIG_LABELS = (
-    "block_size",
-    "num_gpu_blocks",
-    "enable_prefix_caching",
-    "gpu_memory_utilization",
-    "cache_dtype",
-    "prefix_caching_hash_algo",
-)
+# cache_config_info labels re-exported on kvcache_vllm_config_info (after model_name, engine).
+CONFIG_LABELS = catalog.get("kvcache_vllm_config_info").labels[2:]
 
 
 def hit_ratio(hits: float | None, queries: float | None) -> float | None:

@@ -10,42 +10,12 @@ from prometheus_client.registry import CollectorRegistry
 from prometheus_client.samples import Sample
 
 from .engine import Engine
-from .stats import Histogram
+from .stats import ITL_BUCKETS, TTFT_BUCKETS, Histogram
 
+# V0's shorter bucket sets: TTFT up to 10 s, TPOT up to 2.5 s, e2e 1-60 s (vllm-metrics.md §2.7).
 V0_BUCKETS = {
-    "time_to_first_token_seconds": (
-        0.001,
-        0.005,
-        0.01,
-        0.02,
-        0.04,
-        0.06,
-        0.08,
-        0.1,
-        0.25,
-        0.5,
-        0.75,
-        1.0,
-        2.5,
-        5.0,
-        7.5,
-        10.0,
-    ),
-    "time_per_output_token_seconds": (
-        0.01,
-        0.025,
-        0.05,
-        0.075,
-        0.1,
-        0.15,
-        0.2,
-        0.3,
-        0.4,
-        0.5,
-        0.75,
-        1.0,
-        2.5,
-    ),
+    "time_to_first_token_seconds": TTFT_BUCKETS[: TTFT_BUCKETS.index(10.0) + 1],
+    "time_per_output_token_seconds": ITL_BUCKETS[: ITL_BUCKETS.index(2.5) + 1],
     "e2e_request_latency_seconds": (1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0),
 }
 
