@@ -16,7 +16,7 @@ from .collector import Exporter, Target
 from .exposition import registry_for
 from .fleet import Fleet, pricing_from
 from .sources.base import Sample
-from .sources.gpu import make_gpu_source
+from .sources.gpu import NoGpuSource, make_gpu_source
 from .sources.kv_events import KvEventSubscriber
 from .sources.vllm import VllmSource
 from .web import load_web_config, make_app
@@ -46,6 +46,10 @@ def build_exporter(s: SimpleNamespace) -> Exporter:
     )
     fleet = Fleet(pricing_from(s), s.audit_gpu_memory_utilization_ceiling, retention)
     extras, closers = [fleet], [gpu.close]
+    # No GPU source at all (switched off, or `auto` found none): no collector, so nothing reads as failing.
+    pollers = {} if isinstance(gpu, NoGpuSource) else {"gpu": gpu.collect}
+    if not pollers:
+        log.info("GPU telemetry off: %s", gpu.why)
     if s.kv_events_endpoint:
         subscriber = KvEventSubscriber(
             s.kv_events_endpoint,
@@ -63,7 +67,7 @@ def build_exporter(s: SimpleNamespace) -> Exporter:
         quantiles=s.collect_quantiles,
         interval=s.collect_interval,
         extras=extras,
-        pollers={"gpu": gpu.collect},
+        pollers=pollers,
         closers=closers,
     )
 

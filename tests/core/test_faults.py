@@ -105,3 +105,19 @@ def test_good_answer_after_failures_recovers(tmp_path):
     assert value(exporter, "kvcache_vllm_up") == 1
     assert value(exporter, "kvcache_prefix_cache_hit_tokens_total") == 40
     assert upstream.seen_headers[-1]["Authorization"] == "Bearer s3cret"
+
+
+def test_gpu_source_asked_for_but_absent_reads_unavailable_not_error():
+    from kvcache_exporter.config import resolve
+    from kvcache_exporter.server import build_exporter
+
+    async def case():
+        settings = resolve({"vllm.url": ["http://127.0.0.1:1/metrics"], "gpu.source": "nvml"}, {}, None)
+        exporter = build_exporter(settings)
+        await exporter.poll_once()
+        await exporter.close()
+        return exporter
+
+    exporter = asyncio.run(case())  # this machine has no NVML driver
+    assert value(exporter, "kvcache_exporter_collector_success", collector="gpu") == 0
+    assert value(exporter, "kvcache_exporter_errors_total", collector="gpu") is None  # absent, not an error

@@ -60,6 +60,7 @@ def test_serves_landing_health_ready_and_metrics(processes):
     assert wait_for(base + "/readyz")[0] == 503  # vLLM not up yet
     status, body = wait_for(base + "/metrics")
     assert status == 200 and "kvcache_vllm_up 0.0" in body and 'reason="connection"' in body
+    assert 'collector="gpu"' not in body  # GPU telemetry switched off: no collector to read as failing
     assert "Metrics" in wait_for(base + "/")[1]
     start(processes, "simulate", "--listen", f"127.0.0.1:{vllm_port}", "--rate", "20")
     deadline = time.monotonic() + 30
