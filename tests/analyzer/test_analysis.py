@@ -7,12 +7,13 @@ import statistics
 
 import pytest
 
-from kvcache_exporter.analyzer import analysis
+from kvcache_exporter.analyzer import analysis, trace
+from kvcache_exporter.analyzer.replay import replay
 from kvcache_exporter.simulator import tokenizer
 
 
-def requests_of(lines: list[dict]) -> list[analysis.TraceRequest]:
-    return [analysis.parse_trace_line(line, n) for n, line in enumerate(lines)]
+def requests_of(lines: list[dict]) -> list[trace.TraceRequest]:
+    return [trace.parse_trace_line(line, n) for n, line in enumerate(lines)]
 
 
 @pytest.fixture(scope="module")
@@ -68,11 +69,11 @@ def test_tiny_cache_is_diagnosed_as_capacity(seed_lines):
     assert top.gain == pytest.approx(report.unbounded.hit_ratio - report.observed.hit_ratio)
     assert top.gain > 0.05
     assert 10 < report.capacity_blocks_needed <= 96
-    check = analysis.replay(requests_of(seed_lines[160:]), 32, report.capacity_blocks_needed)
+    check = replay(requests_of(seed_lines[160:]), 32, report.capacity_blocks_needed)
     assert check.hit_ratio >= report.unbounded.hit_ratio - 0.01
 
 
-def chat_trace(sessions: int, turns: int, seed: int = 7) -> list[analysis.TraceRequest]:
+def chat_trace(sessions: int, turns: int, seed: int = 7) -> list[trace.TraceRequest]:
     """Multi-turn sessions interleaved turn by turn: each prompt extends the session's previous one."""
     rng = random.Random(seed)
     system = [rng.randint(5, 500) for _ in range(64)]
@@ -81,19 +82,19 @@ def chat_trace(sessions: int, turns: int, seed: int = 7) -> list[analysis.TraceR
     for _ in range(turns):
         for s in range(sessions):
             history[s] += [rng.randint(5, 500) for _ in range(48)]
-            out.append(analysis.TraceRequest(list(history[s]), 8, f"user-{s}", index=len(out)))
+            out.append(trace.TraceRequest(list(history[s]), 8, f"user-{s}", index=len(out)))
             history[s] += [rng.randint(5, 500) for _ in range(8)]  # the answer goes into the next turn
     return out
 
 
 def test_round_robin_over_replicas_is_diagnosed_as_affinity_loss():
-    trace = chat_trace(sessions=13, turns=6)
-    report = analysis.analyze(trace, block_size=16, num_gpu_blocks=4096, replicas=4, routing="round-robin")
+    chats = chat_trace(sessions=13, turns=6)
+    report = analysis.analyze(chats, block_size=16, num_gpu_blocks=4096, replicas=4, routing="round-robin")
     assert report.diagnoses[0].kind == "affinity"
     assert report.one_replica.hit_ratio - report.unbounded.hit_ratio > 0.3
     assert report.session_routing.hit_ratio > report.unbounded.hit_ratio + 0.3
     # Routing by session keeps each conversation on one replica: no affinity loss left.
-    by_session = analysis.analyze(trace, block_size=16, num_gpu_blocks=4096, replicas=4, routing="session")
+    by_session = analysis.analyze(chats, block_size=16, num_gpu_blocks=4096, replicas=4, routing="session")
     assert "affinity" not in [d.kind for d in by_session.diagnoses]
     assert by_session.observed.hit_ratio == pytest.approx(report.one_replica.hit_ratio, abs=0.02)
 
@@ -108,7 +109,7 @@ def test_text_prompts_use_the_simulator_tokenizer():
         }
         for _ in range(40)
     ]
-    requests = [analysis.parse_trace_line(line, n) for n, line in enumerate(lines)]
+    requests = [trace.parse_trace_line(line, n) for n, line in enumerate(lines)]
     assert requests[0].prompt_token_ids == tokenizer.encode(lines[0]["prompt"])
     report = analysis.analyze(requests, block_size=16, num_gpu_blocks=1024)
     assert report.diagnoses[0].kind == "dynamic_prefix"
@@ -118,7 +119,7 @@ def test_text_prompts_use_the_simulator_tokenizer():
 
 def test_unrelated_prompts_share_nothing():
     rng = random.Random(5)
-    trace = [analysis.TraceRequest([rng.randint(5, 500) for _ in range(200)], 4, index=i) for i in range(50)]
-    report = analysis.analyze(trace, block_size=16, num_gpu_blocks=1024)
+    requests = [trace.TraceRequest([rng.randint(5, 500) for _ in range(200)], 4, index=i) for i in range(50)]
+    report = analysis.analyze(requests, block_size=16, num_gpu_blocks=1024)
     assert [d.kind for d in report.diagnoses] == ["nothing_shared"]
     assert report.structure.dynamic_field is None

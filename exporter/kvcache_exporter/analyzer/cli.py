@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import analysis
+from . import analysis, trace
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -37,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--routing", choices=("round-robin", "session"), default="round-robin", help="how requests are spread"
     )
     add("--max-model-len", type=int, help="default: the longest request of the trace")
-    add("--max-tokens", type=int, default=analysis.DEFAULT_MAX_TOKENS, help="for lines without max_tokens")
+    add("--max-tokens", type=int, default=trace.DEFAULT_MAX_TOKENS, help="for lines without max_tokens")
     add("--requests", metavar="FIRST-LAST", help="only these request positions (0-based, inclusive)")
     add("--phase", help="only lines whose `phase` field has this value")
     add("--format", choices=("text", "json"), default="text")
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         if args.block_size < 1 or args.num_gpu_blocks < 2 or args.replicas < 1:
             raise ValueError("--block-size >= 1, --num-gpu-blocks >= 2 and --replicas >= 1 are required")
         text = sys.stdin.read() if args.trace == "-" else Path(args.trace).read_text(encoding="utf-8")
-        requests = analysis.parse_trace(_select(text.splitlines(), args), args.max_tokens)
+        requests = trace.parse_trace(_select(text.splitlines(), args), args.max_tokens)
         report = analysis.analyze(
             requests, args.block_size, args.num_gpu_blocks, args.replicas, args.routing, args.max_model_len
         )

@@ -1,0 +1,58 @@
+"""A prompt trace: one request per JSON line (seed-scenario trace.jsonl format or text prompts)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..simulator import tokenizer
+
+DEFAULT_MAX_TOKENS = 16
+
+
+@dataclass
+class TraceRequest:
+    prompt_token_ids: list[int]
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    session: str | None = None
+    send_ts: float | None = None
+    forced_output: list[int] | None = None
+    index: int = 0
+
+
+def parse_trace_line(obj: dict, index: int, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> TraceRequest:
+    if "prompt_token_ids" in obj:
+        tokens = [int(t) for t in obj["prompt_token_ids"]]
+    elif isinstance(obj.get("prompt"), list):
+        tokens = [int(t) for t in obj["prompt"]]
+    elif isinstance(obj.get("prompt"), str):
+        tokens = tokenizer.encode(obj["prompt"])
+    elif isinstance(obj.get("messages"), list):
+        tokens = tokenizer.encode_chat(obj["messages"])
+    else:
+        raise ValueError(f"line {index + 1}: needs prompt_token_ids, prompt or messages")
+    if not tokens:
+        raise ValueError(f"line {index + 1}: empty prompt")
+    session = obj.get("session", obj.get("user"))
+    return TraceRequest(
+        tokens,
+        int(obj.get("max_tokens") or default_max_tokens),
+        None if session is None else str(session),
+        obj.get("send_ts"),
+        obj.get("completion_token_ids"),
+        int(obj.get("i", index)),
+    )
+
+
+def load_trace(path: str | Path, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> list[TraceRequest]:
+    return parse_trace(Path(path).read_text().splitlines(), default_max_tokens)
+
+
+def parse_trace(lines: Iterable[str], default_max_tokens: int = DEFAULT_MAX_TOKENS) -> list[TraceRequest]:
+    out = []
+    for n, line in enumerate(lines):
+        if line.strip():
+            out.append(parse_trace_line(json.loads(line), n, default_max_tokens))
+    return out
