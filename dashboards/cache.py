@@ -27,7 +27,7 @@ def _prefix_cache():
             "exporter's normalized counters and from vLLM's own counters. Both lines should overlap.",
             action="vLLM raw present but exporter missing: a vLLM metric rename (check schema below). Both "
             "low: prompts stopped sharing prefixes, or blocks are evicted before reuse.",
-            alerts=(*HIT_ALERTS, "KVCacheVLLMSchemaDrift"),
+            alerts=(*HIT_ALERTS, "KVCacheVLLMMetricsMissing", "KVCacheVLLMMetricsDeprecated"),
             unit=units.PercentUnit,
             thresholds=below_is_bad(HIT_RATIO_FLOOR),
         ),
@@ -81,7 +81,7 @@ def _blocks():
             ),
             shows="The running batch, the queue, and preemptions per second.",
             action="A growing queue with blocks full is saturation: scale out.",
-            alerts=("KVCacheSaturated", "KVCacheTTFTSLOBurn"),
+            alerts=("KVCacheSaturated", "KVCacheTimeToFirstTokenSLOBurn"),
         ),
         graph(
             "Fragmentation estimate",
@@ -89,7 +89,11 @@ def _blocks():
             shows="ESTIMATE of slots allocated but empty (the unfilled last block of each running request) "
             "over slots in use.",
             action="High with many short requests: a smaller block_size wastes less (at some kernel cost).",
-            alerts=("KVCacheConfigCheckFailing",),
+            alerts=(
+                "KVCachePrefixCachingDisabled",
+                "KVCacheGPUMemoryUtilizationTooHigh",
+                "KVCacheConfigCheckFailed",
+            ),
             unit=units.PercentUnit,
             w=8,
         ),
@@ -99,7 +103,11 @@ def _blocks():
             Query(sel("kvcache_block_size_tokens"), "{{model_name}}/{{engine}} block size"),
             shows="Tokens the KV cache can hold, and tokens per block.",
             action="A sudden change means vLLM restarted with another configuration: see the config audit.",
-            alerts=("KVCacheConfigCheckFailing",),
+            alerts=(
+                "KVCachePrefixCachingDisabled",
+                "KVCacheGPUMemoryUtilizationTooHigh",
+                "KVCacheConfigCheckFailed",
+            ),
             w=8,
         ),
         graph(
@@ -108,7 +116,7 @@ def _blocks():
             Query(rate("kvcache_kv_events_missed_batches_total", ""), "missed batches/s"),
             shows="Blocks in vLLM's prefix-cache hash table according to KV events, and lost event batches.",
             action="Missed batches: the subscriber falls behind or vLLM restarted; the count is then off.",
-            alerts=("KVCacheEventsGap",),
+            alerts=("KVCacheEventsMissed",),
             w=8,
         ),
     ]
@@ -121,7 +129,11 @@ def _audit():
             Query(sel("kvcache_config_check")),
             shows="Each configuration check of the exporter per model: pass or fail.",
             action="Fix the failing check's vLLM flag (see docs/metrics.md for what each check means).",
-            alerts=("KVCacheConfigCheckFailing",),
+            alerts=(
+                "KVCachePrefixCachingDisabled",
+                "KVCacheGPUMemoryUtilizationTooHigh",
+                "KVCacheConfigCheckFailed",
+            ),
             value_text=PASS_FAIL,
         ),
         grid(
@@ -129,7 +141,11 @@ def _audit():
             Query(sel("kvcache_vllm_config_info")),
             shows="vLLM's cache configuration as the exporter read it from vllm:cache_config_info.",
             action="enable_prefix_caching false or an unexpected block_size: fix the vLLM command line.",
-            alerts=("KVCacheConfigCheckFailing",),
+            alerts=(
+                "KVCachePrefixCachingDisabled",
+                "KVCacheGPUMemoryUtilizationTooHigh",
+                "KVCacheConfigCheckFailed",
+            ),
         ),
         grid(
             "vLLM metric schema",
@@ -139,7 +155,10 @@ def _audit():
             shows="Which vLLM naming generation the target exposes, and how many deprecated or expected "
             "metric names the exporter found or missed.",
             action="Missing above 0 after a vLLM upgrade: a rename; update the exporter before panels empty.",
-            alerts=("KVCacheVLLMSchemaDrift",),
+            alerts=(
+                "KVCacheVLLMMetricsMissing",
+                "KVCacheVLLMMetricsDeprecated",
+            ),
         ),
         grid(
             "Collectors",

@@ -9,8 +9,11 @@ from .common import Query, dashboard, graph, grid, rate, sel
 
 UID = "kvcache-gpu-cost"
 GPU = "gpu{{gpu}} {{name}}"
-MEMORY_ALERTS = ("KVCacheGPUMemoryOverBudget", "KVCacheGPUMemorySwing")
-COST_ALERTS = ("KVCacheCostAboveBudget",)
+MEMORY_ALERTS = ("KVCacheGPUMemoryOverBudget", "KVCacheGPUMemorySwingLarge")
+COST_ALERTS = (
+    "KVCacheCostOverBudget",
+    "KVCacheCostAboveBaseline",
+)
 
 
 def _gpu():

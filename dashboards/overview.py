@@ -21,10 +21,10 @@ from .common import (
 UID = "kvcache-overview"
 FIRING = 'ALERTS{alertname=~"KVCache.*", alertstate="firing"}'
 P99 = 'quantile="0.99"'
-LATENCY_ALERTS = ("KVCacheTTFTSLOBurn", "KVCachePrefillSLOBurn")
+LATENCY_ALERTS = ("KVCacheTimeToFirstTokenSLOBurn", "KVCachePrefillLatencySLOBurn")
 HIT_ALERTS = ("KVCacheHitRatioBelowFloor", "KVCacheHitRatioDropped")
-MEMORY_ALERTS = ("KVCacheGPUMemoryOverBudget", "KVCacheGPUMemorySwing")
-UP_ALERTS = ("KVCacheExporterDown", "KVCacheVLLMDown", "KVCacheCollectorFailing")
+MEMORY_ALERTS = ("KVCacheGPUMemoryOverBudget", "KVCacheGPUMemorySwingLarge")
+UP_ALERTS = ("KVCacheExporterDown", "KVCacheExporterAbsent", "KVCacheVLLMDown", "KVCacheCollectorFailing")
 TTFT_SLA, PREFILL_SLA = 2.0, 1.0  # seconds; defaults of the ttft_sla / prefill_sla boxes
 
 
@@ -89,7 +89,7 @@ def _stats():
             shows="1 when Prometheus scrapes every exporter and every exporter reaches vLLM.",
             action="0 for the exporter: check the sidecar's logs and /healthz; 0 for vLLM: the engine is "
             "down or its /metrics URL is wrong.",
-            alerts=UP_ALERTS[:2],
+            alerts=UP_ALERTS[:3],
             thresholds=below_is_bad(1),
         ),
         grid(
@@ -167,7 +167,10 @@ def _graphs():
             Query(sel("kvcache_cost_per_million_tokens"), "{{token_kind}} {{window}}"),
             shows="GPU cost per million tokens, prompt vs generation, in kvcache_cost_info's currency.",
             action="Rises when throughput falls or misses add prefill work; see the GPU & cost dashboard.",
-            alerts=("KVCacheCostAboveBudget",),
+            alerts=(
+                "KVCacheCostOverBudget",
+                "KVCacheCostAboveBaseline",
+            ),
         ),
     ]
 

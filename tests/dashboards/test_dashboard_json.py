@@ -8,16 +8,23 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from dashboard_harness import JSON_DIR, ROOT, UIDS, boards, panels
 from grafana_foundation_sdk.models import units
 
 SDK_UNITS = {v for k, v in vars(units).items() if not k.startswith("_") and isinstance(v, str)}
+# The alerts the generated rules define, and the runbook sections (anchors) that exist.
 ALERTS = {
-    "KVCacheHitRatioBelowFloor", "KVCacheHitRatioDropped", "KVCacheTTFTSLOBurn", "KVCachePrefillSLOBurn",
-    "KVCacheSaturated", "KVCacheGPUMemoryOverBudget", "KVCacheGPUMemorySwing", "KVCacheConfigCheckFailing",
-    "KVCacheVLLMSchemaDrift", "KVCacheCostAboveBudget", "KVCacheExporterDown", "KVCacheVLLMDown",
-    "KVCacheCollectorFailing", "KVCacheEventsGap",
-}  # fmt: skip
+    rule["alert"]
+    for group in yaml.safe_load((ROOT / "alerts" / "rules" / "alerts.yaml").read_text())["groups"]
+    for rule in group["rules"]
+    if "alert" in rule
+}
+RUNBOOK_ANCHORS = {
+    line[3:].strip().lower()
+    for line in (ROOT / "docs" / "runbook.md").read_text().splitlines()
+    if line.startswith("## ")
+}
 VARIABLES = ["datasource", "job", "instance", "model_name", "engine"]
 
 
@@ -60,6 +67,7 @@ def test_every_panel_explains_itself_and_links_the_runbook(uid):
         anchors = [link["url"].partition("#")[2] for link in panel.get("links", [])]
         assert anchors, f"{where}: no runbook link"
         assert set(anchors) <= {a.lower() for a in ALERTS} | {""}, where
+        assert set(anchors) - {""} <= RUNBOOK_ANCHORS, where
         assert panel["fieldConfig"]["defaults"].get("unit") in SDK_UNITS, where
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, where
 
