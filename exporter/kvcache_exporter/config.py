@@ -177,6 +177,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("gpu.max_processes", int, 8, "per-process GPU memory series per GPU, at most"),
     Option("cost.gpu_hour_price", price, None, "price of one GPU-hour (any GPU model)"),
     Option("cost.gpu_hour_prices", price_table, {}, "price per GPU-hour by GPU model name: NAME=PRICE", True),
+    Option(
+        "cost.gpu_count", int, 1, "GPUs this vLLM uses: prices the cost when no GPU telemetry is available"
+    ),
     Option("cost.currency", str, "USD", "currency of the prices"),
     Option("cost.energy_price_per_kwh", price, None, "price of a kWh, for energy cost per token"),
     Option("cost.hit_ratio_floor", ratio, 0.6, "hit ratio used to price the cost of a cache collapse"),

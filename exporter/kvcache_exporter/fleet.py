@@ -104,8 +104,9 @@ def window_usage(exporter: Exporter, seconds: float, gpu: GpuHistory, now: float
 class Fleet:
     """The exporter-wide derivations; registered as an `extra` of the Exporter."""
 
-    def __init__(self, pricing: cost.Pricing, ceiling: float, retention: float):
+    def __init__(self, pricing: cost.Pricing, ceiling: float, retention: float, gpu_count: int = 1):
         self.pricing = pricing
+        self.gpu_count = gpu_count
         self.ceiling = ceiling
         self.gpu = GpuHistory(retention)
         self._peaks: deque[tuple[float, dict[str, float]]] = deque()
@@ -118,7 +119,8 @@ class Fleet:
         if snapshot is not None:
             self.gpu.ingest(snapshot)
             out += gpu_samples(snapshot) + self._memory(exporter, snapshot)
-        names = [d.name for d in snapshot.devices] if snapshot else []
+        # Without GPU telemetry the configured GPU count is priced at the single (or "default") price.
+        names = [d.name for d in snapshot.devices] if snapshot else ["unknown"] * self.gpu_count
         hourly = cost.gpu_cost_per_hour(names, self.pricing.gpu_hour_price)
         out += cost.cost_info_samples(self.pricing, names)
         for seconds in exporter.windows:

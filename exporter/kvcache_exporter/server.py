@@ -44,7 +44,7 @@ def build_exporter(s: SimpleNamespace) -> Exporter:
         gpu_uuids=s.gpu_uuids or None,
         timeout_seconds=s.vllm_timeout,
     )
-    fleet = Fleet(pricing_from(s), s.audit_gpu_memory_utilization_ceiling, retention)
+    fleet = Fleet(pricing_from(s), s.audit_gpu_memory_utilization_ceiling, retention, s.cost_gpu_count)
     extras, closers = [fleet], [gpu.close]
     # No GPU source at all (switched off, or `auto` found none): no collector, so nothing reads as failing.
     pollers = {} if isinstance(gpu, NoGpuSource) else {"gpu": gpu.collect}

@@ -79,3 +79,23 @@ def tokens_between(texts, start, end):
         )
 
     return total(texts[end]) - total(texts[start])
+
+
+def test_cost_without_gpu_telemetry_prices_the_configured_gpu_count(shared_fixtures):
+    texts = [s["text"] for s in seed_snapshots(shared_fixtures)]
+    now = [0.0]
+    exporter = Exporter(
+        [Target("seed", ReplaySource(texts), retention=400)],
+        windows=[300.0],
+        quantiles=[0.5],
+        interval=10,
+        clock=lambda: now[0],
+        extras=[Fleet(Pricing(gpu_hour_price=3.6), ceiling=0.9, retention=400, gpu_count=2)],
+    )
+    for _ in texts:
+        asyncio.run(exporter.poll_once())
+        now[0] += 10
+    assert values(exporter, "kvcache_gpu_cost_per_hour") == {(): 7.2}
+    cost_all = next(iter(values(exporter, "kvcache_cost_per_million_tokens", token_kind="all").values()))
+    # 300 s of two 3.6/h GPUs = 0.6, over the tokens of the last 30 polls
+    assert cost_all == pytest.approx(0.6 / tokens_between(texts, -31, -1) * 1e6)
