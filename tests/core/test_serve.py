@@ -94,3 +94,59 @@ def test_tls_and_basic_auth_from_a_web_config_file(processes, tmp_path):
     assert status == 200 and "kvcache_exporter_build_info" in body
     with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP is refused on a TLS port
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def scrape(url):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = wait_for(url)[1]
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def post(url, body):
+    request = urllib.request.Request(url, data=body.encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return response.status
+
+
+def until(check, what, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not (result := check()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+    return result
+
+
+def test_simulator_faults_restart_and_malformed_body(processes):
+    sim_port, port = free_port(), free_port()
+    sim = f"http://127.0.0.1:{sim_port}"
+    start(processes, "simulate", "--listen", f"127.0.0.1:{sim_port}", "--rate", "20", "--speed", "4")
+    start(processes, "serve", "--vllm.url", f"{sim}/metrics", "--collect.interval", "0.5s",
+          "--web.listen-address", f"127.0.0.1:{port}", "--gpu.source", "none")  # fmt: skip
+    metrics = f"http://127.0.0.1:{port}/metrics"
+
+    def queries():
+        found = [v for (n, _), v in scrape(metrics).items() if n == "kvcache_prefix_cache_query_tokens_total"]
+        return found[0] if found else None
+
+    before = until(lambda: (q := queries()) and q > 5000 and q, "traffic to build up")
+    assert post(f"{sim}/control/restart", "{}") == 200
+    until(lambda: (q := queries()) is not None and q < before, "the exporter to see the counter reset")
+    for _ in range(6):  # through and after the restart: every ratio stays a ratio
+        ratios = [v for (n, _), v in scrape(metrics).items() if n == "kvcache_prefix_cache_hit_ratio"]
+        assert ratios and all(0 <= r <= 1 for r in ratios)
+        time.sleep(0.5)
+
+    assert post(f"{sim}/control/metrics", '{"malformed": true}') == 200
+    samples = until(
+        lambda: (s := scrape(metrics)).get(("kvcache_vllm_up", ())) == 0 and s,
+        "the malformed body to be seen",
+    )
+    assert samples[("kvcache_exporter_errors_total", (("collector", "vllm"), ("reason", "parse_error")))] >= 1
+    assert not any(n == "kvcache_prefix_cache_hit_ratio" for n, _ in samples)  # no stale numbers meanwhile
+    assert post(f"{sim}/control/metrics", '{"malformed": false}') == 200
+    until(lambda: scrape(metrics).get(("kvcache_vllm_up", ())) == 1, "recovery")
