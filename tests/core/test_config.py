@@ -65,3 +65,13 @@ def test_check_config_exits_0_or_1(tmp_path):
     fail = subprocess.run([*CLI, "--config.file", str(bad), "--check-config"], capture_output=True, text=True)
     assert fail.returncode == 1
     assert "bad.yaml:web.listen_adress: unknown key (did you mean web.listen_address?)" in fail.stderr
+
+
+def test_the_shipped_example_config_is_valid():
+    from tests.conftest import REPO
+
+    example = REPO / "deploy" / "exporter" / "kvcache-exporter.yaml"
+    s = resolve({}, {}, str(example))
+    assert s.cost_gpu_hour_prices == {"NVIDIA H100 80GB HBM3": 2.5, "default": 1.8}
+    assert s.collect_windows == [60, 300, 900, 3600]
+    assert s.vllm_max_body_bytes == 8 * 1024 * 1024
