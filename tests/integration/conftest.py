@@ -89,16 +89,28 @@ def stop_process_group(proc: subprocess.Popen, term_timeout: float = 15.0) -> No
 
 
 @dataclass
-class VLLMServer:
+class Process:
+    """A server this suite started on loopback."""
+
     port: int
-    kv_events_port: int
     log_path: Path
     proc: subprocess.Popen
-    start_seconds: float
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def log(self, lines: int = 80) -> str:
+        return log_tail(self.log_path, lines)
+
+    def get(self, path: str) -> tuple[int, str]:
+        return http_get(self.base_url + path)
+
+
+@dataclass
+class VLLMServer(Process):
+    kv_events_port: int
+    start_seconds: float
 
     @property
     def metrics_url(self) -> str:
@@ -108,12 +120,6 @@ class VLLMServer:
     def kv_events_endpoint(self) -> str:
         """Where vLLM's PUB socket connects; a subscriber must BIND here (no `*` in the endpoint)."""
         return f"tcp://127.0.0.1:{self.kv_events_port}"
-
-    def log(self, lines: int = 80) -> str:
-        return log_tail(self.log_path, lines)
-
-    def get(self, path: str) -> tuple[int, str]:
-        return http_get(self.base_url + path)
 
     def post_json(self, path: str, payload: dict) -> dict:
         return http_post_json(self.base_url + path, payload)
@@ -202,7 +208,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    server = VLLMServer(port, kv_port, log_path, proc, 0.0)
+    server = VLLMServer(port, log_path, proc, kv_events_port=kv_port, start_seconds=0.0)
     try:
         wait_healthy(server)
         server.start_seconds = time.monotonic() - started
@@ -223,21 +229,8 @@ def exporter_command() -> list[str]:
     return [found]
 
 
-@dataclass
-class Exporter:
-    port: int
-    log_path: Path
-    proc: subprocess.Popen
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self, lines: int = 80) -> str:
-        return log_tail(self.log_path, lines)
-
-    def get(self, path: str) -> tuple[int, str]:
-        return http_get(self.base_url + path)
+class Exporter(Process):
+    """`kvcache-exporter serve`."""
 
 
 @contextlib.contextmanager
