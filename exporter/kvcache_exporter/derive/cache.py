@@ -5,6 +5,7 @@ from __future__ import annotations
 from .. import catalog
 from ..sources.base import Sample
 from ..sources.vllm import EngineSample
+from .cache_config import capacity_tokens, config_number
 from .fragmentation import fragmentation_estimate_ratio
 from .quantiles import histogram_quantile
 from .windows import Delta
@@ -36,15 +37,6 @@ def hit_ratio(hits: float | None, queries: float | None) -> float | None:
     if hits is None or not queries or queries <= 0:
         return None
     return min(max(hits / queries, 0.0), 1.0)
-
-
-def config_number(config: dict[str, str] | None, key: str) -> float | None:
-    """A numeric cache_config_info label; vLLM prints "None" for unset ones."""
-    try:
-        value = float((config or {})[key])
-    except (KeyError, ValueError):
-        return None
-    return value if value == value else None  # NaN
 
 
 def current(labels: dict[str, str], sample: EngineSample, config: dict[str, str] | None) -> list[Sample]:
@@ -84,9 +76,7 @@ def blocks(
                 out.append(Sample("kvcache_block_fragmentation_estimate_ratio", labels, fragmentation))
     if block_size is not None:
         out.append(Sample("kvcache_block_size_tokens", labels, block_size))
-    capacity = config_number(config, "kv_cache_size_tokens")
-    if capacity is None and num_blocks is not None and block_size is not None:
-        capacity = num_blocks * block_size
+    capacity = capacity_tokens(config)
     if capacity is not None:
         out.append(Sample("kvcache_capacity_tokens", labels, capacity))
     if config is not None:
