@@ -27,7 +27,7 @@ def seed_snapshots(shared_fixtures):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def replay(texts, *, step=10.0, windows=(60.0,), quantiles=(0.5, 0.99)):
+def replay(texts, *, step=10.0, windows=(60.0,), quantiles=(0.5, 0.99), extras=None, pollers=None):
     """Poll once per text, `step` virtual seconds apart; return the exporter after the last poll."""
     now = [0.0]
     exporter = Exporter(
@@ -36,6 +36,8 @@ def replay(texts, *, step=10.0, windows=(60.0,), quantiles=(0.5, 0.99)):
         quantiles=list(quantiles),
         interval=step,
         clock=lambda: now[0],
+        extras=extras,
+        pollers=pollers,
     )
     for _ in texts:
         asyncio.run(exporter.poll_once())

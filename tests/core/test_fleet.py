@@ -1,15 +1,12 @@
 """The exporter-wide derivations wired into the poll loop: GPU history, memory swing, cost, audit."""
 
-import asyncio
-
 import pytest
 
-from kvcache_exporter.collector import Exporter, Target
 from kvcache_exporter.derive.cost import Pricing
 from kvcache_exporter.fleet import Fleet, GpuHistory
 from kvcache_exporter.sources.gpu import GpuDevice, GpuSnapshot
 
-from .replay import ReplaySource, seed_snapshots, values
+from .replay import replay, seed_snapshots, values
 
 GIB = 1024**3
 
@@ -38,24 +35,13 @@ def test_seed_incident_swing_from_12_to_20_gib_is_measured():
 
 def test_cost_and_audit_over_the_real_seed_run(shared_fixtures):
     texts = [s["text"] for s in seed_snapshots(shared_fixtures)]
-    now = [0.0]
     snapshots = iter(GpuSnapshot(10.0 * i, (device(20, 1000.0 * i),)) for i in range(len(texts)))
 
     async def gpu():
         return next(snapshots)
 
-    exporter = Exporter(
-        [Target("seed", ReplaySource(texts), retention=400)],
-        windows=[300.0],
-        quantiles=[0.5],
-        interval=10,
-        clock=lambda: now[0],
-        extras=[Fleet(Pricing(gpu_hour_price={"NVIDIA H100 80GB HBM3": 3.6}), ceiling=0.9, retention=400)],
-        pollers={"gpu": gpu},
-    )
-    for _ in texts:
-        asyncio.run(exporter.poll_once())
-        now[0] += 10
+    fleet = Fleet(Pricing(gpu_hour_price={"NVIDIA H100 80GB HBM3": 3.6}), ceiling=0.9, retention=400)
+    exporter = replay(texts, windows=(300.0,), quantiles=(0.5,), extras=[fleet], pollers={"gpu": gpu})
     assert values(exporter, "kvcache_gpu_cost_per_hour") == {(): 3.6}
     # 300 s of a 3.6/h GPU = 0.3; tokens: the last 30 polls of the run
     cost_all = values(exporter, "kvcache_cost_per_million_tokens", token_kind="all", window="5m")
@@ -83,18 +69,8 @@ def tokens_between(texts, start, end):
 
 def test_cost_without_gpu_telemetry_prices_the_configured_gpu_count(shared_fixtures):
     texts = [s["text"] for s in seed_snapshots(shared_fixtures)]
-    now = [0.0]
-    exporter = Exporter(
-        [Target("seed", ReplaySource(texts), retention=400)],
-        windows=[300.0],
-        quantiles=[0.5],
-        interval=10,
-        clock=lambda: now[0],
-        extras=[Fleet(Pricing(gpu_hour_price=3.6), ceiling=0.9, retention=400, gpu_count=2)],
-    )
-    for _ in texts:
-        asyncio.run(exporter.poll_once())
-        now[0] += 10
+    fleet = Fleet(Pricing(gpu_hour_price=3.6), ceiling=0.9, retention=400, gpu_count=2)
+    exporter = replay(texts, windows=(300.0,), quantiles=(0.5,), extras=[fleet])
     assert values(exporter, "kvcache_gpu_cost_per_hour") == {(): 7.2}
     cost_all = next(iter(values(exporter, "kvcache_cost_per_million_tokens", token_kind="all").values()))
     # 300 s of two 3.6/h GPUs = 0.6, over the tokens of the last 30 polls
