@@ -106,6 +106,26 @@ class Process:
     def get(self, path: str) -> tuple[int, str]:
         return http_get(self.base_url + path)
 
+    def wait_answering(self, path: str, timeout: float, what: str) -> None:
+        """Until `path` answers 200; fail with the log when the process exits or time runs out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(
+                    f"{what} exited with code {self.proc.returncode} before {path} answered.\n"
+                    f"--- {what} log ({self.log_path}) ---\n{self.log()}",
+                    pytrace=False,
+                )
+            with contextlib.suppress(OSError):
+                if http_get(self.base_url + path, timeout=2)[0] == 200:
+                    return
+            time.sleep(0.2)
+        pytest.fail(
+            f"{what} did not answer {path} with 200 within {timeout:.0f} s.\n"
+            f"--- {what} log ({self.log_path}) ---\n{self.log()}",
+            pytrace=False,
+        )
+
 
 @dataclass
 class VLLMServer(Process):
@@ -150,26 +170,6 @@ def vllm_command(port: int, kv_port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def wait_healthy(server: VLLMServer) -> None:
-    deadline = time.monotonic() + VLLM_START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            pytest.fail(
-                f"vLLM exited with code {server.proc.returncode} before /health answered.\n"
-                f"--- vLLM log ({server.log_path}) ---\n{server.log()}",
-                pytrace=False,
-            )
-        with contextlib.suppress(OSError):
-            if http_get(f"{server.base_url}/health", timeout=2)[0] == 200:
-                return
-        time.sleep(0.5)
-    pytest.fail(
-        f"vLLM did not answer /health with 200 within {VLLM_START_TIMEOUT_S:.0f} s.\n"
-        f"--- vLLM log ({server.log_path}) ---\n{server.log()}",
-        pytrace=False,
-    )
-
-
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
     """One real vLLM CPU server for the whole session (tiny dummy-weight Llama, prefix caching, KV events)."""
@@ -210,7 +210,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         )
     server = VLLMServer(port, log_path, proc, kv_events_port=kv_port, start_seconds=0.0)
     try:
-        wait_healthy(server)
+        server.wait_answering("/health", VLLM_START_TIMEOUT_S, "vLLM")
         server.start_seconds = time.monotonic() - started
         print(f"\nvLLM started in {server.start_seconds:.1f} s (log: {log_path})", file=sys.stderr)
         yield server
@@ -251,24 +251,7 @@ def run_exporter(tmp_path: Path, *args: str, timeout: float = 30.0) -> Iterator[
         )
     exporter = Exporter(port, log_path, proc)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(
-                    f"exporter exited with code {proc.returncode}: {' '.join(cmd)}\n"
-                    f"--- exporter log ---\n{exporter.log()}",
-                    pytrace=False,
-                )
-            with contextlib.suppress(OSError):
-                if http_get(f"{exporter.base_url}/metrics", timeout=2)[0] == 200:
-                    break
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"exporter's /metrics did not answer 200 within {timeout:.0f} s: {' '.join(cmd)}\n"
-                    f"--- exporter log ---\n{exporter.log()}",
-                    pytrace=False,
-                )
-            time.sleep(0.2)
+        exporter.wait_answering("/metrics", timeout, f"exporter ({' '.join(cmd)})")
         yield exporter
     finally:
         stop_process_group(proc, term_timeout=5)
