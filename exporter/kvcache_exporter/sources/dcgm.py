@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Mapping
 
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from .base import SourceError
 from .gpu import GpuDevice, GpuSnapshot
+from .http import fetch_text, new_session
 
 MIB = 1024 * 1024
 
@@ -103,26 +103,13 @@ class DcgmSource:
             raise ValueError("the dcgm GPU source needs this pod's name (POD_NAME) or GPU UUIDs")
         self.url = url
         self.pod_name, self.pod_namespace, self.gpu_uuids = pod_name, pod_namespace, frozenset(gpu_uuids)
-        self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        self.timeout = timeout_seconds
         self.max_body_bytes = max_body_bytes
         self.clock = clock
 
     async def _fetch(self) -> str:
-        try:
-            async with (
-                aiohttp.ClientSession(timeout=self.timeout) as session,
-                session.get(self.url) as response,
-            ):
-                if response.status != 200:
-                    raise SourceError("http_status", f"{self.url} answered HTTP {response.status}")
-                body = await response.content.read(self.max_body_bytes + 1)
-        except TimeoutError as error:
-            raise SourceError("timeout", f"{self.url} did not answer in time") from error
-        except aiohttp.ClientError as error:
-            raise SourceError("connection", f"{self.url}: {error}") from error
-        if len(body) > self.max_body_bytes:
-            raise SourceError("body_too_large", f"{self.url} sent more than {self.max_body_bytes} bytes")
-        return body.decode("utf-8", errors="replace")
+        async with new_session() as session:
+            return await fetch_text(session, self.url, timeout=self.timeout, max_bytes=self.max_body_bytes)
 
     async def collect(self) -> GpuSnapshot:
         snapshot = parse_dcgm(

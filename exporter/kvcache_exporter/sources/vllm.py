@@ -17,7 +17,7 @@ import aiohttp
 from . import textformat
 from . import vllm_names as names
 from .base import SourceError
-from .http import fetch_text
+from .http import fetch_text, new_session
 
 
 @dataclass(frozen=True)
@@ -283,7 +283,7 @@ class VllmSource:
 
     async def collect(self) -> VllmSnapshot:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = new_session()
         text = await fetch_text(
             self._session,
             self.url,

