@@ -9,9 +9,13 @@ counter (24 bytes with the snapshot extension: seq + publisher id), `payload` is
 * event: a map tagged by `type` (vLLM 0.32) or an array whose first element is the tag
   (`array_like=True`, older vLLM); `block_hashes` is the second element in both array forms.
 
-Unknown extra fields are ignored; block hashes are ints (default) or bytes. The common vLLM 0.32
-shape goes through a typed msgspec decoder that skips `token_ids` (about 10x faster than decoding
-everything); any other shape falls back to an untyped decode and explicit checks.
+Unknown extra fields and event types are ignored; block hashes are ints (default) or bytes. The
+common vLLM 0.32 shape goes through one typed msgspec decoder that skips `token_ids` (about 10x
+faster than decoding everything); any other shape is decoded event by event, still typed.
+
+Hostile input is bounded: no untyped decode ever runs (a message of 15M empty arrays costs one
+failed type check, not 1 GiB), nesting deeper than the interpreter's recursion limit is a parse
+error, and every list has a maximum length checked from its header before any element is read.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Annotated, NamedTuple
 
 import msgspec
 
@@ -33,28 +37,85 @@ DROP_REASONS = ("rate_limited", "too_many_blocks", "parse_error")
 _WITH_HASHES = {"BlockStored", "BlockRemoved"}
 _SEQ_SIZES = (8, 24)
 
+MAX_EVENTS_PER_BATCH = 65_536
+MAX_HASHES_PER_EVENT = 65_536
+MAX_HASH_BYTES = 64  # vLLM's hashes are 64-bit ints or 32-byte sha256 digests
+# A forward jump larger than this is no gap in a real stream (a day at vLLM's peak rate): the
+# publisher was replaced, so the view is reset like a restart rather than counting 2^60 lost batches.
+MAX_SEQ_GAP = 1 << 32
+
+BlockHash = int | Annotated[bytes, msgspec.Meta(max_length=MAX_HASH_BYTES)]
+Hashes = Annotated[list[BlockHash], msgspec.Meta(max_length=MAX_HASHES_PER_EVENT)]
+
 
 class _Stored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
-    block_hashes: list[int | bytes]
+    block_hashes: Hashes
 
 
 class _Removed(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
-    block_hashes: list[int | bytes]
+    block_hashes: Hashes
 
 
 class _Cleared(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", gc=False):
     pass
 
 
+class _ArrayStored(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
+    block_hashes: Hashes
+
+
+class _ArrayRemoved(msgspec.Struct, array_like=True, tag="BlockRemoved", gc=False):
+    block_hashes: Hashes
+
+
+class _ArrayCleared(msgspec.Struct, array_like=True, tag="AllBlocksCleared", gc=False):
+    pass
+
+
+_MapEvent = _Stored | _Removed | _Cleared
+_ArrayEvent = _ArrayStored | _ArrayRemoved | _ArrayCleared
+
+
 class _MapEventsBatch(msgspec.Struct, array_like=True, gc=False):
     ts: float
-    events: list[_Stored | _Removed | _Cleared]
+    events: Annotated[list[_MapEvent], msgspec.Meta(max_length=MAX_EVENTS_PER_BATCH)]
     data_parallel_rank: int | None = None
 
 
-_TAGS = {cls: cls.__struct_config__.tag for cls in (_Stored, _Removed, _Cleared)}
+RawEvents = Annotated[list[msgspec.Raw], msgspec.Meta(max_length=MAX_EVENTS_PER_BATCH)]
+
+
+class _ArrayRawBatch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: RawEvents
+    data_parallel_rank: int | None = None
+
+
+class _MapRawBatch(msgspec.Struct, gc=False):
+    ts: float
+    events: RawEvents
+    data_parallel_rank: int | None = None
+
+
+class _MapTag(msgspec.Struct, gc=False):
+    type: str
+
+
+class _ArrayTag(msgspec.Struct, array_like=True, gc=False):
+    type: str
+
+
+_TAGS = {
+    cls: cls.__struct_config__.tag
+    for cls in (_Stored, _Removed, _Cleared, _ArrayStored, _ArrayRemoved, _ArrayCleared)
+}
 _fast_decoder = msgspec.msgpack.Decoder(_MapEventsBatch)
-_any_decoder = msgspec.msgpack.Decoder()
+_batch_decoders = (msgspec.msgpack.Decoder(_ArrayRawBatch), msgspec.msgpack.Decoder(_MapRawBatch))
+_event_decoders = (  # (tag decoder, event decoder) per encoding: tagged maps, tagged arrays
+    (msgspec.msgpack.Decoder(_MapTag), msgspec.msgpack.Decoder(_MapEvent)),
+    (msgspec.msgpack.Decoder(_ArrayTag), msgspec.msgpack.Decoder(_ArrayEvent)),
+)
+_DECODE_ERRORS = (msgspec.DecodeError, RecursionError, ValueError, TypeError, OverflowError)
 
 
 class Event(NamedTuple):
@@ -91,52 +152,43 @@ def decode_message(frames: list[bytes]) -> Batch:
         raise KvEventDecodeError(f"expected [topic,] seq(8 bytes), payload; got {len(frames)} frames")
     try:
         fast = _fast_decoder.decode(frames[-1])
-    except msgspec.DecodeError:
+    except _DECODE_ERRORS:
         try:
-            ts, events, dp_rank = _batch_fields(_any_decoder.decode(frames[-1]))
-            return Batch(seq, ts, tuple(_event(e) for e in events), dp_rank)
-        except (msgspec.DecodeError, ValueError, TypeError) as err:
+            return _decode_slowly(seq, frames[-1])
+        except _DECODE_ERRORS as err:
             raise KvEventDecodeError(f"batch seq {seq}: {err}", seq) from err
     events = tuple(Event(_TAGS[type(e)], tuple(getattr(e, "block_hashes", ()))) for e in fast.events)
     return Batch(seq, fast.ts, events, fast.data_parallel_rank)
 
 
-def _batch_fields(raw: Any) -> tuple[float, list, int | None]:
-    if isinstance(raw, list) and len(raw) >= 2:
-        ts, events, dp_rank = raw[0], raw[1], raw[2] if len(raw) > 2 else None
-    elif isinstance(raw, dict):
-        ts, events, dp_rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")
-    else:
-        raise ValueError("payload is neither a batch array nor a batch map")
-    if not _is_number(ts) or not isinstance(events, list):
-        raise ValueError("batch needs a numeric ts and a list of events")
-    if dp_rank is not None and not _is_int(dp_rank):
-        raise ValueError(f"data_parallel_rank is {dp_rank!r}")
-    return float(ts), events, dp_rank
+def _decode_slowly(seq: int, payload: bytes) -> Batch:
+    """Other encodings (array-tagged events, map batches, unknown event types), one event at a time."""
+    batch = _first_that_decodes(_batch_decoders, payload, "neither a batch array nor a batch map")
+    if batch.data_parallel_rank is not None and batch.data_parallel_rank < 0:
+        raise ValueError(f"data_parallel_rank is {batch.data_parallel_rank}")
+    return Batch(seq, batch.ts, tuple(_event(raw) for raw in batch.events), batch.data_parallel_rank)
 
 
-def _event(raw: Any) -> Event:
-    if isinstance(raw, dict):
-        tag, hashes = raw.get("type"), raw.get("block_hashes")
-    elif isinstance(raw, list) and raw:
-        tag, hashes = raw[0], raw[1] if len(raw) > 1 else None
-    else:
-        raise ValueError(f"event is {type(raw).__name__}, not a map or tagged array")
-    if not isinstance(tag, str):
-        raise ValueError(f"event tag is {tag!r}")
-    if tag not in _WITH_HASHES:
-        return Event(tag)
-    if not isinstance(hashes, list) or not all(_is_int(h) or isinstance(h, bytes) for h in hashes):
-        raise ValueError(f"{tag} needs block_hashes as a list of ints or bytes")
-    return Event(tag, tuple(hashes))
+def _event(raw: msgspec.Raw) -> Event:
+    for tag_decoder, event_decoder in _event_decoders:
+        try:
+            tag = tag_decoder.decode(raw).type
+        except msgspec.DecodeError:
+            continue
+        if tag not in KNOWN_TYPES:
+            return Event(tag)
+        event = event_decoder.decode(raw)  # a known tag in the wrong shape is an error, not skipped
+        return Event(tag, tuple(getattr(event, "block_hashes", ())))
+    raise ValueError("event is not a tagged map or tagged array")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return _is_int(value) or isinstance(value, float)
+def _first_that_decodes(decoders, payload: bytes, what: str):
+    for decoder in decoders:
+        try:
+            return decoder.decode(payload)
+        except msgspec.ValidationError:
+            continue
+    raise ValueError(f"payload is {what}")
 
 
 class TokenBucket:
@@ -176,6 +228,8 @@ class EventState:
         self._blocks: set[int | bytes] = set()
         self._next: int | None = None  # the seq expected next; None before the first batch
         self._bucket = TokenBucket(max_batches_per_second, clock)
+        self._clock = clock
+        self._quiet_until = float("-inf")
 
     @property
     def cached_blocks(self) -> int:
@@ -190,10 +244,13 @@ class EventState:
 
     def missing(self, seq: int) -> range:
         """Sequence numbers lost before `seq`. A seq below the expected one is a new publisher
-        (vLLM restarted and counts from 0 again), whose batches before `seq` are the ones lost."""
+        (vLLM restarted and counts from 0 again), whose batches before `seq` are the ones lost;
+        so is a jump beyond MAX_SEQ_GAP, whose "gap" is no loss anybody could replay."""
         if self._next is None:
             return range(0)  # joining a running stream: what came before is not a gap
-        return range(self._next if seq >= self._next else 0, seq)
+        if seq >= self._next:
+            return range(self._next, seq) if seq - self._next <= MAX_SEQ_GAP else range(0)
+        return range(0, seq) if seq <= MAX_SEQ_GAP else range(0)
 
     def drop(self, reason: str, seq: int | None = None) -> None:
         self.dropped[reason] += 1
@@ -228,12 +285,15 @@ class EventState:
 
     def _advance(self, seq: int) -> None:
         gap = self.missing(seq)
-        if self._next is not None and seq < self._next:
-            log.info(
-                "KV-event sequence went back from %d to %d: new publisher, cache view reset", self._next, seq
-            )
+        if self._next is not None and not (self._next <= seq <= self._next + MAX_SEQ_GAP):
             self.restarts += 1
             self._blocks.clear()
+            now = self._clock()
+            if now >= self._quiet_until:  # a hostile publisher flipping seqs gets one line a minute
+                self._quiet_until = now + 60.0
+                log.info(
+                    "KV-event sequence jumped from %d to %d: new publisher, cache view reset", self._next, seq
+                )
         self.missed += len(gap)
         self._next = seq + 1
 
