@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
 APT_PACKAGES := prometheus prometheus-alertmanager docker-compose
 
-.PHONY: demo test lint generate check bench venv system-deps vllm-venv clean
+.PHONY: demo test lint generate check bench soak venv system-deps vllm-venv clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -48,8 +48,14 @@ check: generate lint
 test: venv system-deps vllm-venv lint
 	$(PY) -m pytest -q -p no:cacheprovider
 
+# The soak runs past the longest window (1 h) to show RSS plateau; `make bench SOAK_SECONDS=0` skips it.
+SOAK_SECONDS ?= 4200
 bench: venv
 	$(PY) -m kvcache_exporter.bench --output docs/benchmarks.md
+	@if [ "$(SOAK_SECONDS)" != 0 ]; then $(MAKE) --no-print-directory soak; fi
+
+soak: venv
+	$(PY) -m kvcache_exporter.soak --seconds $(SOAK_SECONDS) --output docs/soak.md
 
 demo: venv
 	-@$(MAKE) --no-print-directory system-deps

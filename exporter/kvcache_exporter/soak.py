@@ -1,0 +1,197 @@
+"""`make soak`: the exporter beside the simulator for an hour or more, KV events on, scraped every
+second, with the default windows; its RSS is sampled until the longest window is full and after.
+
+The claim it checks: memory plateaus once the longest window (1 h) holds a full history; a leak
+shows as a slope after that point. Writes docs/soak.md (the curve as a table and an SVG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+
+FINAL_SERIES = (
+    "kvcache_kv_events_batches_total",
+    "kvcache_kv_events_missed_batches_total",
+    "kvcache_kv_events_cached_blocks",
+    "kvcache_prefix_cache_hit_ratio{",
+    "kvcache_exporter_errors_total",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / 100  # utime + stime in clock ticks (USER_HZ=100)
+
+
+def wait_http(url: str, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(url, timeout=1).read()
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer within {seconds:g}s")
+
+
+class Scraper(threading.Thread):
+    """Prometheus's part: one GET of /metrics a second, counting answers and failures."""
+
+    def __init__(self, url: str):
+        super().__init__(daemon=True)
+        self.url, self.ok, self.failed, self.slowest = url, 0, 0, 0.0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(1.0):
+            started = time.monotonic()
+            try:
+                urllib.request.urlopen(self.url, timeout=10).read()
+                self.ok += 1
+            except OSError:
+                self.failed += 1
+            self.slowest = max(self.slowest, time.monotonic() - started)
+
+
+def soak(seconds: float, sample_every: float, out_dir: Path) -> list[tuple[float, float, float, int]]:
+    sim_port, exp_port, zmq_port = free_port(), free_port(), free_port()
+    py = sys.executable
+    logs = out_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    # The exporter binds, the simulator's PUB connects to it, as vLLM's does to a concrete address.
+    exporter = subprocess.Popen(
+        [py, "-m", "kvcache_exporter", "serve", "--vllm.url", f"http://127.0.0.1:{sim_port}/metrics",
+         "--web.listen-address", f"127.0.0.1:{exp_port}", "--gpu.source", "none",
+         "--kv-events.endpoint", f"tcp://127.0.0.1:{zmq_port}", "--kv-events.mode", "bind"],
+        stdout=open(logs / "exporter.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+    )  # fmt: skip
+    simulator = subprocess.Popen(
+        [py, "-m", "kvcache_exporter", "simulate", "--listen", f"127.0.0.1:{sim_port}",
+         "--workload", "normalized:600s,chat:600s,raw:300s,normalized", "--rate", "4",
+         "--kv-events-endpoint", f"tcp://127.0.0.1:{zmq_port}"],
+        stdout=open(logs / "simulator.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+    )  # fmt: skip
+    scraper = Scraper(f"http://127.0.0.1:{exp_port}/metrics")
+    points: list[tuple[float, float, float, int]] = []
+    try:
+        wait_http(f"http://127.0.0.1:{sim_port}/metrics", 60)
+        wait_http(f"http://127.0.0.1:{exp_port}/metrics", 60)
+        scraper.start()
+        started = time.monotonic()
+        while (elapsed := time.monotonic() - started) <= seconds:
+            if exporter.poll() is not None or simulator.poll() is not None:
+                raise RuntimeError(f"a process died during the soak; see {logs}")
+            points.append((elapsed, rss_mib(exporter.pid), cpu_seconds(exporter.pid), scraper.failed))
+            time.sleep(sample_every)
+        final = urllib.request.urlopen(scraper.url, timeout=10).read().decode()
+        (out_dir / "final.prom").write_text(final)
+    finally:
+        scraper.stop.set()
+        for proc in (simulator, exporter):
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+            if proc.poll() is None:
+                proc.kill()
+    print(f"scrapes answered {scraper.ok}, failed {scraper.failed}, slowest {scraper.slowest:.3f}s")
+    return points
+
+
+def svg(points: list[tuple[float, float, float, int]], window_s: float) -> str:
+    width, height, pad = 640, 240, 40
+    t_max = max(p[0] for p in points) or 1.0
+    r_max = max(p[1] for p in points) * 1.1
+
+    def xy(t: float, r: float) -> str:
+        return (
+            f"{pad + t / t_max * (width - 2 * pad):.1f},{height - pad - r / r_max * (height - 2 * pad):.1f}"
+        )
+
+    line = " ".join(xy(t, r) for t, r, _, _ in points)
+    mark = pad + min(window_s / t_max, 1.0) * (width - 2 * pad)
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-size="11">'
+        f'<rect width="{width}" height="{height}" fill="white"/>'
+        f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="black"/>'
+        f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="black"/>'
+        f'<line x1="{mark:.1f}" y1="{pad}" x2="{mark:.1f}" y2="{height - pad}" stroke="grey" '
+        f'stroke-dasharray="4"/><text x="{mark + 4:.1f}" y="{pad + 10}">longest window full</text>'
+        f'<polyline fill="none" stroke="#1f77b4" stroke-width="2" points="{line}"/>'
+        f'<text x="{pad}" y="{pad - 8}">exporter RSS (MiB, max {r_max / 1.1:.1f})</text>'
+        f'<text x="{width - pad - 80}" y="{height - pad + 16}">{t_max / 60:.0f} min</text></svg>\n'
+    )
+
+
+def report(points: list[tuple[float, float, float, int]], window_s: float) -> str:
+    before = [r for t, r, _, _ in points if t < window_s]
+    after = [(t, r) for t, r, _, _ in points if t >= window_s]
+    lines = [
+        "# Soak: RSS over time",
+        "",
+        "Generated by `make soak` (`python -m kvcache_exporter.soak`): the simulator (KV events on, a",
+        "changing workload) polled by `serve` with the default windows (1m, 5m, 15m, 1h) at the default",
+        "5 s interval, `/metrics` scraped every second. The dashed line is where the 1 h window is full.",
+        "",
+        "![RSS over time](soak.svg)",
+        "",
+    ]
+    if after:
+        first, last = after[0], after[-1]
+        slope = (last[1] - first[1]) / max((last[0] - first[0]) / 3600, 1e-9)
+        lines += [
+            f"- RSS at start {points[0][1]:.1f} MiB; highest before the window filled {max(before):.1f} MiB;",
+            f"  after it filled {min(r for _, r in after):.1f}–{max(r for _, r in after):.1f} MiB,"
+            f" slope {slope:+.2f} MiB/h.",
+        ]
+    else:
+        lines.append(f"- This run lasted {points[-1][0] / 60:.0f} min, less than the longest window.")
+    cpu = points[-1][2] / max(points[-1][0], 1e-9)
+    lines += [f"- CPU: {cpu * 1000:.1f} ms per second of wall time; failed scrapes: {points[-1][3]}.", ""]
+    lines += ["| minute | RSS MiB | CPU s |", "|---:|---:|---:|"]
+    step = max(len(points) // 24, 1)
+    lines += [f"| {t / 60:.0f} | {r:.1f} | {c:.1f} |" for t, r, c, _ in points[::step]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=4200, help="soak length (default 70 min)")
+    parser.add_argument("--sample-every", type=float, default=30)
+    parser.add_argument("--output", default="docs/soak.md")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="kvcache-soak-") as tmp:
+        points = soak(args.seconds, args.sample_every, Path(tmp))
+        final = (Path(tmp) / "final.prom").read_text().splitlines()
+    seen = [line for line in final if line.startswith(FINAL_SERIES)]
+    window = 3600.0
+    out = Path(args.output)
+    out.write_text(report(points, window) + "\nAt the end:\n\n```\n" + "\n".join(seen) + "\n```\n")
+    out.with_suffix(".svg").write_text(svg(points, window))
+    print(out.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
