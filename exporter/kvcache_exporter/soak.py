@@ -18,7 +18,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-
 FINAL_SERIES = (
     "kvcache_kv_events_batches_total",
     "kvcache_kv_events_missed_batches_total",
@@ -162,7 +161,7 @@ def report(points: list[tuple[float, float, float, int]], window_s: float) -> st
         slope = (last[1] - first[1]) / max((last[0] - first[0]) / 3600, 1e-9)
         lines += [
             f"- RSS at start {points[0][1]:.1f} MiB; highest before the window filled {max(before):.1f} MiB;",
-            f"  after it filled {min(r for _, r in after):.1f}–{max(r for _, r in after):.1f} MiB,"
+            f"  after it filled {min(r for _, r in after):.1f} to {max(r for _, r in after):.1f} MiB,"
             f" slope {slope:+.2f} MiB/h.",
         ]
     else:
