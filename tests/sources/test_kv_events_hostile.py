@@ -8,7 +8,7 @@ import tracemalloc
 import msgspec
 import pytest
 
-from kvcache_exporter.sources.kv_events_decode import (  # noqa
+from kvcache_exporter.sources.kv_events_decode import (
     MAX_EVENTS_PER_BATCH,
     MAX_HASH_BYTES,
     MAX_SEQ_GAP,
