@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
 APT_PACKAGES := prometheus prometheus-alertmanager docker-compose
 
-.PHONY: demo test lint generate check bench soak venv system-deps vllm-venv clean
+.PHONY: demo test lint generate check bench soak fuzz venv system-deps vllm-venv clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -47,6 +47,11 @@ check: generate lint
 
 test: venv system-deps vllm-venv lint
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# Property tests at full strength: every test module named *fuzz* with 100,000 cases per property;
+# an input that breaks one is kept under tests/fixtures/fuzz/ and replayed by `make test` from then on.
+fuzz: venv
+	FUZZ_EXAMPLES=100000 FUZZ_SAVE=1 $(PY) -m pytest -q -p no:cacheprovider tests -k fuzz
 
 # The soak runs past the longest window (1 h) to show RSS plateau; `make bench SOAK_SECONDS=0` skips it.
 SOAK_SECONDS ?= 4200
