@@ -9,6 +9,7 @@ import signal
 
 from .config import Faults, SimulatorConfig
 from .engine import EngineConfig
+from .fleet import SimulatorFleet
 from .latency import LatencyModel
 from .server import Simulator
 from .workloads import parse_schedule
@@ -34,7 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-model-len", type=int, default=8192)
     add("--no-prefix-caching", action="store_true")
     add("--engines", type=int, default=1, help="data-parallel engines, each with its own pool")
-    add("--routing", choices=("round-robin", "session"), default="round-robin")
+    add("--replicas", type=int, default=1, help="replicas behind one gateway on --listen")
+    add(
+        "--routing",
+        choices=("round-robin", "session"),
+        default="round-robin",
+        help="how the gateway (with --replicas) or the engines (with --engines) share requests",
+    )
+    add("--file-sd", help="with --replicas: write the replicas as a Prometheus file_sd JSON file here")
     add("--metrics-schema", choices=("v1", "v0"), default="v1")
     add(
         "--workload",
@@ -110,13 +118,16 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"simulate: {exc}")
         return 2
-    asyncio.run(_serve(config))
+    if args.replicas > 1:
+        asyncio.run(_serve(SimulatorFleet(config, args.replicas, args.routing, args.file_sd)))
+    else:
+        asyncio.run(_serve(Simulator(config)))
     return 0
 
 
-async def _serve(config: SimulatorConfig) -> None:
-    simulator = await Simulator(config).start()
-    print(f"simulator serving {config.model_name} on {simulator.url}", flush=True)
+async def _serve(simulator: Simulator | SimulatorFleet) -> None:
+    await simulator.start()
+    print(f"simulator serving {simulator.config.model_name} on {simulator.url}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
