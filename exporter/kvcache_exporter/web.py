@@ -95,6 +95,8 @@ def _authorized(request: web.Request, users: dict[str, bytes]) -> bool:
 
 
 _DUMMY = bcrypt.hashpw(b"dummy", bcrypt.gensalt(rounds=4))  # equal work for unknown users
+# Kubelet probes carry no credentials; these two answer ok/ready and reveal nothing else.
+AUTH_EXEMPT = frozenset({"/healthz", "/readyz"})
 
 LANDING = """<!doctype html><html><head><title>kvcache-exporter</title></head><body>
 <h1>kvcache-exporter</h1><p>Prometheus sidecar for vLLM's KV (prefix) cache.</p>
@@ -107,7 +109,7 @@ def make_app(
 ) -> web.Application:
     @web.middleware
     async def auth(request: web.Request, handler):
-        if users and request.path != "/healthz" and not _authorized(request, users):
+        if users and request.path not in AUTH_EXEMPT and not _authorized(request, users):
             return web.Response(status=401, headers={"WWW-Authenticate": 'Basic realm="kvcache-exporter"'})
         return await handler(request)
 

@@ -92,6 +92,10 @@ def test_tls_and_basic_auth_from_a_web_config_file(processes, tmp_path):
     right = {"Authorization": "Basic " + base64.b64encode(b"prom:hunter2").decode()}
     status, body = wait_for(url, context=context, headers=right)
     assert status == 200 and "kvcache_exporter_build_info" in body
+    base = f"https://127.0.0.1:{port}"  # kubelet probes carry no credentials
+    assert wait_for(base + "/healthz", context=context)[0] == 200
+    assert wait_for(base + "/readyz", context=context)[0] == 503  # unauthenticated, and honest: no vLLM
+    assert wait_for(base + "/", context=context)[0] == 401
     with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP is refused on a TLS port
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
 
