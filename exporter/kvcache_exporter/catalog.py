@@ -26,7 +26,7 @@ class Metric:
     per_target: bool = True  # gets a `target` label when several vLLM targets are polled
 
 
-_NOT_PER_TARGET = {"gpu", "memory", "cost", "events"}
+_NOT_PER_TARGET = {"gpu", "memory", "cost", "events", "fleet"}
 
 
 def _m(*args, **kwargs) -> Metric:
@@ -470,6 +470,156 @@ CATALOG: tuple[Metric, ...] = (
         "blocks",
         "events",
         "BlockStored, BlockRemoved, AllBlocksCleared",
+    ),
+    # --- fleet view (`kvcache-exporter aggregate`) -----------------------------------------
+    _m(
+        "kvcache_prefix_cache_miss_tokens_total",
+        "counter",
+        "Prompt tokens vLLM had to compute, by why they were not in its prefix cache. The aggregator "
+        "exports cause=other_replica per replica: blocks computed while another replica of the pool "
+        "held the same hash.",
+        ("replica", "cause"),
+        "tokens",
+        "fleet",
+        "BlockStored events of every replica; block_size from cache_config_info",
+        "other_replica blocks x block_size / hash sampling",
+    ),
+    _m(
+        "kvcache_fleet_stored_tokens_total",
+        "counter",
+        "Tokens in blocks the replica computed and stored (BlockStored), the denominator of the "
+        "other_replica share.",
+        ("replica",),
+        "tokens",
+        "fleet",
+        "BlockStored events",
+        "stored blocks x block_size / hash sampling",
+    ),
+    _m(
+        "kvcache_fleet_query_tokens_total",
+        "counter",
+        "Prompt tokens looked up in the replica's prefix cache (all engines), as polled by the aggregator.",
+        ("replica",),
+        "tokens",
+        "fleet",
+        "vllm:prefix_cache_queries_total",
+        "sum over engines",
+    ),
+    _m(
+        "kvcache_fleet_hit_tokens_total",
+        "counter",
+        "Prompt tokens served from the replica's prefix cache (all engines), as polled by the aggregator.",
+        ("replica",),
+        "tokens",
+        "fleet",
+        "vllm:prefix_cache_hits_total",
+        "sum over engines",
+    ),
+    _m(
+        "kvcache_fleet_resident_blocks",
+        "gauge",
+        "Blocks the replica holds according to its KV-event stream (tracked ones, scaled).",
+        ("replica",),
+        "blocks",
+        "fleet",
+        "BlockStored, BlockRemoved, AllBlocksCleared",
+    ),
+    _m(
+        "kvcache_fleet_untracked_blocks_total",
+        "counter",
+        "Stored blocks not tracked because the replica's bound (--replica.max-blocks) was full.",
+        ("replica",),
+        "blocks",
+        "fleet",
+        "aggregator bound",
+    ),
+    _m(
+        "kvcache_fleet_replica_restarts_total",
+        "counter",
+        "Times the replica's KV-event publisher started again (sequence back to 0): its blocks were "
+        "dropped from the pool view.",
+        ("replica",),
+        "",
+        "fleet",
+        "KV-event sequence numbers",
+    ),
+    _m(
+        "kvcache_fleet_distinct_blocks",
+        "gauge",
+        "Distinct block hashes resident anywhere in the pool (scaled by 1/sampling).",
+        (),
+        "blocks",
+        "fleet",
+        "every replica's KV events",
+    ),
+    _m(
+        "kvcache_fleet_duplicate_blocks",
+        "gauge",
+        "Block hashes resident on two or more replicas at once: KV memory spent twice (scaled).",
+        (),
+        "blocks",
+        "fleet",
+        "every replica's KV events",
+    ),
+    _m(
+        "kvcache_fleet_duplicate_blocks_ratio",
+        "gauge",
+        "Share of the pool's distinct resident blocks held by two or more replicas.",
+        (),
+        "",
+        "fleet",
+        "every replica's KV events",
+        "duplicate_blocks / distinct_blocks",
+    ),
+    _m(
+        "kvcache_fleet_hit_ratio",
+        "gauge",
+        "The pool's real prefix-cache hit ratio over the window.",
+        ("window",),
+        "",
+        "fleet",
+        "vllm:prefix_cache_hits_total, vllm:prefix_cache_queries_total of every replica",
+        "sum(hits) / sum(queries)",
+    ),
+    _m(
+        "kvcache_fleet_hit_ratio_estimate",
+        "gauge",
+        "The pool's hit ratio had every request gone to a replica holding its prefix (routing="
+        "prefix_affinity), beside kvcache_fleet_hit_ratio.",
+        ("window", "routing"),
+        "",
+        "fleet",
+        "/metrics and KV events of every replica",
+        "min((sum(hits) + sum(other_replica miss tokens)) / sum(queries), 1); a shard scales its "
+        "other_replica by its number of shards",
+    ),
+    _m(
+        "kvcache_fleet_hash_sampling_ratio",
+        "gauge",
+        "Fraction of the block-hash space the aggregator tracks (--fleet.hash-sampling); counts are "
+        "scaled by its inverse.",
+        (),
+        "",
+        "fleet",
+        "configuration",
+    ),
+    _m(
+        "kvcache_fleet_replicas",
+        "gauge",
+        "Replicas the aggregator watches (from discovery, bounded by --replica.max).",
+        (),
+        "",
+        "fleet",
+        "discovery",
+    ),
+    _m(
+        "kvcache_fleet_replicas_left_out",
+        "gauge",
+        "Replicas discovery found beyond --replica.max, not watched.",
+        (),
+        "",
+        "fleet",
+        "discovery",
     ),
     # --- vLLM schema and exporter health ------------------------------------------------
     _m(

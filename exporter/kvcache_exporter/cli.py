@@ -77,11 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _subcommand_modules() -> list:
+    from .aggregator import cli as aggregate
     from .analyzer import cli as analyze
     from .demo import cli as demo
     from .simulator import cli as simulate
 
-    return [simulate, demo, analyze]
+    return [simulate, demo, analyze, aggregate]
 
 
 def main(argv: list[str] | None = None) -> int:

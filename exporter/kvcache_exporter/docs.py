@@ -13,6 +13,7 @@ GROUPS = {
     "memory": "GPU memory against vLLM's budget",
     "cost": "Cost and energy",
     "events": "KV-event stream",
+    "fleet": "Fleet view (`kvcache-exporter aggregate`)",
     "health": "vLLM schema and exporter health",
 }
 
@@ -26,7 +27,10 @@ from vLLM also carry `target` (the server's host:port). Windowed metrics carry `
 (`--collect.interval`), so they do not depend on how often Prometheus scrapes. A window with
 no data has no series: never a made-up 0. Counter resets (vLLM restarts) are handled like
 PromQL's `rate()`. Formulas for the GPU, memory, audit and cost metrics are explained in
-[gpu-cost.md](gpu-cost.md).
+[gpu-cost.md](gpu-cost.md). The aggregator (`kvcache-exporter aggregate`, [fleet.md](fleet.md))
+serves the fleet group and, per replica (label `replica`, from discovery), `kvcache_vllm_up`,
+`kvcache_kv_events_batches_total`, `kvcache_kv_events_missed_batches_total`,
+`kvcache_kv_events_dropped_total` and the collector health series.
 """
 
 

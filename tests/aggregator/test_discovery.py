@@ -80,7 +80,7 @@ def test_file_sd_is_reread_when_it_changes_and_keeps_the_last_good_list(tmp_path
         path.unlink()
         with pytest.raises(DiscoveryError) as err:
             await sd.refresh()
-        return first, second, err.value.reason, sd._last
+        return first, second, err.value.reason, sd.last
 
     first, second, reason, last = asyncio.run(body())
     assert [r.name for r in first] == ["vllm-0"] and len(second) == 3

@@ -114,6 +114,18 @@ def bounded(replicas: Iterable[Replica], limit: int) -> tuple[list[Replica], int
     return ordered[:limit], max(len(ordered) - limit, 0)
 
 
+class StaticSd:
+    """Replicas named on the command line (`--replica`)."""
+
+    name = "discovery_static"
+
+    def __init__(self, replicas: list[Replica]):
+        self.last = replicas
+
+    async def refresh(self) -> list[Replica]:
+        return self.last
+
+
 class FileSd:
     """A file_sd file, parsed again only when its size or modification time changes."""
 
@@ -122,7 +134,7 @@ class FileSd:
     def __init__(self, path: str, kv_port: int | None):
         self.path, self.kv_port = path, kv_port
         self._stamp: tuple[int, int] | None = None
-        self._last: list[Replica] = []
+        self.last: list[Replica] = []
 
     async def refresh(self) -> list[Replica]:
         try:
@@ -131,11 +143,11 @@ class FileSd:
             if stamp != self._stamp:
                 with open(self.path, encoding="utf-8") as handle:
                     text = handle.read()
-                self._last = parse_file_sd(text, self.kv_port, self.path.endswith((".yml", ".yaml")))
+                self.last = parse_file_sd(text, self.kv_port, self.path.endswith((".yml", ".yaml")))
                 self._stamp = stamp
         except (OSError, UnicodeDecodeError) as err:
             raise DiscoveryError("read_error", f"file_sd {self.path}: {err}") from err
-        return self._last
+        return self.last
 
 
 Resolver = Callable[[str], Awaitable[list[str]]]
@@ -158,16 +170,16 @@ class DnsSd:
             raise ValueError(f"--discovery.dns wants NAME:PORT, not {target!r}")
         self.port, self.kv_port, self.every, self.resolver = port, kv_port, every, resolver
         self._due = 0.0
-        self._last: list[Replica] = []
+        self.last: list[Replica] = []
 
     async def refresh(self, now: float | None = None) -> list[Replica]:
         now = asyncio.get_running_loop().time() if now is None else now
         if now < self._due:
-            return self._last
+            return self.last
         self._due = now + self.every
         try:
             addresses = await self.resolver(self.host)
         except OSError as err:
             raise DiscoveryError("resolve_error", f"DNS {self.host}: {err}") from err
-        self._last = from_addresses(addresses, self.port, self.kv_port)
-        return self._last
+        self.last = from_addresses(addresses, self.port, self.kv_port)
+        return self.last

@@ -78,7 +78,7 @@ class SimulatorFleet:
     def kv_endpoint(self, index: int) -> str:
         return self.replicas[index].runtime.publishers[0].endpoints[0]
 
-    async def start(self) -> SimulatorFleet:
+    async def start(self, load: bool = True) -> SimulatorFleet:
         for replica in self.replicas:
             await replica.start()
         self._http = aiohttp.ClientSession()
@@ -88,8 +88,13 @@ class SimulatorFleet:
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]
         self.write_file_sd()
-        self._tasks.append(asyncio.create_task(self._generate_load()))
+        if load:
+            self.start_load()
         return self
+
+    def start_load(self) -> None:
+        """The built-in workload (`start(load=False)` lets subscribers connect first)."""
+        self._tasks.append(asyncio.create_task(self._generate_load()))
 
     async def stop(self) -> None:
         for task in self._tasks:

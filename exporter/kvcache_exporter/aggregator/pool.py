@@ -1,0 +1,226 @@
+"""The aggregator's poll loop: discovery -> one member per replica (its /metrics poll and KV-event
+subscriber, the same source classes `serve` uses) -> the fleet view -> the samples /metrics serves.
+
+The subscribers run in their own threads and feed one `FleetResidency` under `fleet_lock`; the poll
+loop takes that lock only to copy counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..collector import Health
+from ..config import window_label
+from ..derive import fleet_pool
+from ..derive.fleet_residency import FleetResidency, HashRange
+from ..derive.windows import SeriesHistory
+from ..sources.base import Sample, SourceError
+from ..sources.kv_events import Batch, KvEventSubscriber
+from ..sources.vllm import VllmSource
+from .discovery import DiscoveryError, Replica, bounded
+
+log = logging.getLogger("kvcache_exporter.aggregate")
+
+
+@dataclass(frozen=True)
+class AggregateSettings:
+    windows: tuple[float, ...] = (300.0, 3600.0)
+    interval: float = 5.0
+    max_replicas: int = 64
+    max_blocks_per_replica: int = 131_072
+    hash_range: HashRange = field(default_factory=HashRange)
+    topic: str = ""
+    timeout: float = 5.0
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_batches_per_second: float = 20000
+
+
+@dataclass
+class Member:
+    """One replica being watched."""
+
+    replica: Replica
+    source: VllmSource
+    subscriber: KvEventSubscriber | None
+    vllm_history: SeriesHistory
+    fleet_history: SeriesHistory
+    health: Health = field(default_factory=Health)
+    up: bool = False
+    block_size: int | None = None
+    counters: dict[str, float] = field(default_factory=dict)
+
+
+class Aggregator:
+    def __init__(
+        self, settings: AggregateSettings, discoveries: list, clock: Callable[[], float] = time.time
+    ):
+        self.settings, self.discoveries, self.clock = settings, discoveries, clock
+        self.fleet = FleetResidency(settings.hash_range, settings.max_blocks_per_replica)
+        self.fleet_lock = threading.Lock()
+        self.members: dict[str, Member] = {}
+        self.discovery_health = {d.name: Health() for d in discoveries}
+        self.left_out = 0
+        self.ready = False
+        self.latest: list[Sample] = []
+
+    # --- membership -------------------------------------------------------------------------
+
+    async def discover(self) -> list[Replica]:
+        found: list[Replica] = []
+        for discovery in self.discoveries:
+            started, error = self.clock(), None
+            try:
+                found += await discovery.refresh()
+            except DiscoveryError as err:
+                error = err
+                found += discovery.last  # the last good answer stands until the source recovers
+            self.discovery_health[discovery.name].record(discovery.name, started, self.clock(), error)
+        kept, self.left_out = bounded(found, self.settings.max_replicas)
+        if self.left_out:
+            log.warning("more replicas than --replica.max: %d left out", self.left_out)
+        return kept
+
+    async def reconcile(self, replicas: list[Replica]) -> None:
+        wanted = {r.name: r for r in replicas}
+        for name in [n for n, m in self.members.items() if wanted.get(n) != m.replica]:
+            await self._drop(name, forget=name not in wanted)
+        for name, replica in wanted.items():
+            if name not in self.members:
+                self.members[name] = self._member(replica)
+
+    def _member(self, replica: Replica) -> Member:
+        s = self.settings
+        retention = max(s.windows) + 2 * s.interval
+        subscriber = None
+        if replica.kv_events_endpoint:
+            subscriber = KvEventSubscriber(
+                replica.kv_events_endpoint,
+                mode="connect",  # vLLM binds (tcp://*:5557); the sidecar and we both connect
+                topic=s.topic,
+                max_batches_per_second=s.max_batches_per_second,
+                max_blocks=s.max_blocks_per_replica,
+                sinks=[lambda batch, name=replica.name: self._apply(name, batch)],
+            )
+            subscriber.start()
+        with self.fleet_lock:
+            self.fleet.add_replica(replica.name)
+        return Member(
+            replica,
+            VllmSource(replica.metrics_url, s.timeout, s.max_body_bytes),
+            subscriber,
+            SeriesHistory(retention),
+            SeriesHistory(retention),
+        )
+
+    def _apply(self, name: str, batch: Batch) -> None:
+        with self.fleet_lock:
+            if name in self.fleet.replicas:  # a replica dropped meanwhile stays dropped
+                self.fleet.apply(name, batch)
+
+    async def _drop(self, name: str, forget: bool) -> None:
+        """Stop watching; `forget` (gone from discovery) also drops what it held from the pool view.
+        A replica whose endpoints changed keeps its view: a restart shows as its seq going back."""
+        member = self.members.pop(name)
+        if member.subscriber is not None:
+            await member.subscriber.stop()
+        await member.source.close()
+        if forget:
+            with self.fleet_lock:
+                self.fleet.remove_replica(name)
+
+    # --- polling ----------------------------------------------------------------------------
+
+    async def _poll(self, member: Member) -> None:
+        started, error = self.clock(), None
+        try:
+            snapshot = await member.source.collect()
+            counters = fleet_pool.replica_counters(snapshot)
+            member.vllm_history.append(self.clock(), counters)
+            member.counters = counters.counters
+            member.block_size = fleet_pool.block_size(snapshot) or member.block_size
+        except SourceError as err:
+            error = err
+        member.up = error is None
+        member.health.record(f"vllm {member.replica.name}", started, self.clock(), error)
+
+    async def poll_once(self) -> None:
+        await self.reconcile(await self.discover())
+        await asyncio.gather(*(self._poll(m) for m in self.members.values()))
+        now = self.clock()
+        sizes = {name: member.block_size for name, member in self.members.items()}
+        with self.fleet_lock:
+            for name, member in self.members.items():
+                view = self.fleet.replicas.get(name)
+                if view is not None:
+                    member.fleet_history.append(now, fleet_pool.fleet_counters(view, self.fleet.scale))
+            residency = fleet_pool.residency_samples(self.fleet, sizes)
+        self.ready = self.ready or any(m.up for m in self.members.values())
+        self.latest = residency + self._pool_samples() + self._health_samples()
+
+    def _pool_samples(self) -> list[Sample]:
+        out: list[Sample] = []
+        slice_scale = float(self.settings.hash_range.shards)
+        for seconds in self.settings.windows:
+            windows = [
+                (m.vllm_history.window(seconds), m.fleet_history.window(seconds), m.block_size)
+                for m in self.members.values()
+            ]
+            pool = fleet_pool.pool_window(windows, slice_scale)
+            out += fleet_pool.window_samples(window_label(seconds), pool)
+        return out
+
+    def _health_samples(self) -> list[Sample]:
+        out = [Sample("kvcache_fleet_replicas", {}, float(len(self.members)))]
+        out.append(Sample("kvcache_fleet_replicas_left_out", {}, float(self.left_out)))
+        for name, health in self.discovery_health.items():
+            out += health.samples({"collector": name})
+        for name, member in self.members.items():
+            replica = {"replica": name}
+            out.append(Sample("kvcache_vllm_up", replica, float(member.up)))
+            out += member.health.samples({**replica, "collector": "vllm"})
+            if member.up:
+                out += [
+                    Sample("kvcache_fleet_query_tokens_total", replica, member.counters["query_tokens"]),
+                    Sample("kvcache_fleet_hit_tokens_total", replica, member.counters["hit_tokens"]),
+                ]
+            out += self._event_health(replica, member.subscriber)
+        return out
+
+    @staticmethod
+    def _event_health(replica: dict[str, str], subscriber: KvEventSubscriber | None) -> list[Sample]:
+        if subscriber is None:
+            return []
+        with subscriber.lock:
+            state = subscriber.state
+            batches, missed, dropped = state.batches, state.missed, dict(state.dropped)
+        success = float(subscriber.healthy)
+        return [
+            Sample("kvcache_exporter_collector_success", {**replica, "collector": "kv_events"}, success),
+            Sample("kvcache_kv_events_batches_total", replica, batches),
+            Sample("kvcache_kv_events_missed_batches_total", replica, missed),
+            *(
+                Sample("kvcache_kv_events_dropped_total", {**replica, "reason": reason}, n)
+                for reason, n in dropped.items()
+                if reason
+                != "too_many_blocks"  # the sidecar's bound; ours: kvcache_fleet_untracked_blocks_total
+            ),
+        ]
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            await self.poll_once()
+            delay = max(self.settings.interval - (time.monotonic() - started), 0.0)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+            except TimeoutError:
+                pass
+
+    async def close(self) -> None:
+        for name in list(self.members):
+            await self._drop(name, forget=True)

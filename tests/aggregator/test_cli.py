@@ -1,0 +1,61 @@
+"""`kvcache-exporter simulate --replicas` and `kvcache-exporter aggregate` as the processes users run."""
+
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from tests.conftest import free_port
+
+
+def start(*args: str) -> subprocess.Popen:
+    command = [sys.executable, "-m", "kvcache_exporter", *args]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def scrape(url: str, want: str, deadline: float) -> str:
+    while time.monotonic() < deadline:
+        try:
+            text = urllib.request.urlopen(url, timeout=2).read().decode()
+            if want in text:
+                return text
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"{url} never showed {want}")
+
+
+@pytest.mark.timeout(60)
+def test_aggregate_serves_the_fleet_view_of_a_simulated_pool(tmp_path):
+    sd, port = tmp_path / "pool.json", free_port()
+    pool = start(
+        "simulate", "--replicas", "3", "--routing", "round-robin", "--file-sd", str(sd),
+        "--listen", "127.0.0.1:0", "--workload", "chat", "--rate", "40", "--speed", "5",
+    )  # fmt: skip
+    aggregate = start(
+        "aggregate", "--discovery.file-sd", str(sd), "--web.listen-address", f"127.0.0.1:{port}",
+        "--collect.interval", "500ms", "--collect.windows", "1m",
+    )  # fmt: skip
+    try:
+        text = scrape(
+            f"http://127.0.0.1:{port}/metrics", "kvcache_fleet_hit_ratio_estimate{", time.monotonic() + 30
+        )
+        checked = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        for replica in ("replica-0", "replica-1", "replica-2"):
+            assert f'kvcache_vllm_up{{replica="{replica}"}} 1.0' in text
+        assert 'kvcache_exporter_collector_success{collector="discovery_file_sd"} 1.0' in text
+    finally:
+        for process in (aggregate, pool):
+            process.terminate()
+        for process in (aggregate, pool):
+            assert process.wait(timeout=10) == 0, process.stderr.read()
+
+
+def test_aggregate_without_replicas_says_how_to_name_them():
+    done = subprocess.run(
+        [sys.executable, "-m", "kvcache_exporter", "aggregate"], capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 2 and "--discovery.file-sd" in done.stdout

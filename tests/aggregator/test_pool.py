@@ -1,0 +1,135 @@
+"""The aggregator against a simulated pool: real ZMQ streams and /metrics over loopback."""
+
+import asyncio
+import time
+
+import pytest
+
+from kvcache_exporter.aggregator.discovery import FileSd
+from kvcache_exporter.aggregator.pool import AggregateSettings, Aggregator
+from kvcache_exporter.derive.fleet_residency import HashRange
+from kvcache_exporter.simulator import EngineConfig, LatencyModel, SimulatorConfig
+from kvcache_exporter.simulator.config import Faults
+from kvcache_exporter.simulator.fleet import SimulatorFleet
+
+FAST = LatencyModel(base_s=0.002, per_prefill_token_s=0.00001, per_decode_seq_s=0.0001)
+REPLICAS = 4
+
+
+def pool_config(**overrides) -> SimulatorConfig:
+    base = {
+        "engine": EngineConfig(block_size=16, num_gpu_blocks=1024, max_model_len=4096, latency=FAST),
+        "schedule": "chat",
+        "rate": 100.0,
+        "concurrency": 16,
+        "speed": 10.0,
+    }
+    return SimulatorConfig(**{**base, **overrides})
+
+
+def values(samples, name):
+    return {tuple(sorted(s.labels.items())): s.value for s in samples if s.name == name}
+
+
+def total(samples, name, **labels):
+    return sum(v for key, v in values(samples, name).items() if set(labels.items()) <= set(key))
+
+
+async def run_pool(tmp_path, routing, seconds=3.0, during=None, sim=None, aggregators=None):
+    """Run a 4-replica chat pool with one aggregator per hash range for `seconds` of wall time."""
+    path = str(tmp_path / "pool.json")
+    fleet = await SimulatorFleet(sim or pool_config(), REPLICAS, routing, path).start(load=False)
+    ranges = aggregators or [HashRange()]
+    aggs = [
+        Aggregator(AggregateSettings(windows=(600.0,), interval=0.5, hash_range=r), [FileSd(path, None)])
+        for r in ranges
+    ]
+    try:
+        await asyncio.gather(*(a.poll_once() for a in aggs))  # subscribe everywhere, then send load
+        await asyncio.sleep(0.3)
+        fleet.start_load()
+        started = time.monotonic()
+        while time.monotonic() - started < seconds:
+            await asyncio.gather(*(a.poll_once() for a in aggs))
+            if during is not None and time.monotonic() - started > seconds / 2:
+                await during(fleet)
+                during = None
+            await asyncio.sleep(0.4)
+        fleet._tasks[0].cancel()  # stop the load; poll until every stream has gone quiet
+        seen = None
+        for _ in range(20):
+            await asyncio.sleep(0.3)
+            await asyncio.gather(*(a.poll_once() for a in aggs))
+            now = [values(a.latest, "kvcache_fleet_stored_tokens_total") for a in aggs]
+            if now == seen:
+                break
+            seen = now
+        return [a.latest for a in aggs]
+    finally:
+        for a in aggs:
+            await a.close()
+        await fleet.stop()
+
+
+def share(samples):
+    other = total(samples, "kvcache_prefix_cache_miss_tokens_total", cause="other_replica")
+    return other / total(samples, "kvcache_fleet_stored_tokens_total")
+
+
+def ratios(samples):
+    real = values(samples, "kvcache_fleet_hit_ratio")[(("window", "10m"),)]
+    estimate = values(samples, "kvcache_fleet_hit_ratio_estimate")[
+        (("routing", "prefix_affinity"), ("window", "10m"))
+    ]
+    return real, estimate
+
+
+@pytest.mark.timeout(60)
+def test_round_robin_chat_misses_what_other_replicas_hold(tmp_path):
+    (samples,) = asyncio.run(run_pool(tmp_path, "round-robin"))
+    real, estimate = ratios(samples)
+    assert share(samples) > 0.4  # most computed blocks were resident on another replica
+    assert estimate > real + 0.15
+    assert values(samples, "kvcache_fleet_duplicate_blocks_ratio")[()] > 0.3
+    assert set(values(samples, "kvcache_vllm_up").values()) == {1.0}
+    assert len(values(samples, "kvcache_fleet_stored_tokens_total")) == REPLICAS
+
+
+@pytest.mark.timeout(60)
+def test_session_routing_leaves_almost_nothing_to_gain(tmp_path):
+    (samples,) = asyncio.run(run_pool(tmp_path, "session"))
+    real, estimate = ratios(samples)
+    assert share(samples) < 0.05  # only the shared system block, computed once per replica
+    assert estimate == pytest.approx(real, abs=0.02)
+    assert 0 <= real <= estimate <= 1
+
+
+@pytest.mark.timeout(60)
+def test_shards_of_a_live_pool_sum_to_the_whole(tmp_path):
+    """Three aggregators on one stream: the whole space, and two halves of it."""
+    whole, low, high = asyncio.run(
+        run_pool(
+            tmp_path, "round-robin", aggregators=[HashRange(), HashRange(1.0, 0, 2), HashRange(1.0, 1, 2)]
+        )
+    )
+    for name in ("kvcache_prefix_cache_miss_tokens_total", "kvcache_fleet_stored_tokens_total"):
+        for key, value in values(whole, name).items():
+            assert values(low, name)[key] + values(high, name)[key] == value, (name, key)
+    for name in ("kvcache_fleet_duplicate_blocks", "kvcache_fleet_distinct_blocks"):
+        assert values(low, name)[()] + values(high, name)[()] == values(whole, name)[()]
+
+
+@pytest.mark.timeout(60)
+def test_a_replica_restart_and_lost_batches_are_seen_per_replica(tmp_path):
+    sim = pool_config(faults=Faults(drop_kv_seq_every=7))
+    (samples,) = asyncio.run(
+        run_pool(tmp_path, "round-robin", seconds=4.0, during=lambda f: f.restart(1), sim=sim)
+    )
+    restarts = values(samples, "kvcache_fleet_replica_restarts_total")
+    assert restarts[(("replica", "replica-1"),)] == 1
+    assert sum(restarts.values()) == 1
+    missed = values(samples, "kvcache_kv_events_missed_batches_total")
+    assert all(n > 0 for n in missed.values()) and len(missed) == REPLICAS
+    assert set(values(samples, "kvcache_vllm_up").values()) == {1.0}
+    real, estimate = ratios(samples)
+    assert 0 <= real <= estimate <= 1
