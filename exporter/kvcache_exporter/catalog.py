@@ -7,6 +7,7 @@ vLLM target every vLLM-derived series also carries `target`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 ME = ("model_name", "engine")
@@ -24,6 +25,17 @@ class Metric:
     source: str = ""  # the vLLM/GPU inputs
     formula: str = ""
     per_target: bool = True  # gets a `target` label when several vLLM targets are polled
+    allowed: tuple[float, float] | None = None  # values a sample may take; default from the unit
+
+    @property
+    def value_range(self) -> tuple[float, float]:
+        """Outside it a sample is a bug or bad input: guard.py drops it. Ratios are 0-1, temperatures
+        any finite number, everything else (counts, rates, bytes, seconds, money) non-negative."""
+        if self.allowed is not None:
+            return self.allowed
+        if self.unit == "ratio":
+            return (0.0, 1.0)
+        return (-math.inf, math.inf) if self.unit == "celsius" else (0.0, math.inf)
 
 
 _NOT_PER_TARGET = {"gpu", "memory", "cost", "events", "fleet"}
@@ -36,10 +48,70 @@ def _m(*args, **kwargs) -> Metric:
     return metric
 
 
+# Every name as a constant: call sites use these, so a typo fails at import or in a unit test.
+PREFIX_CACHE_QUERY_TOKENS_TOTAL = "kvcache_prefix_cache_query_tokens_total"
+PREFIX_CACHE_HIT_TOKENS_TOTAL = "kvcache_prefix_cache_hit_tokens_total"
+PREFIX_CACHE_HIT_RATIO = "kvcache_prefix_cache_hit_ratio"
+VLLM_V0_PREFIX_CACHE_BLOCK_HIT_RATIO = "kvcache_vllm_v0_prefix_cache_block_hit_ratio"
+PROMPT_TOKENS_TOTAL = "kvcache_prompt_tokens_total"
+PROMPT_TOKENS_PER_SECOND = "kvcache_prompt_tokens_per_second"
+GENERATION_TOKENS_TOTAL = "kvcache_generation_tokens_total"
+GENERATION_TOKENS_PER_SECOND = "kvcache_generation_tokens_per_second"
+PREEMPTIONS_TOTAL = "kvcache_preemptions_total"
+PREEMPTIONS_PER_SECOND = "kvcache_preemptions_per_second"
+BLOCK_UTILIZATION_RATIO = "kvcache_block_utilization_ratio"
+BLOCKS_CAPACITY = "kvcache_blocks_capacity"
+BLOCKS_IN_USE = "kvcache_blocks_in_use"
+BLOCK_SIZE_TOKENS = "kvcache_block_size_tokens"
+CAPACITY_TOKENS = "kvcache_capacity_tokens"
+BLOCK_FRAGMENTATION_ESTIMATE_RATIO = "kvcache_block_fragmentation_estimate_ratio"
+REQUESTS_RUNNING = "kvcache_requests_running"
+REQUESTS_WAITING = "kvcache_requests_waiting"
+VLLM_CONFIG_INFO = "kvcache_vllm_config_info"
+PREFILL_LATENCY_SECONDS = "kvcache_prefill_latency_seconds"
+TIME_TO_FIRST_TOKEN_SECONDS = "kvcache_time_to_first_token_seconds"
+QUEUE_TIME_SECONDS = "kvcache_queue_time_seconds"
+E2E_LATENCY_SECONDS = "kvcache_e2e_latency_seconds"
+GPU_MEMORY_USED_BYTES = "kvcache_gpu_memory_used_bytes"
+GPU_MEMORY_TOTAL_BYTES = "kvcache_gpu_memory_total_bytes"
+GPU_UTILIZATION_RATIO = "kvcache_gpu_utilization_ratio"
+GPU_MEMORY_BANDWIDTH_UTILIZATION_RATIO = "kvcache_gpu_memory_bandwidth_utilization_ratio"
+GPU_POWER_WATTS = "kvcache_gpu_power_watts"
+GPU_ENERGY_JOULES_TOTAL = "kvcache_gpu_energy_joules_total"
+GPU_TEMPERATURE_CELSIUS = "kvcache_gpu_temperature_celsius"
+GPU_PROCESS_MEMORY_USED_BYTES = "kvcache_gpu_process_memory_used_bytes"
+GPU_MEMORY_BUDGET_BYTES = "kvcache_gpu_memory_budget_bytes"
+GPU_MEMORY_BUDGET_USAGE_RATIO = "kvcache_gpu_memory_budget_usage_ratio"
+GPU_MEMORY_HEADROOM_RATIO = "kvcache_gpu_memory_headroom_ratio"
+GPU_MEMORY_SWING_BYTES = "kvcache_gpu_memory_swing_bytes"
+CONFIG_CHECK = "kvcache_config_check"
+COST_INFO = "kvcache_cost_info"
+GPU_COST_PER_HOUR = "kvcache_gpu_cost_per_hour"
+COST_PER_MILLION_TOKENS = "kvcache_cost_per_million_tokens"
+CACHE_SAVINGS_PER_HOUR = "kvcache_cache_savings_per_hour"
+CACHE_MISS_EXTRA_COST_PER_HOUR = "kvcache_cache_miss_extra_cost_per_hour"
+ENERGY_JOULES_PER_TOKEN = "kvcache_energy_joules_per_token"
+ENERGY_COST_PER_MILLION_TOKENS = "kvcache_energy_cost_per_million_tokens"
+KV_EVENTS_BATCHES_TOTAL = "kvcache_kv_events_batches_total"
+KV_EVENTS_TOTAL = "kvcache_kv_events_total"
+KV_EVENTS_MISSED_BATCHES_TOTAL = "kvcache_kv_events_missed_batches_total"
+KV_EVENTS_DROPPED_TOTAL = "kvcache_kv_events_dropped_total"
+KV_EVENTS_CACHED_BLOCKS = "kvcache_kv_events_cached_blocks"
+VLLM_UP = "kvcache_vllm_up"
+VLLM_SCHEMA_INFO = "kvcache_vllm_schema_info"
+VLLM_DEPRECATED_METRICS = "kvcache_vllm_deprecated_metrics"
+VLLM_MISSING_METRICS = "kvcache_vllm_missing_metrics"
+EXPORTER_COLLECTOR_SUCCESS = "kvcache_exporter_collector_success"
+EXPORTER_COLLECTOR_DURATION_SECONDS = "kvcache_exporter_collector_duration_seconds"
+EXPORTER_LAST_SUCCESS_TIMESTAMP_SECONDS = "kvcache_exporter_last_success_timestamp_seconds"
+EXPORTER_ERRORS_TOTAL = "kvcache_exporter_errors_total"
+EXPORTER_BUILD_INFO = "kvcache_exporter_build_info"
+
+
 CATALOG: tuple[Metric, ...] = (
     # --- prefix cache ---------------------------------------------------------------
     _m(
-        "kvcache_prefix_cache_query_tokens_total",
+        PREFIX_CACHE_QUERY_TOKENS_TOTAL,
         "counter",
         "Prompt tokens looked up in vLLM's prefix cache, normalized across vLLM versions.",
         ME,
@@ -49,7 +121,7 @@ CATALOG: tuple[Metric, ...] = (
         formula="copied (reset-safe: it resets when vLLM restarts, like vLLM's own counter)",
     ),
     _m(
-        "kvcache_prefix_cache_hit_tokens_total",
+        PREFIX_CACHE_HIT_TOKENS_TOTAL,
         "counter",
         "Prompt tokens served from vLLM's prefix cache, normalized across vLLM versions.",
         ME,
@@ -58,7 +130,7 @@ CATALOG: tuple[Metric, ...] = (
         formula="copied",
     ),
     _m(
-        "kvcache_prefix_cache_hit_ratio",
+        PREFIX_CACHE_HIT_RATIO,
         "gauge",
         "Share of queried prompt tokens that hit the prefix cache over the window; absent when the window "
         "saw no queries.",
@@ -68,7 +140,7 @@ CATALOG: tuple[Metric, ...] = (
         formula="increase(hits)/increase(queries) over the window, counter resets handled like rate()",
     ),
     _m(
-        "kvcache_vllm_v0_prefix_cache_block_hit_ratio",
+        VLLM_V0_PREFIX_CACHE_BLOCK_HIT_RATIO,
         "gauge",
         "V0 engines only: vLLM's own lifetime block hit-rate gauge (no token counters exist in V0).",
         ME,
@@ -77,7 +149,7 @@ CATALOG: tuple[Metric, ...] = (
         formula="copied; the -1 that V0 reports when prefix caching is off is dropped",
     ),
     _m(
-        "kvcache_prompt_tokens_total",
+        PROMPT_TOKENS_TOTAL,
         "counter",
         "Prompt tokens by where their KV came from: computed (prefill work) or cached (prefix-cache hit).",
         (*ME, "source"),
@@ -86,16 +158,16 @@ CATALOG: tuple[Metric, ...] = (
         formula="computed = local_compute; cached = local_cache_hit + external_kv_transfer",
     ),
     _m(
-        "kvcache_prompt_tokens_per_second",
+        PROMPT_TOKENS_PER_SECOND,
         "gauge",
         "Prompt tokens per second over the window, computed vs cached.",
         (*ME, "source", "window"),
         "tokens/s",
-        source="kvcache_prompt_tokens_total",
+        source=PROMPT_TOKENS_TOTAL,
         formula="increase/window duration",
     ),
     _m(
-        "kvcache_generation_tokens_total",
+        GENERATION_TOKENS_TOTAL,
         "counter",
         "Generated (decode) tokens.",
         ME,
@@ -104,7 +176,7 @@ CATALOG: tuple[Metric, ...] = (
         formula="copied",
     ),
     _m(
-        "kvcache_generation_tokens_per_second",
+        GENERATION_TOKENS_PER_SECOND,
         "gauge",
         "Generated tokens per second over the window.",
         (*ME, "window"),
@@ -113,7 +185,7 @@ CATALOG: tuple[Metric, ...] = (
         formula="increase/window duration",
     ),
     _m(
-        "kvcache_preemptions_total",
+        PREEMPTIONS_TOTAL,
         "counter",
         "Requests preempted because KV blocks ran out.",
         ME,
@@ -121,7 +193,7 @@ CATALOG: tuple[Metric, ...] = (
         formula="copied",
     ),
     _m(
-        "kvcache_preemptions_per_second",
+        PREEMPTIONS_PER_SECOND,
         "gauge",
         "Preemptions per second over the window.",
         (*ME, "window"),
@@ -131,7 +203,7 @@ CATALOG: tuple[Metric, ...] = (
     ),
     # --- blocks ---------------------------------------------------------------------
     _m(
-        "kvcache_block_utilization_ratio",
+        BLOCK_UTILIZATION_RATIO,
         "gauge",
         "Share of KV blocks referenced by running requests (evictable cached blocks count as free).",
         ME,
@@ -141,7 +213,7 @@ CATALOG: tuple[Metric, ...] = (
         group="blocks",
     ),
     _m(
-        "kvcache_blocks_capacity",
+        BLOCKS_CAPACITY,
         "gauge",
         "KV blocks vLLM allocated for this engine.",
         ME,
@@ -151,7 +223,7 @@ CATALOG: tuple[Metric, ...] = (
         group="blocks",
     ),
     _m(
-        "kvcache_blocks_in_use",
+        BLOCKS_IN_USE,
         "gauge",
         "KV blocks referenced by running requests.",
         ME,
@@ -161,7 +233,7 @@ CATALOG: tuple[Metric, ...] = (
         group="blocks",
     ),
     _m(
-        "kvcache_block_size_tokens",
+        BLOCK_SIZE_TOKENS,
         "gauge",
         "Tokens per KV block.",
         ME,
@@ -171,7 +243,7 @@ CATALOG: tuple[Metric, ...] = (
         group="blocks",
     ),
     _m(
-        "kvcache_capacity_tokens",
+        CAPACITY_TOKENS,
         "gauge",
         "Tokens the KV cache can hold.",
         ME,
@@ -181,7 +253,7 @@ CATALOG: tuple[Metric, ...] = (
         group="blocks",
     ),
     _m(
-        "kvcache_block_fragmentation_estimate_ratio",
+        BLOCK_FRAGMENTATION_ESTIMATE_RATIO,
         "gauge",
         "ESTIMATE of KV slots allocated but holding no token (the unfilled tail of each running sequence's "
         "last block) over slots in use.",
@@ -192,7 +264,7 @@ CATALOG: tuple[Metric, ...] = (
         group="blocks",
     ),
     _m(
-        "kvcache_requests_running",
+        REQUESTS_RUNNING,
         "gauge",
         "Requests in the model's running batch.",
         ME,
@@ -201,7 +273,7 @@ CATALOG: tuple[Metric, ...] = (
         group="blocks",
     ),
     _m(
-        "kvcache_requests_waiting",
+        REQUESTS_WAITING,
         "gauge",
         "Requests waiting to be scheduled.",
         ME,
@@ -210,7 +282,7 @@ CATALOG: tuple[Metric, ...] = (
         group="blocks",
     ),
     _m(
-        "kvcache_vllm_config_info",
+        VLLM_CONFIG_INFO,
         "gauge",
         "vLLM's cache configuration (value 1), the labels that matter for the cache.",
         (
@@ -242,23 +314,21 @@ CATALOG: tuple[Metric, ...] = (
             group="latency",
         )
         for name, what, src in (
-            ("kvcache_prefill_latency_seconds", "Prefill time", "vllm:request_prefill_time_seconds"),
+            (PREFILL_LATENCY_SECONDS, "Prefill time", "vllm:request_prefill_time_seconds"),
             (
-                "kvcache_time_to_first_token_seconds",
+                TIME_TO_FIRST_TOKEN_SECONDS,
                 "Time to first token",
                 "vllm:time_to_first_token_seconds",
             ),
-            ("kvcache_queue_time_seconds", "Queue time", "vllm:request_queue_time_seconds"),
-            ("kvcache_e2e_latency_seconds", "End-to-end request latency", "vllm:e2e_request_latency_seconds"),
+            (QUEUE_TIME_SECONDS, "Queue time", "vllm:request_queue_time_seconds"),
+            (E2E_LATENCY_SECONDS, "End-to-end request latency", "vllm:e2e_request_latency_seconds"),
         )
     ),
     # --- GPU --------------------------------------------------------------------------
-    _m("kvcache_gpu_memory_used_bytes", "gauge", "GPU memory in use.", GPU, "bytes", "gpu", "NVML or DCGM"),
+    _m(GPU_MEMORY_USED_BYTES, "gauge", "GPU memory in use.", GPU, "bytes", "gpu", "NVML or DCGM"),
+    _m(GPU_MEMORY_TOTAL_BYTES, "gauge", "GPU memory in total.", GPU, "bytes", "gpu", "NVML or DCGM"),
     _m(
-        "kvcache_gpu_memory_total_bytes", "gauge", "GPU memory in total.", GPU, "bytes", "gpu", "NVML or DCGM"
-    ),
-    _m(
-        "kvcache_gpu_utilization_ratio",
+        GPU_UTILIZATION_RATIO,
         "gauge",
         "GPU (SM) utilization, 0-1.",
         GPU,
@@ -267,7 +337,7 @@ CATALOG: tuple[Metric, ...] = (
         "NVML or DCGM",
     ),
     _m(
-        "kvcache_gpu_memory_bandwidth_utilization_ratio",
+        GPU_MEMORY_BANDWIDTH_UTILIZATION_RATIO,
         "gauge",
         "Memory-controller utilization, 0-1.",
         GPU,
@@ -275,9 +345,9 @@ CATALOG: tuple[Metric, ...] = (
         "gpu",
         "NVML or DCGM",
     ),
-    _m("kvcache_gpu_power_watts", "gauge", "Power draw.", GPU, "watts", "gpu", "NVML or DCGM"),
+    _m(GPU_POWER_WATTS, "gauge", "Power draw.", GPU, "watts", "gpu", "NVML or DCGM"),
     _m(
-        "kvcache_gpu_energy_joules_total",
+        GPU_ENERGY_JOULES_TOTAL,
         "counter",
         "Energy consumed since the driver loaded.",
         GPU,
@@ -286,9 +356,9 @@ CATALOG: tuple[Metric, ...] = (
         "NVML total energy (mJ) or DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION (mJ)",
         "mJ / 1000",
     ),
-    _m("kvcache_gpu_temperature_celsius", "gauge", "GPU temperature.", GPU, "celsius", "gpu", "NVML or DCGM"),
+    _m(GPU_TEMPERATURE_CELSIUS, "gauge", "GPU temperature.", GPU, "celsius", "gpu", "NVML or DCGM"),
     _m(
-        "kvcache_gpu_process_memory_used_bytes",
+        GPU_PROCESS_MEMORY_USED_BYTES,
         "gauge",
         "GPU memory used per process (bounded: vLLM processes or the top N).",
         ("gpu", "uuid", "pid", "process"),
@@ -297,7 +367,7 @@ CATALOG: tuple[Metric, ...] = (
         "NVML running compute processes",
     ),
     _m(
-        "kvcache_gpu_memory_budget_bytes",
+        GPU_MEMORY_BUDGET_BYTES,
         "gauge",
         "GPU memory vLLM was told it may use.",
         GPU,
@@ -307,7 +377,7 @@ CATALOG: tuple[Metric, ...] = (
         "gpu_memory_utilization x total",
     ),
     _m(
-        "kvcache_gpu_memory_budget_usage_ratio",
+        GPU_MEMORY_BUDGET_USAGE_RATIO,
         "gauge",
         "GPU memory used over the budget vLLM was given; above 1 means something else uses the GPU too.",
         GPU,
@@ -315,9 +385,10 @@ CATALOG: tuple[Metric, ...] = (
         "memory",
         "GPU used memory, kvcache_gpu_memory_budget_bytes",
         "used / budget",
+        allowed=(0.0, math.inf),  # above 1 is the finding, not an error
     ),
     _m(
-        "kvcache_gpu_memory_headroom_ratio",
+        GPU_MEMORY_HEADROOM_RATIO,
         "gauge",
         "Share of GPU memory still free for co-located processes.",
         GPU,
@@ -327,7 +398,7 @@ CATALOG: tuple[Metric, ...] = (
         "(total - used) / total",
     ),
     _m(
-        "kvcache_gpu_memory_swing_bytes",
+        GPU_MEMORY_SWING_BYTES,
         "gauge",
         "Largest minus smallest GPU memory in use over the window.",
         (*GPU, "window"),
@@ -338,17 +409,18 @@ CATALOG: tuple[Metric, ...] = (
     ),
     # --- config audit -----------------------------------------------------------------
     _m(
-        "kvcache_config_check",
+        CONFIG_CHECK,
         "gauge",
         "Result of a configuration check: 1 pass, 0 fail (see docs/metrics.md for the list).",
         ("model_name", "check"),
         "",
         "config",
         "vllm:cache_config_info, observed concurrency, metric schema",
+        per_target=False,  # one result per model, over every target
     ),
     # --- cost and energy --------------------------------------------------------------
     _m(
-        "kvcache_cost_info",
+        COST_INFO,
         "gauge",
         "Pricing in force (value 1): the currency every cost metric uses.",
         ("currency",),
@@ -358,7 +430,7 @@ CATALOG: tuple[Metric, ...] = (
         per_target=False,
     ),
     _m(
-        "kvcache_gpu_cost_per_hour",
+        GPU_COST_PER_HOUR,
         "gauge",
         "What the GPUs this exporter watches cost per hour.",
         (),
@@ -369,7 +441,7 @@ CATALOG: tuple[Metric, ...] = (
         per_target=False,
     ),
     _m(
-        "kvcache_cost_per_million_tokens",
+        COST_PER_MILLION_TOKENS,
         "gauge",
         "GPU cost over the window per million tokens; prompt vs generation split by prefill vs decode time.",
         ("token_kind", "window"),
@@ -381,7 +453,7 @@ CATALOG: tuple[Metric, ...] = (
         per_target=False,
     ),
     _m(
-        "kvcache_cache_savings_per_hour",
+        CACHE_SAVINGS_PER_HOUR,
         "gauge",
         "What the prefix cache saves per hour: cached prompt tokens priced as computed prompt tokens.",
         ("window",),
@@ -392,7 +464,7 @@ CATALOG: tuple[Metric, ...] = (
         per_target=False,
     ),
     _m(
-        "kvcache_cache_miss_extra_cost_per_hour",
+        CACHE_MISS_EXTRA_COST_PER_HOUR,
         "gauge",
         "Estimated extra cost per hour if the hit ratio fell to the configured floor.",
         ("window",),
@@ -403,7 +475,7 @@ CATALOG: tuple[Metric, ...] = (
         per_target=False,
     ),
     _m(
-        "kvcache_energy_joules_per_token",
+        ENERGY_JOULES_PER_TOKEN,
         "gauge",
         "GPU energy per token (prompt + generation) over the window.",
         ("window",),
@@ -414,7 +486,7 @@ CATALOG: tuple[Metric, ...] = (
         per_target=False,
     ),
     _m(
-        "kvcache_energy_cost_per_million_tokens",
+        ENERGY_COST_PER_MILLION_TOKENS,
         "gauge",
         "Energy cost per million tokens over the window (only when an energy price is set).",
         ("window",),
@@ -426,7 +498,7 @@ CATALOG: tuple[Metric, ...] = (
     ),
     # --- KV events ----------------------------------------------------------------------
     _m(
-        "kvcache_kv_events_batches_total",
+        KV_EVENTS_BATCHES_TOTAL,
         "counter",
         "KV-event batches received from vLLM's ZMQ stream.",
         (),
@@ -435,7 +507,7 @@ CATALOG: tuple[Metric, ...] = (
         "vLLM KV-event stream",
     ),
     _m(
-        "kvcache_kv_events_total",
+        KV_EVENTS_TOTAL,
         "counter",
         "KV events received, by type (BlockStored, BlockRemoved, AllBlocksCleared).",
         ("type",),
@@ -444,7 +516,7 @@ CATALOG: tuple[Metric, ...] = (
         "vLLM KV-event stream",
     ),
     _m(
-        "kvcache_kv_events_missed_batches_total",
+        KV_EVENTS_MISSED_BATCHES_TOTAL,
         "counter",
         "Batches lost: gaps in the sequence numbers not filled by replay.",
         (),
@@ -453,7 +525,7 @@ CATALOG: tuple[Metric, ...] = (
         "vLLM KV-event stream sequence numbers",
     ),
     _m(
-        "kvcache_kv_events_dropped_total",
+        KV_EVENTS_DROPPED_TOTAL,
         "counter",
         "Batches the exporter dropped itself: rate_limited (over --kv-events.max-batches-per-second), "
         "too_many_blocks (resident-hash bound), parse_error (undecodable).",
@@ -463,7 +535,7 @@ CATALOG: tuple[Metric, ...] = (
         "exporter limits",
     ),
     _m(
-        "kvcache_kv_events_cached_blocks",
+        KV_EVENTS_CACHED_BLOCKS,
         "gauge",
         "Blocks in vLLM's prefix-cache hash table according to the event stream (stored minus removed).",
         (),
@@ -623,7 +695,7 @@ CATALOG: tuple[Metric, ...] = (
     ),
     # --- vLLM schema and exporter health ------------------------------------------------
     _m(
-        "kvcache_vllm_up",
+        VLLM_UP,
         "gauge",
         "1 when the last poll of vLLM's /metrics succeeded.",
         (),
@@ -632,7 +704,7 @@ CATALOG: tuple[Metric, ...] = (
         "HTTP poll",
     ),
     _m(
-        "kvcache_vllm_schema_info",
+        VLLM_SCHEMA_INFO,
         "gauge",
         "Which vLLM metric naming generation the target exposes (value 1).",
         ("schema", "prefix"),
@@ -642,7 +714,7 @@ CATALOG: tuple[Metric, ...] = (
         "v1 (current names), v1-deprecated (gpu_prefix_cache_*, gpu_cache_usage_perc), v0",
     ),
     _m(
-        "kvcache_vllm_deprecated_metrics",
+        VLLM_DEPRECATED_METRICS,
         "gauge",
         "Deprecated vLLM metric names the target still exposes and the exporter reads.",
         (),
@@ -651,7 +723,7 @@ CATALOG: tuple[Metric, ...] = (
         "metric names on the scrape",
     ),
     _m(
-        "kvcache_vllm_missing_metrics",
+        VLLM_MISSING_METRICS,
         "gauge",
         "Expected vLLM metrics missing from the scrape (a rename would otherwise zero a dashboard).",
         (),
@@ -660,7 +732,7 @@ CATALOG: tuple[Metric, ...] = (
         "metric names on the scrape",
     ),
     _m(
-        "kvcache_exporter_collector_success",
+        EXPORTER_COLLECTOR_SUCCESS,
         "gauge",
         "1 when the collector's last run succeeded.",
         ("collector",),
@@ -668,7 +740,7 @@ CATALOG: tuple[Metric, ...] = (
         "health",
     ),
     _m(
-        "kvcache_exporter_collector_duration_seconds",
+        EXPORTER_COLLECTOR_DURATION_SECONDS,
         "gauge",
         "How long the collector's last run took.",
         ("collector",),
@@ -676,7 +748,7 @@ CATALOG: tuple[Metric, ...] = (
         "health",
     ),
     _m(
-        "kvcache_exporter_last_success_timestamp_seconds",
+        EXPORTER_LAST_SUCCESS_TIMESTAMP_SECONDS,
         "gauge",
         "Unix time of the collector's last successful run.",
         ("collector",),
@@ -684,7 +756,7 @@ CATALOG: tuple[Metric, ...] = (
         "health",
     ),
     _m(
-        "kvcache_exporter_errors_total",
+        EXPORTER_ERRORS_TOTAL,
         "counter",
         "Collector errors by reason (timeout, connection, http_status, parse_error, body_too_large, "
         "too_many_series, ...).",
@@ -693,7 +765,7 @@ CATALOG: tuple[Metric, ...] = (
         "health",
     ),
     _m(
-        "kvcache_exporter_build_info",
+        EXPORTER_BUILD_INFO,
         "gauge",
         "Exporter version (value 1).",
         ("version", "python_version"),
@@ -704,6 +776,24 @@ CATALOG: tuple[Metric, ...] = (
 )
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in CATALOG}
+
+
+def constant_name(metric_name: str) -> str:
+    """kvcache_prefix_cache_hit_ratio -> PREFIX_CACHE_HIT_RATIO, the constant call sites use."""
+    return metric_name.removeprefix("kvcache_").upper()
+
+
+def _check_constants() -> None:
+    """Every family has its constant and every constant its family: a new one needs both."""
+    constants = {
+        v for k, v in globals().items() if k.isupper() and isinstance(v, str) and v.startswith("kvcache_")
+    }
+    assert constants == set(BY_NAME), sorted(constants ^ set(BY_NAME))
+    assert all(globals().get(constant_name(name)) == name for name in BY_NAME)
+    assert len(BY_NAME) == len(CATALOG), "a family is declared twice"
+
+
+_check_constants()
 
 
 def get(name: str) -> Metric:

@@ -1,24 +1,28 @@
-"""The poll loop: sources -> history -> derivations -> the samples /metrics renders.
+"""The poll loop: sources -> poll state -> derivations -> the samples /metrics renders.
 
-The exporter polls on its own cadence so that windowed measures never depend on who
-scrapes it or how often. One failing source never fails the others.
+The exporter polls on its own cadence so that windowed measures never depend on who scrapes it
+or how often. Every source goes through one wrapper (`Poll.run`, node_exporter's `execute()`): it
+is timed, its success, duration, last success and errors by reason are recorded, a problem is
+logged once per reason, and an unexpected exception is an `internal_error`, never the loop's end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import window_label
-from .derive import cache
-from .derive.windows import SeriesHistory
-from .sources.base import Sample, SourceError, SourceUnavailable
-from .sources.vllm import VllmSnapshot, VllmSource
+from . import catalog as c
+from .derive.exporter import DERIVATIONS, Derivation, DeriveOptions
+from .derive.state import PollState
+from .guard import Guard
+from .samples import Sample
+from .sources.base import Source, SourceError, SourceUnavailable
 
 log = logging.getLogger("kvcache_exporter")
 
@@ -32,6 +36,7 @@ class Health:
     last_success: float | None = None
     errors: Counter[str] = field(default_factory=Counter)
     last_problem: str | None = None
+    _tracebacks: set[str] = field(default_factory=set)
 
     def record(self, name: str, started: float, ended: float, error: SourceError | None) -> None:
         self.duration = ended - started
@@ -51,149 +56,132 @@ class Health:
                 log.warning("collector failed: %s", error, extra={"collector": name, "reason": error.reason})
         self.last_problem = error.reason
 
+    def crashed(self, name: str, err: BaseException) -> SourceError:
+        """An exception no source should raise: internal_error, its traceback once at debug."""
+        kind = type(err).__name__
+        if kind not in self._tracebacks:
+            self._tracebacks.add(kind)
+            log.debug("traceback of %s's %s", name, kind, exc_info=err, extra={"collector": name})
+        return SourceError("internal_error", f"{kind}: {err}")
+
     def samples(self, labels: dict[str, str]) -> list[Sample]:
         out = [
-            Sample("kvcache_exporter_collector_success", labels, float(self.success)),
-            Sample("kvcache_exporter_collector_duration_seconds", labels, self.duration),
+            Sample(c.EXPORTER_COLLECTOR_SUCCESS, labels, float(self.success)),
+            Sample(c.EXPORTER_COLLECTOR_DURATION_SECONDS, labels, self.duration),
         ]
         if self.last_success is not None:
-            out.append(Sample("kvcache_exporter_last_success_timestamp_seconds", labels, self.last_success))
-        out += [
-            Sample("kvcache_exporter_errors_total", {**labels, "reason": r}, n)
-            for r, n in self.errors.items()
-        ]
+            out.append(Sample(c.EXPORTER_LAST_SUCCESS_TIMESTAMP_SECONDS, labels, self.last_success))
+        out += [Sample(c.EXPORTER_ERRORS_TOTAL, {**labels, "reason": r}, n) for r, n in self.errors.items()]
         return out
 
 
-class Target:
-    """One vLLM server and the history of its engines."""
+@dataclass
+class Poll:
+    """One source in the loop. `into(snapshot, ts)` hands the snapshot (None after a failure) to
+    the poll state; `labels` tell its health series apart (e.g. {"target": "a:8000"})."""
 
-    def __init__(self, name: str, source: VllmSource, retention: float):
-        self.name = name
-        self.source = source
-        self.retention = retention
-        self.histories: dict[tuple[str, str], SeriesHistory] = {}
-        self.snapshot: VllmSnapshot | None = None
-        self.up = False
-        self.health = Health()
+    source: Source[Any]
+    into: Callable[[Any, float], None]
+    labels: dict[str, str] = field(default_factory=dict)
+    health: Health = field(default_factory=Health)
 
-    def ingest(self, snapshot: VllmSnapshot) -> None:
-        for key, sample in snapshot.engines.items():
-            self.histories.setdefault(key, SeriesHistory(self.retention)).append(snapshot.ts, sample)
-        for key in list(self.histories):  # engines gone for longer than the retention are forgotten
-            points = self.histories[key].points
-            if key not in snapshot.engines and (not points or points[-1].ts < snapshot.ts - self.retention):
-                del self.histories[key]
-        self.snapshot = snapshot
+    @property
+    def title(self) -> str:  # for log lines: "vllm a:8000"
+        return " ".join([self.source.name, *self.labels.values()])
 
+    async def run(self, clock: Callable[[], float]) -> None:
+        started = clock()
+        error, snapshot = None, None
+        try:
+            snapshot = await self.source.collect()
+        except SourceError as err:
+            error = err
+        except Exception as err:  # the loop outlives any bug in a source
+            error = self.health.crashed(self.title, err)
+        ended = clock()
+        try:
+            self.into(snapshot, ended)
+        except Exception as err:
+            error, snapshot = self.health.crashed(self.title, err), None
+        self.health.record(self.title, started, ended, error)
 
-Extra = Callable[["Exporter"], list[Sample]]
+    def samples(self) -> list[Sample]:
+        return self.health.samples({**self.labels, "collector": self.source.name})
+
+    async def close(self) -> None:
+        result = self.source.close()
+        if inspect.isawaitable(result):
+            await result
 
 
 class Exporter:
     def __init__(
         self,
-        targets: list[Target],
+        polls: Sequence[Poll],
+        state: PollState,
+        options: DeriveOptions,
         *,
-        windows: list[float],
-        quantiles: list[float],
         interval: float,
         clock: Callable[[], float] = time.time,
-        extras: list[Extra] | None = None,
-        pollers: dict[str, Callable[[], Awaitable[Any]]] | None = None,
-        closers: list[Callable[[], Any]] | None = None,
+        derivations: dict[str, Derivation] = DERIVATIONS,
     ):
-        self.targets = targets
-        self.windows = sorted(windows)
-        self.quantiles = tuple(quantiles)
+        self.polls = list(polls)
+        self.state = state
+        self.options = options
         self.interval = interval
         self.clock = clock
-        self.extras = extras or []  # derivations that need more than one target (GPU, cost, audit)
-        self.pollers = pollers or {}  # other sources, polled beside vLLM: name -> collect()
-        self.closers = closers or []
-        self.results: dict[str, Any] = {}
-        self.health: dict[str, Health] = {name: Health() for name in self.pollers}
+        self.derivations = derivations
+        self.derive_health = Health()  # errors of the derivations themselves: collector="derive"
+        self.guard = Guard()
+        self._failing: set[str] = set()
+        self._poll_problem: str | None = None
         self.ready = False
         self.latest: list[Sample] = []
 
-    @property
-    def labelled(self) -> bool:
-        return len(self.targets) > 1
-
-    def target_labels(self, target: Target) -> dict[str, str]:
-        return {"target": target.name} if self.labelled else {}
-
-    async def _poll_target(self, target: Target) -> None:
-        started = self.clock()
-        error = None
-        try:
-            snapshot = await target.source.collect()
-            snapshot.ts = self.clock()
-            target.ingest(snapshot)
-        except SourceError as err:
-            error = err
-        target.up = error is None
-        target.health.record(f"vllm {target.name}", started, self.clock(), error)
-
-    async def _poll_other(self, name: str, collect: Callable[[], Awaitable[Any]]) -> None:
-        started = self.clock()
-        error = None
-        try:
-            self.results[name] = await collect()
-        except SourceError as err:
-            error = err
-            self.results.pop(name, None)
-        self.health[name].record(name, started, self.clock(), error)
-
     async def poll_once(self) -> None:
-        await asyncio.gather(
-            *(self._poll_target(t) for t in self.targets),
-            *(self._poll_other(name, collect) for name, collect in self.pollers.items()),
-        )
-        self.ready = self.ready or any(t.up for t in self.targets)
+        await asyncio.gather(*(poll.run(self.clock) for poll in self.polls))
+        self.state.end_poll(self.clock())
+        self.ready = self.ready or any(t.up for t in self.state.targets)
         self.latest = self.derive()
 
     def derive(self) -> list[Sample]:
         out: list[Sample] = []
-        for target in self.targets:
-            out += self._target_samples(target)
-        for name, health in self.health.items():
-            out += health.samples({"collector": name})
-        for extra in self.extras:
-            out += extra(self)
-        return out
+        for poll in self.polls:
+            out += poll.samples()
+        for name, derivation in self.derivations.items():
+            try:
+                out += derivation(self.state, self.options)
+                self._failing.discard(name)
+            except Exception as err:  # one broken derivation costs its own series, not /metrics
+                error = self.derive_health.crashed(f"derive {name}", err)
+                self.derive_health.errors[error.reason] += 1
+                if name not in self._failing:  # one line while it keeps failing
+                    self._failing.add(name)
+                    log.warning(
+                        "derivation failed: %s", error, extra={"collector": "derive", "derivation": name}
+                    )
+        kept = self.guard.filter(out)
+        return kept + self._derive_errors()
 
-    def _target_samples(self, target: Target) -> list[Sample]:
-        base = self.target_labels(target)
-        out = [Sample("kvcache_vllm_up", base, float(target.up))]
-        out += target.health.samples({**base, "collector": "vllm"})
-        snapshot = target.snapshot
-        if not target.up or snapshot is None:
-            return out  # no stale numbers: derived series vanish while vLLM is unreachable
-        out += [
-            Sample(
-                "kvcache_vllm_schema_info",
-                {**base, "schema": snapshot.schema, "prefix": snapshot.prefix},
-                1.0,
-            ),
-            Sample("kvcache_vllm_deprecated_metrics", base, float(len(snapshot.deprecated))),
-            Sample("kvcache_vllm_missing_metrics", base, float(len(snapshot.missing))),
+    def _derive_errors(self) -> list[Sample]:
+        errors = self.derive_health.errors + self.guard.errors
+        return [
+            Sample(c.EXPORTER_ERRORS_TOTAL, {"collector": "derive", "reason": r}, n)
+            for r, n in errors.items()
         ]
-        for (model, engine), sample in snapshot.engines.items():
-            labels = {**base, "model_name": model, "engine": engine}
-            out += cache.current(labels, sample, snapshot.cache_configs.get(engine))
-            history = target.histories.get((model, engine))
-            for seconds in self.windows if history else ():
-                delta = history.window(seconds)
-                if delta is not None:
-                    out += cache.windowed(labels, window_label(seconds), delta, self.quantiles)
-        return out
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll every `interval` until `stop` is set; a slow poll delays the next, never overlaps it."""
         while not stop.is_set():
             started = time.monotonic()
-            await self.poll_once()
+            try:
+                await self.poll_once()
+            except Exception as err:  # nothing above should raise; if it does, keep serving
+                error = self.derive_health.crashed("poll", err)
+                self.derive_health.errors[error.reason] += 1
+                if str(error) != self._poll_problem:
+                    self._poll_problem = str(error)
+                    log.warning("poll failed: %s", error, extra={"collector": "poll"})
             delay = max(self.interval - (time.monotonic() - started), 0.0)
             try:
                 await asyncio.wait_for(stop.wait(), timeout=delay)
@@ -201,9 +189,31 @@ class Exporter:
                 pass
 
     async def close(self) -> None:
-        for target in self.targets:
-            await target.source.close()
-        for closer in self.closers:
-            result = closer()
-            if asyncio.iscoroutine(result):
-                await result
+        for poll in self.polls:
+            try:
+                await poll.close()
+            except Exception as err:  # one source failing to close must not leak the others
+                log.warning("closing %s failed: %s", poll.title, err)
+
+
+def target_polls(state: PollState, sources: dict[str, Source[Any]]) -> list[Poll]:
+    """One Poll per vLLM target (name -> source); with several, each carries a `target` label."""
+    polls = []
+    for name, source in sources.items():
+        labels = {"target": name} if len(sources) > 1 else {}
+        polls.append(Poll(source, state.add_target(name, labels).ingest, labels))
+    return polls
+
+
+def vllm_exporter(
+    sources: dict[str, Source[Any]],
+    *,
+    windows: Sequence[float],
+    quantiles: Sequence[float],
+    interval: float,
+    clock: Callable[[], float] = time.time,
+) -> Exporter:
+    """An exporter of vLLM targets only (name -> source), as benchmarks and tests drive it."""
+    state = PollState(retention=max(windows) + 2 * interval)
+    options = DeriveOptions(windows=tuple(sorted(windows)), quantiles=tuple(quantiles))
+    return Exporter(target_polls(state, sources), state, options, interval=interval, clock=clock)

@@ -10,7 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from . import __version__, catalog
-from .sources.base import Sample
+from .samples import Sample
 
 
 def families(samples: Iterable[Sample]) -> list[Metric]:

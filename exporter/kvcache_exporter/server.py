@@ -12,11 +12,14 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from . import logs
-from .collector import Exporter, Target
+from .collector import Exporter, Poll, target_polls
+from .derive.cost import Pricing
+from .derive.exporter import DeriveOptions
+from .derive.kv_events import EventState
+from .derive.state import PollState
 from .exposition import registry_for
-from .fleet import Fleet, pricing_from
-from .sources.base import Sample
-from .sources.gpu import NoGpuSource, make_gpu_source
+from .sources.gpu import NoGpuSource
+from .sources.gpu_factory import make_gpu_source
 from .sources.kv_events import KvEventSubscriber
 from .sources.vllm import VllmSource
 from .web import load_web_config, make_app
@@ -25,15 +28,13 @@ log = logging.getLogger("kvcache_exporter")
 
 
 def build_exporter(s: SimpleNamespace) -> Exporter:
-    retention = max(s.collect_windows) + 2 * s.collect_interval
-    targets = [
-        Target(
-            urlsplit(url).netloc,
-            VllmSource(url, s.vllm_timeout, s.vllm_max_body_bytes, s.vllm_bearer_token_file),
-            retention,
-        )
+    """Every source as one Poll into one PollState: a new source is one more line here."""
+    state = PollState(retention=max(s.collect_windows) + 2 * s.collect_interval)
+    vllm = {
+        urlsplit(url).netloc: VllmSource(url, s.vllm_timeout, s.vllm_max_body_bytes, s.vllm_bearer_token_file)
         for url in s.vllm_url
-    ]
+    }
+    polls = target_polls(state, vllm)
     gpu = make_gpu_source(
         s.gpu_source,
         devices=s.gpu_devices or None,
@@ -44,12 +45,11 @@ def build_exporter(s: SimpleNamespace) -> Exporter:
         gpu_uuids=s.gpu_uuids or None,
         timeout_seconds=s.vllm_timeout,
     )
-    fleet = Fleet(pricing_from(s), s.audit_gpu_memory_utilization_ceiling, retention, s.cost_gpu_count)
-    extras, closers = [fleet], [gpu.close]
     # No GPU source at all (switched off, or `auto` found none): no collector, so nothing reads as failing.
-    pollers = {} if isinstance(gpu, NoGpuSource) else {"gpu": gpu.collect}
-    if not pollers:
+    if isinstance(gpu, NoGpuSource):
         log.info("GPU telemetry off: %s", gpu.why)
+    else:
+        polls.append(Poll(gpu, state.add_gpu().ingest))
     if s.kv_events_endpoint:
         subscriber = KvEventSubscriber(
             s.kv_events_endpoint,
@@ -59,25 +59,27 @@ def build_exporter(s: SimpleNamespace) -> Exporter:
             max_batches_per_second=s.kv_events_max_batches_per_second,
         )
         subscriber.start()  # needs the running event loop: build_exporter is called from serve()
-        extras.append(lambda _: kv_event_samples(subscriber))
-        closers.append(subscriber.stop)
-    return Exporter(
-        targets,
-        windows=s.collect_windows,
-        quantiles=s.collect_quantiles,
-        interval=s.collect_interval,
-        extras=extras,
-        pollers=pollers,
-        closers=closers,
+        polls.append(Poll(subscriber, state.add_kv_events(EventState()).ingest))
+    options = DeriveOptions(
+        windows=tuple(sorted(s.collect_windows)),
+        quantiles=tuple(s.collect_quantiles),
+        pricing=pricing_from(s),
+        gpu_count=s.cost_gpu_count,
+        gpu_memory_utilization_ceiling=s.audit_gpu_memory_utilization_ceiling,
     )
+    return Exporter(polls, state, options, interval=s.collect_interval)
 
 
-def kv_event_samples(subscriber: KvEventSubscriber) -> list[Sample]:
-    """The stream is pushed, not polled: its health is whether the socket is open and reading."""
-    return [
-        *subscriber.samples(),
-        Sample("kvcache_exporter_collector_success", {"collector": "kv_events"}, float(subscriber.healthy)),
-    ]
+def pricing_from(settings: SimpleNamespace) -> Pricing:
+    table: dict[str, float] = dict(settings.cost_gpu_hour_prices)
+    if table and settings.cost_gpu_hour_price is not None:
+        table.setdefault("default", settings.cost_gpu_hour_price)
+    return Pricing(
+        gpu_hour_price=table or settings.cost_gpu_hour_price,
+        currency=settings.cost_currency,
+        energy_price_per_kwh=settings.cost_energy_price_per_kwh,
+        hit_ratio_floor=settings.cost_hit_ratio_floor,
+    )
 
 
 async def serve(s: SimpleNamespace) -> int:

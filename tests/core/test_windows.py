@@ -67,7 +67,8 @@ def test_histogram_bucket_deltas_and_resets():
     h.append(0, sample(0, 0, hist=(1, 2, 2)))
     h.append(10, sample(0, 0, hist=(3, 6, 7)))
     h.append(20, sample(0, 0, hist=(1, 1, 1)))  # restart: count fell
-    bounds, counts, _ = h.window(60).histograms["prefill"]
+    hist = h.window(60).histograms["prefill"]
+    bounds, counts = hist.bounds, hist.counts
     assert bounds == (0.5, 1.0, INF)
     assert counts == (3, 5, 6)  # (2,4,5) before the restart + (1,1,1) after
 
@@ -82,7 +83,7 @@ def test_bucket_layout_change_forgets_the_old_layout():
     s2 = sample(0, 0)
     s2.histograms["prefill"] = Histogram((0.1, 0.5, 1.0, INF), (2, 2, 4, 6), 0.0)
     h.append(20, s2)
-    assert h.window(60).histograms["prefill"][1] == (1, 1, 2, 3)
+    assert h.window(60).histograms["prefill"].counts == (1, 1, 2, 3)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import os
 import sys
 
 from kvcache_exporter.sources.base import SourceError
-from kvcache_exporter.sources.gpu import make_gpu_source
+from kvcache_exporter.sources.gpu_factory import make_gpu_source
 from kvcache_exporter.sources.nvml import NvmlSource
 
 

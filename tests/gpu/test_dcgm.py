@@ -8,7 +8,7 @@ from aiohttp import web
 
 from kvcache_exporter.sources.base import SourceError
 from kvcache_exporter.sources.dcgm import MIB, DcgmSource, parse_dcgm
-from kvcache_exporter.sources.gpu import make_gpu_source
+from kvcache_exporter.sources.gpu_factory import make_gpu_source
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm"
 T4 = "GPU-6d5c0ac5-74d7-3130-46f1-e93ed57f469a"

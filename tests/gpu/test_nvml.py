@@ -4,7 +4,8 @@ import ctypes.util
 
 import pytest
 
-from kvcache_exporter.sources.gpu import GpuDevice, GpuProcess, gpu_samples
+from kvcache_exporter.derive.gpu import gpu_samples
+from kvcache_exporter.sources.gpu import GpuDevice, GpuProcess
 from kvcache_exporter.sources.nvml import select_processes
 
 TWO_GPUS = """count 2

@@ -12,14 +12,15 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from kvcache_exporter.derive.kv_events import EventState, kv_event_samples
+from kvcache_exporter.sources.base import SourceError
 from kvcache_exporter.sources.kv_events import (
-    EventState,
     KvEventDecodeError,
     KvEventSubscriber,
     decode_message,
     subscriber_mode,
 )
-from kvcache_exporter.sources.kv_events_decode import Batch, Event
+from kvcache_exporter.sources.kv_events_decode import Batch, Event, TokenBucket
 
 SYSTEM_BLOCK_HASHES = [
     12944168452656833345,
@@ -42,6 +43,12 @@ def message(payload: Any, seq: int = 0) -> list[bytes]:
 
 def values(samples) -> dict[tuple, float]:
     return {(s.name, *sorted(s.labels.items())): s.value for s in samples}
+
+
+def fed(sub: KvEventSubscriber, state: EventState) -> EventState:
+    """What the poll loop does with the subscriber each poll: drain it into the poll state."""
+    state.ingest(sub.drain())
+    return state
 
 
 def replayed(frames: list[list[bytes]]) -> EventState:
@@ -83,7 +90,7 @@ def test_real_stream_state(kv_frames, num_gpu_blocks):
             stored_after |= set(event.block_hashes) if event.type == "BlockStored" else set()
         assert 0 < state.cached_blocks <= num_gpu_blocks  # the event view cannot exceed the real pool
     assert all(state.is_resident(h) for h in SYSTEM_BLOCK_HASHES)
-    assert values(state.samples()) == {
+    assert values(kv_event_samples(state)) == {
         ("kvcache_kv_events_batches_total",): 351,
         ("kvcache_kv_events_total", ("type", "BlockStored")): 300,
         ("kvcache_kv_events_total", ("type", "BlockRemoved")): 1281,
@@ -270,9 +277,9 @@ class FakeClock:
         return self.now
 
 
-def offer(state: EventState, frames: list[bytes]) -> None:
-    """What the subscriber does with each message (minus replay)."""
-    if state.admit():
+def offer(bucket: TokenBucket, state: EventState, frames: list[bytes]) -> None:
+    """What the subscriber does with each message on arrival (minus replay), applied at once."""
+    if bucket.take():
         state.apply(decode_message(frames))
     else:
         state.drop("rate_limited", int.from_bytes(frames[1], "big"))
@@ -280,13 +287,13 @@ def offer(state: EventState, frames: list[bytes]) -> None:
 
 def test_rate_bound_drops_the_excess_and_refills(kv_frames):
     clock = FakeClock()
-    state = EventState(max_batches_per_second=10, clock=clock)
+    state, bucket = EventState(), TokenBucket(10, clock)
     for m in kv_frames[:25]:
-        offer(state, m)
+        offer(bucket, state, m)
     assert (state.batches, state.dropped["rate_limited"]) == (10, 15)
     clock.now += 0.5
     for m in kv_frames[25:35]:
-        offer(state, m)
+        offer(bucket, state, m)
     assert (state.batches, state.dropped["rate_limited"]) == (15, 20)
     assert state.missed == 0  # dropped on purpose is not lost in transit
 
@@ -297,7 +304,10 @@ def test_block_bound(kv_frames):
         state.apply(decode_message(m))
         assert state.cached_blocks <= 50
     assert state.dropped["too_many_blocks"] > 0
-    assert values(state.samples())[("kvcache_kv_events_dropped_total", ("reason", "too_many_blocks"))] > 0
+    assert (
+        values(kv_event_samples(state))[("kvcache_kv_events_dropped_total", ("reason", "too_many_blocks"))]
+        > 0
+    )
 
 
 def test_subscriber_mode_mirrors_vllm():
@@ -379,14 +389,15 @@ async def stream(frames: list[list[bytes]], replay: dict[int, bytes] | None = No
         for m in frames:
             await pub.send_multipart(m)
         last = int.from_bytes(frames[-1][1], "big")
-        await until(lambda: sub.state.batches + sub.state.missed >= last + 1)
+        state = EventState()
+        await until(lambda: fed(sub, state).batches + state.missed >= last + 1)
         assert sub.healthy and sub.last_message_time is not None
-        return values(sub.samples()), requests
+        return values(kv_event_samples(state)), requests
 
 
 def test_end_to_end_over_zmq(kv_frames):
     got, _ = asyncio.run(stream(kv_frames))
-    assert got == values(replayed(kv_frames).samples())
+    assert got == values(kv_event_samples(replayed(kv_frames)))
 
 
 def test_replay_fills_a_gap(kv_frames):
@@ -394,7 +405,7 @@ def test_replay_fills_a_gap(kv_frames):
     buffer = {int.from_bytes(seq, "big"): payload for _, seq, payload in kv_frames}
     got, requests = asyncio.run(stream(live, replay=buffer))
     assert requests == [100]
-    assert got == values(replayed(kv_frames).samples())
+    assert got == values(kv_event_samples(replayed(kv_frames)))
 
 
 def test_replay_counts_what_it_could_not_fill(kv_frames):
@@ -416,7 +427,9 @@ def test_subscriber_survives_a_taken_port_and_retries():
             sub.start()
             await asyncio.sleep(0.05)
             assert not sub.healthy
-            assert sub.samples()[0].value == 0
+            with pytest.raises(SourceError) as caught:
+                await sub.collect()
+            assert caught.value.reason == "zmq_error"
             holder.close(linger=0)
             await until(lambda: sub.healthy, timeout=5)  # the loop retried and bound the port
         finally:
@@ -444,8 +457,9 @@ def test_the_simulators_publisher_with_gaps_and_replay():
         sub = KvEventSubscriber("tcp://127.0.0.1:*", "bind", "kv", replay_endpoint, replay_timeout=30)
         sub.start()
         pub = KVEventPublisher(ctx, sub.last_endpoint, replay_endpoint, "kv", rank=0)
+        state = EventState()
         try:
-            while sub.state.batches == 0:  # PUB/SUB loses what is sent before the subscription arrives
+            while fed(sub, state).batches == 0:  # PUB/SUB loses what is sent before the subscription arrives
                 await pub.publish([SimStored([1], None, [0] * 16, 16)])
                 await asyncio.sleep(0.01)
             pub.drop_every = 5
@@ -453,11 +467,11 @@ def test_the_simulators_publisher_with_gaps_and_replay():
                 await pub.publish([SimStored([1000 + i], None, [i] * 16, 16), SimRemoved([1000 + i - 1])])
             pub.drop_every = 0
             await pub.publish([SimStored([2000], None, [0] * 16, 16)])  # reveals the last lost batch
-            await until(lambda: sub.state.is_resident(2000), timeout=10)
-            assert sub.state.is_resident(1099)  # the 100th batch was lost on the wire, then replayed
-            assert sub.state.cached_blocks == 3  # 1, 1099 and 2000
-            assert sub.state.missed == 0
-            assert sub.state.missing(pub.seq) == range(0)  # every seq it used was applied or replayed
+            await until(lambda: fed(sub, state).is_resident(2000), timeout=10)
+            assert state.is_resident(1099)  # the 100th batch was lost on the wire, then replayed
+            assert state.cached_blocks == 3  # 1, 1099 and 2000
+            assert state.missed == 0
+            assert state.missing(pub.seq) == range(0)  # every seq it used was applied or replayed
         finally:
             await pub.close()
             await sub.stop()

@@ -18,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvcache_exporter.sources.kv_events_decode import EventState, KvEventDecodeError, decode_message
+from kvcache_exporter.derive.kv_events import EventState, kv_event_samples
+from kvcache_exporter.sources.kv_events_decode import KvEventDecodeError, decode_message
 
 from .conftest import load_seed_kv_frames
 
@@ -36,14 +37,14 @@ MAX_BLOCKS = 64
 
 def check(messages: list[list[bytes]]) -> None:
     """Feed messages through decode + state the way the subscriber does, asserting the contract."""
-    state = EventState(max_blocks=MAX_BLOCKS, max_batches_per_second=0)
+    state = EventState(max_blocks=MAX_BLOCKS)
     try:
         for frames in messages:
             try:
                 state.apply(decode_message(frames))
             except KvEventDecodeError as err:
                 state.drop(err.reason, err.seq)
-        for sample in state.samples():
+        for sample in kv_event_samples(state):
             assert math.isfinite(sample.value) and sample.value >= 0, sample
         assert state.cached_blocks <= MAX_BLOCKS
     except BaseException:

@@ -8,11 +8,11 @@ import tracemalloc
 import msgspec
 import pytest
 
+from kvcache_exporter.derive.kv_events import EventState
 from kvcache_exporter.sources.kv_events_decode import (
     MAX_EVENTS_PER_BATCH,
     MAX_HASH_BYTES,
     MAX_SEQ_GAP,
-    EventState,
     KvEventDecodeError,
     decode_message,
 )

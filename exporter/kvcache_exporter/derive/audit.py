@@ -18,8 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from ..sources.base import Sample
+from .. import catalog as c
+from ..samples import Sample
 from .cache_config import capacity_tokens, config_number
+from .state import PollState
 
 CacheConfig = Mapping[str, str]  # the labels of one vllm:cache_config_info series
 
@@ -81,7 +83,46 @@ def config_checks(
         "no_deprecated_metrics": None if deprecated_metrics is None else not deprecated_metrics,
     }
     return [
-        Sample("kvcache_config_check", {"model_name": model_name, "check": check}, float(passed))
+        Sample(c.CONFIG_CHECK, {"model_name": model_name, "check": check}, float(passed))
         for check, passed in results.items()
         if passed is not None
     ]
+
+
+def audit_samples(state: PollState, ceiling: float, windows: Sequence[float]) -> list[Sample]:
+    """config_checks for every model served by a target that is up."""
+    configs: dict[str, list[CacheConfig]] = {}
+    deprecated: dict[str, set[str]] = {}
+    for target in state.targets:
+        snap = target.snapshot
+        if snap is None or not target.up:
+            continue
+        for engine, config in snap.cache_configs.items():
+            model = snap.model_of(engine)
+            configs.setdefault(model, []).append(config)
+            deprecated.setdefault(model, set()).update(snap.deprecated)
+    out = []
+    for model, model_configs in configs.items():
+        peak = max((loads.get(model, 0.0) for _, loads in state.load_peaks), default=None)
+        out += config_checks(
+            model,
+            model_configs,
+            peak_requests=peak,
+            typical_request_tokens=typical_request_tokens(state, model, max(windows)),
+            deprecated_metrics=deprecated.get(model, set()),
+            gpu_memory_utilization_ceiling=ceiling,
+        )
+    return out
+
+
+def typical_request_tokens(state: PollState, model: str, seconds: float) -> float | None:
+    """Mean prompt + generated tokens per finished request over the window."""
+    tokens = requests = 0.0
+    for target in state.targets:
+        for (name, _), history in target.histories.items():
+            delta = history.window(seconds) if name == model else None
+            if delta is None or "e2e" not in delta.histograms:
+                continue
+            requests += delta.histograms["e2e"].count
+            tokens += delta.counters.get("prompt_tokens", 0.0) + delta.counters.get("generation_tokens", 0.0)
+    return tokens / requests if requests > 0 else None

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .. import catalog
-from ..sources.base import Sample
+from .. import catalog as c
+from ..samples import Sample
 from ..sources.vllm import EngineSample
 from .cache_config import capacity_tokens, config_number
 from .fragmentation import fragmentation_estimate_ratio
@@ -11,25 +11,25 @@ from .quantiles import histogram_quantile
 from .windows import Delta
 
 COUNTERS = {
-    "kvcache_prefix_cache_query_tokens_total": "query_tokens",
-    "kvcache_prefix_cache_hit_tokens_total": "hit_tokens",
-    "kvcache_generation_tokens_total": "generation_tokens",
-    "kvcache_preemptions_total": "preemptions",
+    c.PREFIX_CACHE_QUERY_TOKENS_TOTAL: "query_tokens",
+    c.PREFIX_CACHE_HIT_TOKENS_TOTAL: "hit_tokens",
+    c.GENERATION_TOKENS_TOTAL: "generation_tokens",
+    c.PREEMPTIONS_TOTAL: "preemptions",
 }
 PROMPT_SOURCES = {"computed": "computed_prompt_tokens", "cached": "cached_prompt_tokens"}
-GAUGES = {"kvcache_requests_running": "running", "kvcache_requests_waiting": "waiting"}
+GAUGES = {c.REQUESTS_RUNNING: "running", c.REQUESTS_WAITING: "waiting"}
 RATES = {
-    "kvcache_generation_tokens_per_second": "generation_tokens",
-    "kvcache_preemptions_per_second": "preemptions",
+    c.GENERATION_TOKENS_PER_SECOND: "generation_tokens",
+    c.PREEMPTIONS_PER_SECOND: "preemptions",
 }
 LATENCIES = {
-    "kvcache_prefill_latency_seconds": "prefill",
-    "kvcache_time_to_first_token_seconds": "ttft",
-    "kvcache_queue_time_seconds": "queue",
-    "kvcache_e2e_latency_seconds": "e2e",
+    c.PREFILL_LATENCY_SECONDS: "prefill",
+    c.TIME_TO_FIRST_TOKEN_SECONDS: "ttft",
+    c.QUEUE_TIME_SECONDS: "queue",
+    c.E2E_LATENCY_SECONDS: "e2e",
 }
 # cache_config_info labels re-exported on kvcache_vllm_config_info (after model_name, engine).
-CONFIG_LABELS = catalog.get("kvcache_vllm_config_info").labels[2:]
+CONFIG_LABELS = c.get(c.VLLM_CONFIG_INFO).labels[2:]
 
 
 def hit_ratio(hits: float | None, queries: float | None) -> float | None:
@@ -45,14 +45,14 @@ def current(labels: dict[str, str], sample: EngineSample, config: dict[str, str]
         Sample(name, labels, sample.counters[key]) for name, key in COUNTERS.items() if key in sample.counters
     ]
     out += [
-        Sample("kvcache_prompt_tokens_total", {**labels, "source": source}, sample.counters[key])
+        Sample(c.PROMPT_TOKENS_TOTAL, {**labels, "source": source}, sample.counters[key])
         for source, key in PROMPT_SOURCES.items()
         if key in sample.counters
     ]
     out += [Sample(name, labels, sample.gauges[key]) for name, key in GAUGES.items() if key in sample.gauges]
     v0_rate = sample.gauges.get("v0_block_hit_rate")
     if v0_rate is not None and 0 <= v0_rate <= 1:
-        out.append(Sample("kvcache_vllm_v0_prefix_cache_block_hit_ratio", labels, v0_rate))
+        out.append(Sample(c.VLLM_V0_PREFIX_CACHE_BLOCK_HIT_RATIO, labels, v0_rate))
     return out + blocks(labels, sample.gauges.get("kv_usage"), sample.gauges.get("running"), config)
 
 
@@ -62,26 +62,26 @@ def blocks(
     out = []
     if usage is not None:
         usage = min(max(usage, 0.0), 1.0)
-        out.append(Sample("kvcache_block_utilization_ratio", labels, usage))
+        out.append(Sample(c.BLOCK_UTILIZATION_RATIO, labels, usage))
     num_blocks = config_number(config, "num_gpu_blocks")
     block_size = config_number(config, "block_size")
     if num_blocks is not None:
-        out.append(Sample("kvcache_blocks_capacity", labels, num_blocks))
+        out.append(Sample(c.BLOCKS_CAPACITY, labels, num_blocks))
         if usage is not None:
             # vLLM's usage excludes the one null block: 1 - free / (num_gpu_blocks - 1).
             in_use = round(usage * max(num_blocks - 1, 0), 6)
-            out.append(Sample("kvcache_blocks_in_use", labels, in_use))
+            out.append(Sample(c.BLOCKS_IN_USE, labels, in_use))
             fragmentation = fragmentation_estimate_ratio(block_size, in_use, running)
             if fragmentation is not None:
-                out.append(Sample("kvcache_block_fragmentation_estimate_ratio", labels, fragmentation))
+                out.append(Sample(c.BLOCK_FRAGMENTATION_ESTIMATE_RATIO, labels, fragmentation))
     if block_size is not None:
-        out.append(Sample("kvcache_block_size_tokens", labels, block_size))
+        out.append(Sample(c.BLOCK_SIZE_TOKENS, labels, block_size))
     capacity = capacity_tokens(config)
     if capacity is not None:
-        out.append(Sample("kvcache_capacity_tokens", labels, capacity))
+        out.append(Sample(c.CAPACITY_TOKENS, labels, capacity))
     if config is not None:
         info = {key: config.get(key, "") for key in CONFIG_LABELS}
-        out.append(Sample("kvcache_vllm_config_info", {**labels, **info}, 1.0))
+        out.append(Sample(c.VLLM_CONFIG_INFO, {**labels, **info}, 1.0))
     return out
 
 
@@ -91,11 +91,11 @@ def windowed(labels: dict[str, str], window: str, delta: Delta, quantiles: tuple
     out = []
     ratio = hit_ratio(delta.counters.get("hit_tokens"), delta.counters.get("query_tokens"))
     if ratio is not None:
-        out.append(Sample("kvcache_prefix_cache_hit_ratio", labels, ratio))
+        out.append(Sample(c.PREFIX_CACHE_HIT_RATIO, labels, ratio))
     for source, key in PROMPT_SOURCES.items():
         if key in delta.counters:
             rate = delta.counters[key] / delta.seconds
-            out.append(Sample("kvcache_prompt_tokens_per_second", {**labels, "source": source}, rate))
+            out.append(Sample(c.PROMPT_TOKENS_PER_SECOND, {**labels, "source": source}, rate))
     out += [
         Sample(name, labels, delta.counters[key] / delta.seconds)
         for name, key in RATES.items()
@@ -104,12 +104,15 @@ def windowed(labels: dict[str, str], window: str, delta: Delta, quantiles: tuple
     for name, key in LATENCIES.items():
         if key not in delta.histograms:
             continue
-        bounds, counts, seconds = delta.histograms[key]
-        if counts[-1] <= 0:
+        hist = delta.histograms[key]
+        if hist.count <= 0:
             continue
         for q in quantiles:
-            value = histogram_quantile(q, bounds, counts)
+            value = histogram_quantile(q, hist.bounds, hist.counts)
             if value is not None:
                 out.append(Sample(name, {**labels, "quantile": f"{q:g}"}, value))
-        out += [Sample(f"{name}_count", labels, counts[-1]), Sample(f"{name}_sum", labels, max(seconds, 0.0))]
+        out += [
+            Sample(f"{name}_count", labels, hist.count),
+            Sample(f"{name}_sum", labels, max(hist.sum, 0.0)),
+        ]
     return out

@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..sources.base import Sample
+from .. import catalog as c
+from ..config import window_label
+from ..samples import Sample
+from .state import PollState
 
 JOULES_PER_KWH = 3.6e6
 MILLION = 1e6
@@ -135,10 +138,10 @@ def energy_cost_per_million_tokens(
 
 def cost_info_samples(pricing: Pricing, gpu_names: Sequence[str]) -> list[Sample]:
     """kvcache_cost_info and kvcache_gpu_cost_per_hour (the latter absent without a price)."""
-    samples = [Sample("kvcache_cost_info", {"currency": pricing.currency}, 1.0)]
+    samples = [Sample(c.COST_INFO, {"currency": pricing.currency}, 1.0)]
     hourly = gpu_cost_per_hour(gpu_names, pricing.gpu_hour_price)
     if hourly is not None:
-        samples.append(Sample("kvcache_gpu_cost_per_hour", {}, hourly))
+        samples.append(Sample(c.GPU_COST_PER_HOUR, {}, hourly))
     return samples
 
 
@@ -152,23 +155,67 @@ def cost_window_samples(
     values = [
         *(
             (
-                "kvcache_cost_per_million_tokens",
+                c.COST_PER_MILLION_TOKENS,
                 {"token_kind": kind, "window": window},
-                None if c is None else c * MILLION,
+                None if per is None else per * MILLION,
             )
-            for kind, c in by_kind
+            for kind, per in by_kind
         ),
-        ("kvcache_cache_savings_per_hour", {"window": window}, cache_savings_per_hour(costs, usage)),
+        (c.CACHE_SAVINGS_PER_HOUR, {"window": window}, cache_savings_per_hour(costs, usage)),
         (
-            "kvcache_cache_miss_extra_cost_per_hour",
+            c.CACHE_MISS_EXTRA_COST_PER_HOUR,
             {"window": window},
             cache_miss_extra_cost_per_hour(costs, usage, pricing.hit_ratio_floor),
         ),
-        ("kvcache_energy_joules_per_token", {"window": window}, joules),
+        (c.ENERGY_JOULES_PER_TOKEN, {"window": window}, joules),
         (
-            "kvcache_energy_cost_per_million_tokens",
+            c.ENERGY_COST_PER_MILLION_TOKENS,
             {"window": window},
             energy_cost_per_million_tokens(joules, pricing.energy_price_per_kwh),
         ),
     ]
     return [Sample(name, labels, value) for name, labels, value in values if value is not None]
+
+
+def window_usage(state: PollState, seconds: float) -> WindowUsage | None:
+    """Token and time increases over the window, summed over every target and engine, and GPU energy."""
+    prompt = generation = cached = prefill = decode = span = 0.0
+    for target in state.targets:
+        for history in target.histories.values():
+            delta = history.window(seconds)
+            if delta is None:
+                continue
+            span = max(span, delta.seconds)
+            prompt += delta.counters.get("prompt_tokens", 0.0)
+            generation += delta.counters.get("generation_tokens", 0.0)
+            cached += delta.counters.get("cached_prompt_tokens", 0.0)
+            prefill += delta.histograms["prefill"].sum if "prefill" in delta.histograms else 0.0
+            decode += delta.histograms["decode"].sum if "decode" in delta.histograms else 0.0
+    if span <= 0:
+        return None
+    gpu = state.gpu.history if state.gpu is not None else None
+    return WindowUsage(
+        window_seconds=span,
+        prompt_tokens=prompt,
+        generation_tokens=generation,
+        cached_tokens=cached,
+        prefill_seconds=prefill,
+        decode_seconds=decode,
+        energy_joules=gpu.energy_increase(span, state.now) if gpu else None,
+        mean_power_watts=gpu.mean_power(span, state.now) if gpu else None,
+    )
+
+
+def cost_samples(
+    state: PollState, pricing: Pricing, gpu_count: int, windows: Sequence[float]
+) -> list[Sample]:
+    """Without GPU telemetry the configured GPU count is priced at the single (or "default") price."""
+    snapshot = state.gpu_snapshot
+    names = [d.name for d in snapshot.devices] if snapshot else ["unknown"] * gpu_count
+    hourly = gpu_cost_per_hour(names, pricing.gpu_hour_price)
+    out = cost_info_samples(pricing, names)
+    for seconds in windows:
+        usage = window_usage(state, seconds)
+        if usage is not None:
+            out += cost_window_samples(window_label(seconds), usage, hourly, pricing)
+    return out

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ..sources.base import Sample
-from ..sources.gpu import GpuSnapshot, device_labels
+from .. import catalog as c
+from ..config import window_label
+from ..samples import Sample
+from ..sources.gpu import GpuSnapshot
+from .cache_config import config_number
+from .gpu import device_labels
+from .state import PollState
 
 
 def memory_budget_bytes(gpu_memory_utilization: float | None, total_bytes: float | None) -> float | None:
@@ -53,18 +58,40 @@ def memory_samples(
         budget = memory_budget_bytes(gpu_memory_utilization, device.memory_total_bytes)
         swing = memory_swing_bytes(used_history.get(device.uuid, ()), window_seconds, snapshot.ts)
         values = (
-            ("kvcache_gpu_memory_budget_bytes", labels, budget),
+            (c.GPU_MEMORY_BUDGET_BYTES, labels, budget),
             (
-                "kvcache_gpu_memory_budget_usage_ratio",
+                c.GPU_MEMORY_BUDGET_USAGE_RATIO,
                 labels,
                 budget_usage_ratio(device.memory_used_bytes, budget),
             ),
             (
-                "kvcache_gpu_memory_headroom_ratio",
+                c.GPU_MEMORY_HEADROOM_RATIO,
                 labels,
                 headroom_ratio(device.memory_used_bytes, device.memory_total_bytes),
             ),
-            ("kvcache_gpu_memory_swing_bytes", {**labels, "window": window}, swing),
+            (c.GPU_MEMORY_SWING_BYTES, {**labels, "window": window}, swing),
         )
         samples.extend(Sample(name, lbls, value) for name, lbls, value in values if value is not None)
     return samples
+
+
+def memory_over(state: PollState, windows: Sequence[float]) -> list[Sample]:
+    """The memory group against the first gpu_memory_utilization any target reports; swing per window."""
+    snapshot = state.gpu_snapshot
+    if snapshot is None or state.gpu is None:
+        return []
+    utilization = next(
+        (
+            value
+            for target in state.targets
+            if target.snapshot
+            for config in target.snapshot.cache_configs.values()
+            if (value := config_number(config, "gpu_memory_utilization")) is not None
+        ),
+        None,
+    )
+    out, used = [], state.gpu.history.used()
+    for i, seconds in enumerate(windows):
+        samples = memory_samples(snapshot, utilization, used, window_label(seconds), seconds)
+        out += samples if i == 0 else [s for s in samples if s.name == c.GPU_MEMORY_SWING_BYTES]
+    return out

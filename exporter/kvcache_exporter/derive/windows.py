@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from collections import deque
 from dataclasses import dataclass
 
-from ..sources.vllm import EngineSample
+from ..sources.vllm import EngineSample, Histogram
 
 
 @dataclass(frozen=True)
 class Point:
     ts: float
     counters: dict[str, float]  # reset-adjusted running totals
-    histograms: dict[str, tuple[tuple[float, ...], tuple[float, ...], float]]  # bounds, counts, sum
+    histograms: dict[str, Histogram]  # reset-adjusted running counts and sum
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class Delta:
 
     seconds: float
     counters: dict[str, float]
-    histograms: dict[str, tuple[tuple[float, ...], tuple[float, ...], float]]
+    histograms: dict[str, Histogram]  # increases over the window
 
 
 def advance(previous: float | None, previous_total: float, value: float, restarted: bool) -> float:
@@ -38,6 +39,34 @@ def advance(previous: float | None, previous_total: float, value: float, restart
     if restarted or value < previous:
         return previous_total + value
     return previous_total + value - previous
+
+
+def _countable(value: float) -> bool:
+    return 0 <= value < math.inf
+
+
+def _good_histogram(hist: Histogram) -> bool:
+    return _countable(hist.sum) and all(map(_countable, hist.counts))
+
+
+def _countable_part(raw: EngineSample, last: EngineSample | None) -> EngineSample:
+    """NaN, ±Inf or a negative counter would poison every window it is in, and stay there after the
+    upstream recovers: such a value is replaced by the last good one (no increase), or left out."""
+    if all(map(_countable, raw.counters.values())) and all(map(_good_histogram, raw.histograms.values())):
+        return raw  # the usual case: nothing to copy
+    counters = {}
+    for name, value in raw.counters.items():
+        if _countable(value):
+            counters[name] = value
+        elif last is not None and name in last.counters:
+            counters[name] = last.counters[name]
+    histograms = {}
+    for name, hist in raw.histograms.items():
+        if _good_histogram(hist):
+            histograms[name] = hist
+        elif last is not None and name in last.histograms:
+            histograms[name] = last.histograms[name]
+    return EngineSample(counters, raw.gauges, histograms, raw.start_time)
 
 
 class SeriesHistory:
@@ -51,6 +80,7 @@ class SeriesHistory:
         self._last_raw: EngineSample | None = None
 
     def append(self, ts: float, raw: EngineSample) -> None:
+        raw = _countable_part(raw, self._last_raw)
         last, prev = self._last_raw, self.points[-1] if self.points else None
         restarted = (
             last is not None and raw.start_time is not None and last.start_time not in (None, raw.start_time)
@@ -71,16 +101,16 @@ class SeriesHistory:
             if before is None or total is None or before.bounds != hist.bounds:
                 if before is not None and before.bounds != hist.bounds:
                     self._forget(name)  # bucket layout changed: old points cannot be compared
-                histograms[name] = (hist.bounds, hist.counts, hist.sum)
+                histograms[name] = hist
                 continue
             reset = restarted or hist.count < before.count
-            histograms[name] = (
+            histograms[name] = Histogram(
                 hist.bounds,
                 tuple(
                     advance(b, t, c, reset)
-                    for b, t, c in zip(before.counts, total[1], hist.counts, strict=True)
+                    for b, t, c in zip(before.counts, total.counts, hist.counts, strict=True)
                 ),
-                advance(before.sum, total[2], hist.sum, reset),
+                advance(before.sum, total.sum, hist.sum, reset),
             )
         self.points.append(Point(ts, counters, histograms))
         self._times.append(ts)
@@ -120,13 +150,18 @@ class SeriesHistory:
             base = next((p for p in candidates() if name in p.counters), None)
             if base is not None:
                 counters[name] = value - base.counters[name]
-        for name, (bounds, counts, total) in latest.histograms.items():
-            base = next((p for p in candidates() if p.histograms.get(name, ((),))[0] == bounds), None)
+        for name, hist in latest.histograms.items():
+            base = next((p for p in candidates() if _bounds(p, name) == hist.bounds), None)
             if base is not None:
-                _, base_counts, base_total = base.histograms[name]
-                histograms[name] = (
-                    bounds,
-                    tuple(c - b for c, b in zip(counts, base_counts, strict=True)),
-                    total - base_total,
+                before = base.histograms[name]
+                histograms[name] = Histogram(
+                    hist.bounds,
+                    tuple(c - b for c, b in zip(hist.counts, before.counts, strict=True)),
+                    hist.sum - before.sum,
                 )
         return Delta(latest.ts - self.points[start].ts, counters, histograms)
+
+
+def _bounds(point: Point, histogram: str) -> tuple[float, ...] | None:
+    hist = point.histograms.get(histogram)
+    return None if hist is None else hist.bounds

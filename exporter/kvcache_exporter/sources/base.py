@@ -1,8 +1,37 @@
-"""What every source shares: the error it raises and the sample type derivations return."""
+"""The Source protocol every source implements, and the errors a source raises.
+
+A source is one module with one class:
+
+    class MySource:
+        name = "my_source"                      # the `collector` label of its health series
+        async def collect(self) -> MySnapshot:  # a plain snapshot, or raise SourceError
+        async def close(self) -> None:          # release sockets/handles (may also be a plain def)
+
+It returns a snapshot (plain data, no exported samples) or raises `SourceError(reason, message)`;
+any other exception is caught by the poll loop and counted as `internal_error`. Wiring it is one
+line in server.py: `Poll(MySource(...), state.<part>.ingest)`, where the poll state's part turns
+snapshots into history and a pure function in derive/ turns that history into samples. The poll
+loop (collector.py) times every collect(), records success, duration, last success and
+errors_total{collector, reason}, and logs once per reason.
+
+Pushed streams fit the same shape: the KV-event subscriber receives in the background and its
+collect() drains what arrived since the last poll (see sources/kv_events.py).
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Awaitable
+from typing import Protocol, TypeVar
+
+SnapshotT = TypeVar("SnapshotT", covariant=True)
+
+
+class Source(Protocol[SnapshotT]):
+    name: str
+
+    async def collect(self) -> SnapshotT: ...
+
+    def close(self) -> Awaitable[None] | None: ...
 
 
 class SourceError(Exception):
@@ -18,11 +47,3 @@ class SourceUnavailable(SourceError):
 
     def __init__(self, message: str):
         super().__init__("unavailable", message)
-
-
-class Sample(NamedTuple):
-    """One exported value: a catalog metric name, its labels and the value."""
-
-    name: str
-    labels: dict[str, str]
-    value: float

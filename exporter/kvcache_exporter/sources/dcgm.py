@@ -89,6 +89,8 @@ def parse_dcgm(
 
 
 class DcgmSource:
+    name = "gpu"
+
     def __init__(
         self,
         url: str,

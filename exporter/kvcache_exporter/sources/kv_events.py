@@ -1,10 +1,11 @@
 """vLLM's KV-cache event stream (ZMQ PUB) as a source: the subscriber. See docs/kv-events.md.
 
 `KvEventSubscriber` owns the SUB socket (and a DEALER for replay) in a thread of its own, which
-receives, rate-limits on arrival, decodes and applies each batch to the pure `EventState`
-(kv_events_decode.py) and to any further sinks (miss attribution, the fleet view) under one lock.
-Nothing of that work runs on the event loop, so a flood of events never delays a scrape: readers
-take `lock` only for the microseconds a consistent view takes to copy.
+receives, rate-limits on arrival, decodes, fills gaps by replay and queues each batch (bounded).
+Nothing of that work runs on the event loop, so a flood of events never delays a scrape.
+`collect()` (the Source protocol) drains the queue for the poll state, which applies the batches
+to the event view (derive/kv_events.py) and to any other consumer (miss attribution, the fleet
+view); it raises while the socket is down, keeping the queue for the next poll.
 """
 
 from __future__ import annotations
@@ -14,17 +15,26 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import zmq
 
-from .base import Sample
-from .kv_events_decode import Batch, EventState, KvEventDecodeError, decode_message, peek_seq
+from .base import SourceError
+from .kv_events_decode import (
+    Batch,
+    Dropped,
+    KvEventDecodeError,
+    KvEventDrain,
+    TokenBucket,
+    decode_message,
+    gap,
+    peek_seq,
+)
 
 __all__ = [
     "Batch",
-    "EventState",
     "KvEventDecodeError",
+    "KvEventDrain",
     "KvEventSubscriber",
     "decode_message",
     "subscriber_mode",
@@ -37,7 +47,7 @@ RCV_HWM = 10_000
 RETRY_SECONDS = 1.0
 REPLAY_BACKOFF_SECONDS = 30.0
 POLL_MS = 100  # how often the receive thread looks at its stop flag when the stream is idle
-Sink = Callable[[Batch], None]
+MAX_PENDING = 100_000  # batches queued between two polls; past it, messages are only counted
 
 
 def subscriber_mode(vllm_endpoint: str) -> str:
@@ -53,6 +63,8 @@ class KvEventSubscriber:
     when vLLM binds (`*`, `::`, ipc://, inproc://); see `subscriber_mode`.
     """
 
+    name = "kv_events"
+
     def __init__(
         self,
         endpoint: str,
@@ -61,9 +73,8 @@ class KvEventSubscriber:
         replay_endpoint: str | None = None,
         max_batches_per_second: float = 20000,
         max_message_bytes: int = 16 * 1024 * 1024,
-        max_blocks: int = 1_000_000,
         replay_timeout: float = 2.0,
-        sinks: Sequence[Sink] = (),
+        clock: Callable[[], float] = time.monotonic,
     ):
         if mode not in ("bind", "connect"):
             raise ValueError(f"mode must be 'bind' or 'connect', not {mode!r}")
@@ -71,10 +82,9 @@ class KvEventSubscriber:
         self.replay_endpoint = replay_endpoint
         self.max_message_bytes = max_message_bytes
         self.replay_timeout = replay_timeout
-        self.state = EventState(max_blocks, max_batches_per_second)
-        self.sinks: list[Sink] = [self.state.apply, *sinks]
-        self.lock = threading.Lock()  # held while a batch is applied; take it for a consistent view
+        self.lock = threading.Lock()  # guards the queue between the thread and collect()
         self.healthy = False
+        self.problem: SourceError | None = None  # why the socket is not reading, for collect()
         self.last_endpoint: str | None = None  # the address actually bound (resolves a `:*` port)
         self.last_message_time: float | None = None  # time.time() of the last message received
         self._ctx = zmq.Context()
@@ -83,6 +93,9 @@ class KvEventSubscriber:
         self._stop = threading.Event()
         self._replay_paused_until = 0.0
         self._logged: set[str] = set()
+        self._bucket = TokenBucket(max_batches_per_second, clock)
+        self._expected: int | None = None  # the seq expected next (thread only), to ask replay for gaps
+        self._pending: list[Batch | Dropped] = []
 
     def start(self) -> None:
         """Open the socket now (errors are retried by the thread) and start receiving."""
@@ -100,9 +113,19 @@ class KvEventSubscriber:
         self._close()
         self._ctx.destroy(linger=0)
 
-    def samples(self) -> list[Sample]:
+    async def collect(self) -> KvEventDrain:
+        """What arrived since the last collect; raises (keeping the queue) while the socket is down."""
+        if not self.healthy:
+            raise self.problem or SourceError("not_started", f"KV events {self.endpoint}: not subscribed")
+        return self.drain()
+
+    def drain(self) -> KvEventDrain:
         with self.lock:
-            return self.state.samples()
+            drained, self._pending = self._pending, []
+        return KvEventDrain(tuple(drained))
+
+    async def close(self) -> None:
+        await self.stop()
 
     def _open(self) -> None:
         sub = self._ctx.socket(zmq.SUB)
@@ -117,7 +140,7 @@ class KvEventSubscriber:
             self._fail(err)
             raise
         self.last_endpoint = sub.getsockopt(zmq.LAST_ENDPOINT).decode()
-        self._sub, self.healthy = sub, True
+        self._sub, self.healthy, self.problem = sub, True, None
 
     def _close(self) -> None:
         if self._sub is not None:
@@ -126,8 +149,10 @@ class KvEventSubscriber:
         self.healthy = False
 
     def _fail(self, err: Exception) -> None:
+        """Logged by the poll loop, once per reason, when collect() raises it."""
         self.healthy = False
-        self._log_once(f"KV events {self.mode} {self.endpoint}: {err}")
+        reason = "zmq_error" if isinstance(err, zmq.ZMQError) else "internal_error"
+        self.problem = SourceError(reason, f"KV events {self.mode} {self.endpoint}: {err}")
 
     def _log_once(self, message: str) -> None:
         if message not in self._logged:
@@ -150,16 +175,14 @@ class KvEventSubscriber:
     def _drain(self, sub: zmq.Socket) -> None:
         """Everything queued now: the rate is enforced as messages are taken off the socket, and a
         dropped message costs one receive and one bucket check, so the thread keeps up with a flood."""
-        state = self.state
         while not self._stop.is_set():
             try:
                 frames = sub.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
             self.last_message_time = time.time()
-            if not state.admit():
-                with self.lock:
-                    state.drop("rate_limited", peek_seq(frames))
+            if not self._bucket.take():
+                self._drop("rate_limited", peek_seq(frames))
                 continue
             self._handle(frames)
 
@@ -168,17 +191,35 @@ class KvEventSubscriber:
             batch = decode_message(frames)
         except KvEventDecodeError as err:
             log.debug("dropping KV-event message: %s", err)
-            with self.lock:
-                self.state.drop("parse_error", err.seq)
+            self._drop("parse_error", err.seq)
             return
-        gap = self.state.missing(batch.seq)
+        lost = gap(self._expected, batch.seq)
         replayed = []
-        if gap and self.replay_endpoint and time.monotonic() >= self._replay_paused_until:
-            replayed = self._replay(gap)
+        if lost and self.replay_endpoint and time.monotonic() >= self._replay_paused_until:
+            replayed = self._replay(lost)
+        for each in (*replayed, batch):
+            self._queue(each)
+
+    def _queue(self, batch: Batch) -> None:
+        if len(self._pending) >= MAX_PENDING:
+            self._drop("rate_limited", batch.seq)
+            return
+        self._expected = batch.seq + 1
         with self.lock:
-            for each in (*replayed, batch):
-                for sink in self.sinks:
-                    sink(each)
+            self._pending.append(batch)
+
+    def _drop(self, reason: str, seq: int | None) -> None:
+        """Queue a drop, merged into the previous one when it continues it (a flood costs one item)."""
+        if seq is not None:
+            self._expected = seq + 1
+        with self.lock:
+            if len(self._pending) >= MAX_PENDING:
+                reason, seq = "rate_limited", None
+            last = self._pending[-1] if self._pending else None
+            if isinstance(last, Dropped) and last.reason == reason and _continues(last, seq):
+                self._pending[-1] = last._replace(count=last.count + 1)
+            else:
+                self._pending.append(Dropped(reason, seq))
 
     def _replay(self, gap: range) -> list[Batch]:
         """Ask vLLM's replay ROUTER for `gap`; return what it had, in order, within replay_timeout."""
@@ -213,8 +254,7 @@ class KvEventSubscriber:
             try:
                 batch = decode_message(frames[-2:])
             except KvEventDecodeError as err:
-                with self.lock:
-                    self.state.drop("parse_error")
+                self._drop("parse_error", None)
                 log.debug("dropping replayed KV-event message: %s", err)
                 continue
             if batch.seq >= gap.stop:
@@ -222,3 +262,9 @@ class KvEventSubscriber:
             if batch.seq >= gap.start:
                 got.append(batch)
         return False
+
+
+def _continues(last: Dropped, seq: int | None) -> bool:
+    if last.seq is None or seq is None:
+        return last.seq is None and seq is None
+    return last.seq + last.count == seq

@@ -1,4 +1,6 @@
-"""The pure half of the KV-event source (no I/O): decoding vLLM's messages and the EventState they feed.
+"""The pure half of the KV-event source (no I/O): decoding vLLM's messages into batches.
+
+The state they feed (counters, resident blocks) is derive/kv_events.py's EventState.
 
 Wire format (`vllm/distributed/kv_events.py`):
 A live message is `[topic, seq, payload]` (or `[seq, payload]`): `seq` is an 8-byte big-endian
@@ -20,17 +22,13 @@ error, and every list has a maximum length checked from its header before any el
 
 from __future__ import annotations
 
-import logging
-import time
-from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, NamedTuple
 
 import msgspec
 
-from .base import Sample, SourceError
-
-log = logging.getLogger(__name__)
+from .base import SourceError
 
 KNOWN_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 DROP_REASONS = ("rate_limited", "too_many_blocks", "parse_error")
@@ -210,102 +208,28 @@ class TokenBucket:
         return True
 
 
-class EventState:
-    """Counters, sequence tracking and the resident block set, fed one batch at a time. No I/O."""
+def gap(expected: int | None, seq: int) -> range:
+    """Sequence numbers lost before `seq` when `expected` was next. A seq below the expected one is a
+    new publisher (vLLM restarted and counts from 0 again), whose batches before `seq` are the ones
+    lost; so is a jump beyond MAX_SEQ_GAP, whose "gap" is no loss anybody could replay."""
+    if expected is None:
+        return range(0)  # joining a running stream: what came before is not a gap
+    if seq >= expected:
+        return range(expected, seq) if seq - expected <= MAX_SEQ_GAP else range(0)
+    return range(0, seq) if seq <= MAX_SEQ_GAP else range(0)
 
-    def __init__(
-        self,
-        max_blocks: int = 1_000_000,
-        max_batches_per_second: float = 20000,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self.max_blocks = max_blocks
-        self.batches = 0
-        self.events: Counter[str] = Counter()
-        self.missed = 0
-        self.dropped: Counter[str] = Counter()
-        self.restarts = 0
-        self._blocks: set[int | bytes] = set()
-        self._next: int | None = None  # the seq expected next; None before the first batch
-        self._bucket = TokenBucket(max_batches_per_second, clock)
-        self._clock = clock
-        self._quiet_until = float("-inf")
 
-    @property
-    def cached_blocks(self) -> int:
-        return len(self._blocks)
+class Dropped(NamedTuple):
+    """`count` messages the subscriber did not apply (rate_limited, parse_error): seq, seq + 1, ...
+    when the first seq was readable."""
 
-    def is_resident(self, block_hash: int | bytes) -> bool:
-        return block_hash in self._blocks
+    reason: str
+    seq: int | None = None
+    count: int = 1
 
-    def admit(self) -> bool:
-        """Whether the rate bound lets one more batch in; the caller drops it otherwise."""
-        return self._bucket.take()
 
-    def missing(self, seq: int) -> range:
-        """Sequence numbers lost before `seq`. A seq below the expected one is a new publisher
-        (vLLM restarted and counts from 0 again), whose batches before `seq` are the ones lost;
-        so is a jump beyond MAX_SEQ_GAP, whose "gap" is no loss anybody could replay."""
-        if self._next is None:
-            return range(0)  # joining a running stream: what came before is not a gap
-        if seq >= self._next:
-            return range(self._next, seq) if seq - self._next <= MAX_SEQ_GAP else range(0)
-        return range(0, seq) if seq <= MAX_SEQ_GAP else range(0)
+@dataclass(frozen=True)
+class KvEventDrain:
+    """What the subscriber received since the last poll, in arrival order: the KV-event snapshot."""
 
-    def drop(self, reason: str, seq: int | None = None) -> None:
-        self.dropped[reason] += 1
-        if seq is not None:
-            self._advance(seq)
-
-    def apply(self, batch: Batch) -> None:
-        self._advance(batch.seq)
-        self.batches += 1
-        overflow = False
-        for event in batch.events:
-            self.events[event.type if event.type in KNOWN_TYPES else "other"] += 1
-            if event.type == "BlockStored":
-                overflow |= self._store(event.block_hashes)
-            elif event.type == "BlockRemoved":
-                self._blocks.difference_update(event.block_hashes)
-            elif event.type == "AllBlocksCleared":
-                self._blocks.clear()
-        if overflow:
-            self.dropped["too_many_blocks"] += 1
-
-    def samples(self) -> list[Sample]:
-        events = {t: self.events[t] for t in KNOWN_TYPES} | dict(self.events)
-        dropped = {r: self.dropped[r] for r in DROP_REASONS} | dict(self.dropped)
-        return [
-            Sample("kvcache_kv_events_batches_total", {}, self.batches),
-            *(Sample("kvcache_kv_events_total", {"type": t}, n) for t, n in events.items()),
-            Sample("kvcache_kv_events_missed_batches_total", {}, self.missed),
-            *(Sample("kvcache_kv_events_dropped_total", {"reason": r}, n) for r, n in dropped.items()),
-            Sample("kvcache_kv_events_cached_blocks", {}, self.cached_blocks),
-        ]
-
-    def _advance(self, seq: int) -> None:
-        gap = self.missing(seq)
-        if self._next is not None and not (self._next <= seq <= self._next + MAX_SEQ_GAP):
-            self.restarts += 1
-            self._blocks.clear()
-            now = self._clock()
-            if now >= self._quiet_until:  # a hostile publisher flipping seqs gets one line a minute
-                self._quiet_until = now + 60.0
-                log.info(
-                    "KV-event sequence jumped from %d to %d: new publisher, cache view reset", self._next, seq
-                )
-        self.missed += len(gap)
-        self._next = seq + 1
-
-    def _store(self, hashes: tuple[int | bytes, ...]) -> bool:
-        """Add hashes up to max_blocks; True when some did not fit."""
-        if len(self._blocks) + len(hashes) <= self.max_blocks:
-            self._blocks.update(hashes)
-            return False
-        overflow = False
-        for block_hash in hashes:
-            if len(self._blocks) < self.max_blocks:
-                self._blocks.add(block_hash)
-            else:
-                overflow |= block_hash not in self._blocks
-        return overflow
+    items: tuple[Batch | Dropped, ...] = ()

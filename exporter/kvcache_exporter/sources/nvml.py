@@ -91,6 +91,8 @@ def read_device(handle: Any, max_processes: int) -> GpuDevice:
 class NvmlSource:
     """devices: GPU indexes or UUIDs (default: every visible GPU); max_processes: per GPU."""
 
+    name = "gpu"
+
     def __init__(
         self,
         devices: Sequence[str | int] = (),

@@ -11,6 +11,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import aiohttp
 
@@ -264,6 +265,7 @@ def _block_size(config: dict[str, str] | None) -> int | None:
 class VllmSource:
     """Polls one vLLM server. The URL comes from configuration only, never from a request."""
 
+    name: ClassVar[str] = "vllm"
     url: str
     timeout: float = 5.0
     max_body_bytes: int = 8 * 1024 * 1024

@@ -1,0 +1,58 @@
+"""Every derivation of one poll, each a pure function of the poll state and the options.
+
+The poll loop runs them one by one, so a bug in one (an `internal_error`) costs only its own series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..samples import Sample
+from .audit import DEFAULT_GPU_MEMORY_UTILIZATION_CEILING, audit_samples
+from .cost import Pricing, cost_samples
+from .gpu import gpu_samples
+from .kv_events import kv_event_samples
+from .memory import memory_over
+from .state import PollState
+from .targets import target_samples
+
+
+@dataclass(frozen=True)
+class DeriveOptions:
+    windows: tuple[float, ...] = (60.0,)  # ascending
+    quantiles: tuple[float, ...] = (0.5,)
+    pricing: Pricing = field(default_factory=Pricing)
+    gpu_count: int = 1  # GPUs priced when no GPU source reports any
+    gpu_memory_utilization_ceiling: float = DEFAULT_GPU_MEMORY_UTILIZATION_CEILING
+
+
+def targets(state: PollState, options: DeriveOptions) -> list[Sample]:
+    return [s for t in state.targets for s in target_samples(t, options.windows, options.quantiles)]
+
+
+def kv_events(state: PollState, options: DeriveOptions) -> list[Sample]:
+    return [s for part in state.kv_events for s in kv_event_samples(part.events, part.labels)]
+
+
+def gpu(state: PollState, options: DeriveOptions) -> list[Sample]:
+    snapshot = state.gpu_snapshot
+    return [] if snapshot is None else gpu_samples(snapshot) + memory_over(state, options.windows)
+
+
+def cost(state: PollState, options: DeriveOptions) -> list[Sample]:
+    return cost_samples(state, options.pricing, options.gpu_count, options.windows)
+
+
+def audit(state: PollState, options: DeriveOptions) -> list[Sample]:
+    return audit_samples(state, options.gpu_memory_utilization_ceiling, options.windows)
+
+
+Derivation = Callable[[PollState, DeriveOptions], list[Sample]]
+DERIVATIONS: dict[str, Derivation] = {
+    "targets": targets,
+    "kv_events": kv_events,
+    "gpu": gpu,
+    "cost": cost,
+    "audit": audit,
+}

@@ -1,0 +1,123 @@
+"""The KV-event view: counters, sequence tracking and the resident block set, fed batch by batch.
+
+The subscriber (sources/kv_events.py) receives and decodes in the background; each poll drains what
+arrived into `EventState.ingest`, the only place this state changes. State for other uses of the
+stream (e.g. miss attribution) takes the same drained batches beside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from .. import catalog as c
+from ..samples import Sample
+from ..sources.kv_events_decode import (
+    DROP_REASONS,
+    KNOWN_TYPES,
+    MAX_SEQ_GAP,
+    Batch,
+    Dropped,
+    KvEventDrain,
+    gap,
+)
+
+log = logging.getLogger(__name__)
+
+
+class EventState:
+    """No I/O. `clock` only paces the log line about sequence resets."""
+
+    def __init__(self, max_blocks: int = 1_000_000, clock: Callable[[], float] = time.monotonic):
+        self.max_blocks = max_blocks
+        self.batches = 0
+        self.events: Counter[str] = Counter()
+        self.missed = 0
+        self.dropped: Counter[str] = Counter()
+        self.restarts = 0
+        self._blocks: set[int | bytes] = set()
+        self._next: int | None = None  # the seq expected next; None before the first batch
+        self._clock = clock
+        self._quiet_until = float("-inf")
+
+    @property
+    def cached_blocks(self) -> int:
+        return len(self._blocks)
+
+    def is_resident(self, block_hash: int | bytes) -> bool:
+        return block_hash in self._blocks
+
+    def missing(self, seq: int) -> range:
+        """Sequence numbers lost before `seq` (see kv_events_decode.gap)."""
+        return gap(self._next, seq)
+
+    def ingest(self, drain: KvEventDrain) -> None:
+        for item in drain.items:
+            if isinstance(item, Dropped):
+                self.drop(item.reason, item.seq, item.count)
+            else:
+                self.apply(item)
+
+    def drop(self, reason: str, seq: int | None = None, count: int = 1) -> None:
+        """`count` messages dropped on purpose from `seq` on: counted, never as missed."""
+        self.dropped[reason] += count
+        if seq is not None:
+            self._advance(seq)
+            self._next = seq + count
+
+    def apply(self, batch: Batch) -> None:
+        self._advance(batch.seq)
+        self.batches += 1
+        overflow = False
+        for event in batch.events:
+            self.events[event.type if event.type in KNOWN_TYPES else "other"] += 1
+            if event.type == "BlockStored":
+                overflow |= self._store(event.block_hashes)
+            elif event.type == "BlockRemoved":
+                self._blocks.difference_update(event.block_hashes)
+            elif event.type == "AllBlocksCleared":
+                self._blocks.clear()
+        if overflow:
+            self.dropped["too_many_blocks"] += 1
+
+    def _advance(self, seq: int) -> None:
+        lost = self.missing(seq)
+        if self._next is not None and not (self._next <= seq <= self._next + MAX_SEQ_GAP):
+            self.restarts += 1
+            self._blocks.clear()
+            now = self._clock()
+            if now >= self._quiet_until:  # a hostile publisher flipping seqs gets one line a minute
+                self._quiet_until = now + 60.0
+                log.info(
+                    "KV-event sequence jumped from %d to %d: new publisher, cache view reset", self._next, seq
+                )
+        self.missed += len(lost)
+        self._next = seq + 1
+
+    def _store(self, hashes: tuple[int | bytes, ...]) -> bool:
+        """Add hashes up to max_blocks; True when some did not fit."""
+        if len(self._blocks) + len(hashes) <= self.max_blocks:
+            self._blocks.update(hashes)
+            return False
+        overflow = False
+        for block_hash in hashes:
+            if len(self._blocks) < self.max_blocks:
+                self._blocks.add(block_hash)
+            else:
+                overflow |= block_hash not in self._blocks
+        return overflow
+
+
+def kv_event_samples(state: EventState, labels: dict[str, str] | None = None) -> list[Sample]:
+    base = labels or {}
+    events = {t: state.events[t] for t in KNOWN_TYPES} | dict(state.events)
+    dropped = {r: state.dropped[r] for r in DROP_REASONS} | dict(state.dropped)
+    return [
+        Sample(c.KV_EVENTS_BATCHES_TOTAL, base, state.batches),
+        *(Sample(c.KV_EVENTS_TOTAL, {**base, "type": t}, n) for t, n in events.items()),
+        Sample(c.KV_EVENTS_MISSED_BATCHES_TOTAL, base, state.missed),
+        *(Sample(c.KV_EVENTS_DROPPED_TOTAL, {**base, "reason": r}, n) for r, n in dropped.items()),
+        Sample(c.KV_EVENTS_CACHED_BLOCKS, base, state.cached_blocks),
+    ]

@@ -1,0 +1,117 @@
+"""The poll state: everything the sources delivered, kept as history for the derivations.
+
+Sources hand snapshots to the `ingest` of one part (a vLLM target, the GPU, a KV-event stream);
+derivations (derive/exporter.py and the modules it calls) only read it. Ingesting is the one place
+state changes, so deriving twice from the same state gives the same samples.
+
+A new kind of source adds a part here (a dataclass with `ingest(snapshot, ts)`) and a pure
+function over it in derive/; per-replica sources (the fleet view) add one part each, told apart by
+their `labels`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..sources.gpu import GpuSnapshot
+from ..sources.vllm import EngineKey, VllmSnapshot
+from .gpu import GpuHistory
+from .kv_events import EventState, KvEventDrain
+from .windows import SeriesHistory
+
+
+@dataclass
+class TargetState:
+    """One vLLM server and the history of its engines."""
+
+    name: str
+    retention: float
+    labels: dict[str, str] = field(default_factory=dict)  # {"target": name} when several are polled
+    up: bool = False
+    snapshot: VllmSnapshot | None = None
+    histories: dict[EngineKey, SeriesHistory] = field(default_factory=dict)
+
+    def ingest(self, snapshot: VllmSnapshot | None, ts: float) -> None:
+        """None: the poll failed. Derived series vanish (no stale numbers); history is kept."""
+        self.up = snapshot is not None
+        if snapshot is None:
+            return
+        snapshot.ts = ts
+        for key, sample in snapshot.engines.items():
+            self.histories.setdefault(key, SeriesHistory(self.retention)).append(ts, sample)
+        for key in list(self.histories):  # engines gone for longer than the retention are forgotten
+            points = self.histories[key].points
+            if key not in snapshot.engines and (not points or points[-1].ts < ts - self.retention):
+                del self.histories[key]
+        self.snapshot = snapshot
+
+
+@dataclass
+class GpuState:
+    retention: float
+    snapshot: GpuSnapshot | None = None
+    history: GpuHistory = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.history = GpuHistory(self.retention)
+
+    def ingest(self, snapshot: GpuSnapshot | None, ts: float) -> None:
+        self.snapshot = snapshot
+        if snapshot is not None:
+            self.history.ingest(snapshot)
+
+
+@dataclass
+class KvEventsState:
+    """One KV-event stream: the batches drained from its subscriber, applied in arrival order."""
+
+    events: EventState = field(default_factory=EventState)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def ingest(self, drain: KvEventDrain | None, ts: float) -> None:
+        if drain is not None:
+            self.events.ingest(drain)
+
+
+@dataclass
+class PollState:
+    retention: float
+    targets: list[TargetState] = field(default_factory=list)
+    gpu: GpuState | None = None
+    kv_events: list[KvEventsState] = field(default_factory=list)
+    now: float = 0.0  # when the latest poll ended
+    load_peaks: deque[tuple[float, dict[str, float]]] = field(default_factory=deque)  # per model
+
+    def add_target(self, name: str, labels: dict[str, str] | None = None) -> TargetState:
+        target = TargetState(name, self.retention, labels or {})
+        self.targets.append(target)
+        return target
+
+    def add_gpu(self) -> GpuState:
+        self.gpu = GpuState(self.retention)
+        return self.gpu
+
+    def add_kv_events(self, events: EventState, labels: dict[str, str] | None = None) -> KvEventsState:
+        part = KvEventsState(events, labels or {})
+        self.kv_events.append(part)
+        return part
+
+    @property
+    def gpu_snapshot(self) -> GpuSnapshot | None:
+        return None if self.gpu is None else self.gpu.snapshot
+
+    def end_poll(self, now: float) -> None:
+        """After every source was ingested: the running + waiting load per model, for the audit's peak."""
+        self.now = now
+        load: dict[str, float] = {}
+        for target in self.targets:
+            if target.snapshot is None or not target.up:
+                continue
+            for (model, _), sample in target.snapshot.engines.items():
+                load[model] = (
+                    load.get(model, 0.0) + sample.gauges.get("running", 0) + sample.gauges.get("waiting", 0)
+                )
+        self.load_peaks.append((now, load))
+        while self.load_peaks and self.load_peaks[0][0] < now - self.retention:
+            self.load_peaks.popleft()

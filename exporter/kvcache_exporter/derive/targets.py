@@ -1,0 +1,35 @@
+"""The samples of one vLLM target: up, its metric schema, and every engine's current and windowed values."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .. import catalog as c
+from ..config import window_label
+from ..samples import Sample
+from . import cache
+from .state import TargetState
+
+
+def target_samples(
+    target: TargetState, windows: Sequence[float], quantiles: tuple[float, ...]
+) -> list[Sample]:
+    base = target.labels
+    out = [Sample(c.VLLM_UP, base, float(target.up))]
+    snapshot = target.snapshot
+    if not target.up or snapshot is None:
+        return out  # no stale numbers: derived series vanish while vLLM is unreachable
+    out += [
+        Sample(c.VLLM_SCHEMA_INFO, {**base, "schema": snapshot.schema, "prefix": snapshot.prefix}, 1.0),
+        Sample(c.VLLM_DEPRECATED_METRICS, base, float(len(snapshot.deprecated))),
+        Sample(c.VLLM_MISSING_METRICS, base, float(len(snapshot.missing))),
+    ]
+    for (model, engine), sample in snapshot.engines.items():
+        labels = {**base, "model_name": model, "engine": engine}
+        out += cache.current(labels, sample, snapshot.cache_configs.get(engine))
+        history = target.histories.get((model, engine))
+        for seconds in windows if history else ():
+            delta = history.window(seconds)
+            if delta is not None:
+                out += cache.windowed(labels, window_label(seconds), delta, quantiles)
+    return out
