@@ -106,6 +106,21 @@ EXPORTER_COLLECTOR_DURATION_SECONDS = "kvcache_exporter_collector_duration_secon
 EXPORTER_LAST_SUCCESS_TIMESTAMP_SECONDS = "kvcache_exporter_last_success_timestamp_seconds"
 EXPORTER_ERRORS_TOTAL = "kvcache_exporter_errors_total"
 EXPORTER_BUILD_INFO = "kvcache_exporter_build_info"
+PREFIX_CACHE_MISS_TOKENS_TOTAL = "kvcache_prefix_cache_miss_tokens_total"
+FLEET_STORED_TOKENS_TOTAL = "kvcache_fleet_stored_tokens_total"
+FLEET_QUERY_TOKENS_TOTAL = "kvcache_fleet_query_tokens_total"
+FLEET_HIT_TOKENS_TOTAL = "kvcache_fleet_hit_tokens_total"
+FLEET_RESIDENT_BLOCKS = "kvcache_fleet_resident_blocks"
+FLEET_UNTRACKED_BLOCKS_TOTAL = "kvcache_fleet_untracked_blocks_total"
+FLEET_REPLICA_RESTARTS_TOTAL = "kvcache_fleet_replica_restarts_total"
+FLEET_DISTINCT_BLOCKS = "kvcache_fleet_distinct_blocks"
+FLEET_DUPLICATE_BLOCKS = "kvcache_fleet_duplicate_blocks"
+FLEET_DUPLICATE_BLOCKS_RATIO = "kvcache_fleet_duplicate_blocks_ratio"
+FLEET_HIT_RATIO = "kvcache_fleet_hit_ratio"
+FLEET_HIT_RATIO_ESTIMATE = "kvcache_fleet_hit_ratio_estimate"
+FLEET_HASH_SAMPLING_RATIO = "kvcache_fleet_hash_sampling_ratio"
+FLEET_REPLICAS = "kvcache_fleet_replicas"
+FLEET_REPLICAS_LEFT_OUT = "kvcache_fleet_replicas_left_out"
 
 
 CATALOG: tuple[Metric, ...] = (
@@ -545,7 +560,7 @@ CATALOG: tuple[Metric, ...] = (
     ),
     # --- fleet view (`kvcache-exporter aggregate`) -----------------------------------------
     _m(
-        "kvcache_prefix_cache_miss_tokens_total",
+        PREFIX_CACHE_MISS_TOKENS_TOTAL,
         "counter",
         "Prompt tokens vLLM had to compute, by why they were not in its prefix cache. The aggregator "
         "exports cause=other_replica per replica: blocks computed while another replica of the pool "
@@ -557,7 +572,7 @@ CATALOG: tuple[Metric, ...] = (
         "other_replica blocks x block_size / hash sampling",
     ),
     _m(
-        "kvcache_fleet_stored_tokens_total",
+        FLEET_STORED_TOKENS_TOTAL,
         "counter",
         "Tokens in blocks the replica computed and stored (BlockStored), the denominator of the "
         "other_replica share.",
@@ -568,7 +583,7 @@ CATALOG: tuple[Metric, ...] = (
         "stored blocks x block_size / hash sampling",
     ),
     _m(
-        "kvcache_fleet_query_tokens_total",
+        FLEET_QUERY_TOKENS_TOTAL,
         "counter",
         "Prompt tokens looked up in the replica's prefix cache (all engines), as polled by the aggregator.",
         ("replica",),
@@ -578,7 +593,7 @@ CATALOG: tuple[Metric, ...] = (
         "sum over engines",
     ),
     _m(
-        "kvcache_fleet_hit_tokens_total",
+        FLEET_HIT_TOKENS_TOTAL,
         "counter",
         "Prompt tokens served from the replica's prefix cache (all engines), as polled by the aggregator.",
         ("replica",),
@@ -588,7 +603,7 @@ CATALOG: tuple[Metric, ...] = (
         "sum over engines",
     ),
     _m(
-        "kvcache_fleet_resident_blocks",
+        FLEET_RESIDENT_BLOCKS,
         "gauge",
         "Blocks the replica holds according to its KV-event stream (tracked ones, scaled).",
         ("replica",),
@@ -597,7 +612,7 @@ CATALOG: tuple[Metric, ...] = (
         "BlockStored, BlockRemoved, AllBlocksCleared",
     ),
     _m(
-        "kvcache_fleet_untracked_blocks_total",
+        FLEET_UNTRACKED_BLOCKS_TOTAL,
         "counter",
         "Stored blocks not tracked because the replica's bound (--replica.max-blocks) was full.",
         ("replica",),
@@ -606,7 +621,7 @@ CATALOG: tuple[Metric, ...] = (
         "aggregator bound",
     ),
     _m(
-        "kvcache_fleet_replica_restarts_total",
+        FLEET_REPLICA_RESTARTS_TOTAL,
         "counter",
         "Times the replica's KV-event publisher started again (sequence back to 0): its blocks were "
         "dropped from the pool view.",
@@ -616,7 +631,7 @@ CATALOG: tuple[Metric, ...] = (
         "KV-event sequence numbers",
     ),
     _m(
-        "kvcache_fleet_distinct_blocks",
+        FLEET_DISTINCT_BLOCKS,
         "gauge",
         "Distinct block hashes resident anywhere in the pool (scaled by 1/sampling).",
         (),
@@ -625,7 +640,7 @@ CATALOG: tuple[Metric, ...] = (
         "every replica's KV events",
     ),
     _m(
-        "kvcache_fleet_duplicate_blocks",
+        FLEET_DUPLICATE_BLOCKS,
         "gauge",
         "Block hashes resident on two or more replicas at once: KV memory spent twice (scaled).",
         (),
@@ -634,7 +649,7 @@ CATALOG: tuple[Metric, ...] = (
         "every replica's KV events",
     ),
     _m(
-        "kvcache_fleet_duplicate_blocks_ratio",
+        FLEET_DUPLICATE_BLOCKS_RATIO,
         "gauge",
         "Share of the pool's distinct resident blocks held by two or more replicas.",
         (),
@@ -644,7 +659,7 @@ CATALOG: tuple[Metric, ...] = (
         "duplicate_blocks / distinct_blocks",
     ),
     _m(
-        "kvcache_fleet_hit_ratio",
+        FLEET_HIT_RATIO,
         "gauge",
         "The pool's real prefix-cache hit ratio over the window.",
         ("window",),
@@ -654,7 +669,7 @@ CATALOG: tuple[Metric, ...] = (
         "sum(hits) / sum(queries)",
     ),
     _m(
-        "kvcache_fleet_hit_ratio_estimate",
+        FLEET_HIT_RATIO_ESTIMATE,
         "gauge",
         "The pool's hit ratio had every request gone to a replica holding its prefix (routing="
         "prefix_affinity), beside kvcache_fleet_hit_ratio.",
@@ -666,7 +681,7 @@ CATALOG: tuple[Metric, ...] = (
         "other_replica by its number of shards",
     ),
     _m(
-        "kvcache_fleet_hash_sampling_ratio",
+        FLEET_HASH_SAMPLING_RATIO,
         "gauge",
         "Fraction of the block-hash space the aggregator tracks (--fleet.hash-sampling); counts are "
         "scaled by its inverse.",
@@ -676,7 +691,7 @@ CATALOG: tuple[Metric, ...] = (
         "configuration",
     ),
     _m(
-        "kvcache_fleet_replicas",
+        FLEET_REPLICAS,
         "gauge",
         "Replicas the aggregator watches (from discovery, bounded by --replica.max).",
         (),
@@ -685,7 +700,7 @@ CATALOG: tuple[Metric, ...] = (
         "discovery",
     ),
     _m(
-        "kvcache_fleet_replicas_left_out",
+        FLEET_REPLICAS_LEFT_OUT,
         "gauge",
         "Replicas discovery found beyond --replica.max, not watched.",
         (),

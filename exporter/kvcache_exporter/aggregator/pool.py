@@ -1,8 +1,8 @@
 """The aggregator's poll loop: discovery -> one member per replica (its /metrics poll and KV-event
 subscriber, the same source classes `serve` uses) -> the fleet view -> the samples /metrics serves.
 
-The subscribers run in their own threads and feed one `FleetResidency` under `fleet_lock`; the poll
-loop takes that lock only to copy counters.
+The subscribers receive and decode in their own threads; each poll drains every subscriber
+(the Source protocol's collect()) into its replica's EventState and the one `FleetResidency`.
 """
 
 from __future__ import annotations
@@ -14,12 +14,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .. import catalog as c
 from ..collector import Health
 from ..config import window_label
 from ..derive import fleet_pool
 from ..derive.fleet_residency import FleetResidency, HashRange
+from ..derive.kv_events import EventState
 from ..derive.windows import SeriesHistory
-from ..sources.base import Sample, SourceError
+from ..samples import Sample
+from ..sources.base import SourceError
 from ..sources.kv_events import Batch, KvEventSubscriber
 from ..sources.vllm import VllmSource
 from .discovery import DiscoveryError, Replica, bounded
@@ -47,6 +50,7 @@ class Member:
     replica: Replica
     source: VllmSource
     subscriber: KvEventSubscriber | None
+    events: EventState
     vllm_history: SeriesHistory
     fleet_history: SeriesHistory
     health: Health = field(default_factory=Health)
@@ -103,8 +107,6 @@ class Aggregator:
                 mode="connect",  # vLLM binds (tcp://*:5557); the sidecar and we both connect
                 topic=s.topic,
                 max_batches_per_second=s.max_batches_per_second,
-                max_blocks=s.max_blocks_per_replica,
-                sinks=[lambda batch, name=replica.name: self._apply(name, batch)],
             )
             subscriber.start()
         with self.fleet_lock:
@@ -113,14 +115,24 @@ class Aggregator:
             replica,
             VllmSource(replica.metrics_url, s.timeout, s.max_body_bytes),
             subscriber,
+            EventState(s.max_blocks_per_replica),
             SeriesHistory(retention),
             SeriesHistory(retention),
         )
 
-    def _apply(self, name: str, batch: Batch) -> None:
+    async def _drain(self, name: str, member: Member) -> None:
+        """The batches its subscriber received since the last poll, into its view and the fleet's."""
+        if member.subscriber is None:
+            return
+        try:
+            drain = await member.subscriber.collect()
+        except SourceError:
+            return  # the socket is down: member.subscriber.healthy says so
+        member.events.ingest(drain)
         with self.fleet_lock:
-            if name in self.fleet.replicas:  # a replica dropped meanwhile stays dropped
-                self.fleet.apply(name, batch)
+            for item in drain.items:
+                if isinstance(item, Batch) and name in self.fleet.replicas:
+                    self.fleet.apply(name, item)
 
     async def _drop(self, name: str, forget: bool) -> None:
         """Stop watching; `forget` (gone from discovery) also drops what it held from the pool view.
@@ -151,6 +163,8 @@ class Aggregator:
     async def poll_once(self) -> None:
         await self.reconcile(await self.discover())
         await asyncio.gather(*(self._poll(m) for m in self.members.values()))
+        for name, member in self.members.items():
+            await self._drain(name, member)
         now = self.clock()
         sizes = {name: member.block_size for name, member in self.members.items()}
         with self.fleet_lock:
@@ -175,36 +189,35 @@ class Aggregator:
         return out
 
     def _health_samples(self) -> list[Sample]:
-        out = [Sample("kvcache_fleet_replicas", {}, float(len(self.members)))]
-        out.append(Sample("kvcache_fleet_replicas_left_out", {}, float(self.left_out)))
+        out = [Sample(c.FLEET_REPLICAS, {}, float(len(self.members)))]
+        out.append(Sample(c.FLEET_REPLICAS_LEFT_OUT, {}, float(self.left_out)))
         for name, health in self.discovery_health.items():
             out += health.samples({"collector": name})
         for name, member in self.members.items():
             replica = {"replica": name}
-            out.append(Sample("kvcache_vllm_up", replica, float(member.up)))
+            out.append(Sample(c.VLLM_UP, replica, float(member.up)))
             out += member.health.samples({**replica, "collector": "vllm"})
             if member.up:
                 out += [
-                    Sample("kvcache_fleet_query_tokens_total", replica, member.counters["query_tokens"]),
-                    Sample("kvcache_fleet_hit_tokens_total", replica, member.counters["hit_tokens"]),
+                    Sample(c.FLEET_QUERY_TOKENS_TOTAL, replica, member.counters["query_tokens"]),
+                    Sample(c.FLEET_HIT_TOKENS_TOTAL, replica, member.counters["hit_tokens"]),
                 ]
-            out += self._event_health(replica, member.subscriber)
+            out += self._event_health(replica, member)
         return out
 
     @staticmethod
-    def _event_health(replica: dict[str, str], subscriber: KvEventSubscriber | None) -> list[Sample]:
-        if subscriber is None:
+    def _event_health(replica: dict[str, str], member: Member) -> list[Sample]:
+        if member.subscriber is None:
             return []
-        with subscriber.lock:
-            state = subscriber.state
-            batches, missed, dropped = state.batches, state.missed, dict(state.dropped)
-        success = float(subscriber.healthy)
+        state = member.events
+        batches, missed, dropped = state.batches, state.missed, dict(state.dropped)
+        success = float(member.subscriber.healthy)
         return [
-            Sample("kvcache_exporter_collector_success", {**replica, "collector": "kv_events"}, success),
-            Sample("kvcache_kv_events_batches_total", replica, batches),
-            Sample("kvcache_kv_events_missed_batches_total", replica, missed),
+            Sample(c.EXPORTER_COLLECTOR_SUCCESS, {**replica, "collector": "kv_events"}, success),
+            Sample(c.KV_EVENTS_BATCHES_TOTAL, replica, batches),
+            Sample(c.KV_EVENTS_MISSED_BATCHES_TOTAL, replica, missed),
             *(
-                Sample("kvcache_kv_events_dropped_total", {**replica, "reason": reason}, n)
+                Sample(c.KV_EVENTS_DROPPED_TOTAL, {**replica, "reason": reason}, n)
                 for reason, n in dropped.items()
                 if reason
                 != "too_many_blocks"  # the sidecar's bound; ours: kvcache_fleet_untracked_blocks_total

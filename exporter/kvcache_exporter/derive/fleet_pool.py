@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..sources.base import Sample
+from .. import catalog as c
+from ..samples import Sample
 from ..sources.vllm import EngineSample, VllmSnapshot
 from .cache import hit_ratio
 from .cache_config import config_number
@@ -83,10 +84,10 @@ def pool_window(replicas: Iterable[ReplicaWindow], slice_scale: float = 1.0) -> 
 def window_samples(window: str, pool: PoolWindow) -> list[Sample]:
     out = []
     if pool.real is not None:
-        out.append(Sample("kvcache_fleet_hit_ratio", {"window": window}, pool.real))
+        out.append(Sample(c.FLEET_HIT_RATIO, {"window": window}, pool.real))
     if pool.estimate is not None:
         labels = {"window": window, "routing": "prefix_affinity"}
-        out.append(Sample("kvcache_fleet_hit_ratio_estimate", labels, pool.estimate))
+        out.append(Sample(c.FLEET_HIT_RATIO_ESTIMATE, labels, pool.estimate))
     return out
 
 
@@ -95,27 +96,27 @@ def residency_samples(fleet: FleetResidency, block_sizes: dict[str, int | None])
     size: until /metrics has told it, they are absent rather than wrong."""
     scale = fleet.scale
     out = [
-        Sample("kvcache_fleet_hash_sampling_ratio", {}, fleet.hash_range.sampling),
-        Sample("kvcache_fleet_distinct_blocks", {}, fleet.distinct * scale),
-        Sample("kvcache_fleet_duplicate_blocks", {}, fleet.duplicates * scale),
+        Sample(c.FLEET_HASH_SAMPLING_RATIO, {}, fleet.hash_range.sampling),
+        Sample(c.FLEET_DISTINCT_BLOCKS, {}, fleet.distinct * scale),
+        Sample(c.FLEET_DUPLICATE_BLOCKS, {}, fleet.duplicates * scale),
     ]
     if fleet.distinct:
-        out.append(Sample("kvcache_fleet_duplicate_blocks_ratio", {}, fleet.duplicates / fleet.distinct))
+        out.append(Sample(c.FLEET_DUPLICATE_BLOCKS_RATIO, {}, fleet.duplicates / fleet.distinct))
     for name, view in fleet.replicas.items():
         replica, size = {"replica": name}, block_sizes.get(name)
         if size:
             tokens = size * scale
             out += [
                 Sample(
-                    "kvcache_prefix_cache_miss_tokens_total",
+                    c.PREFIX_CACHE_MISS_TOKENS_TOTAL,
                     {**replica, "cause": "other_replica"},
                     view.other_replica * tokens,
                 ),
-                Sample("kvcache_fleet_stored_tokens_total", replica, view.stored * tokens),
+                Sample(c.FLEET_STORED_TOKENS_TOTAL, replica, view.stored * tokens),
             ]
         out += [
-            Sample("kvcache_fleet_resident_blocks", replica, view.resident * scale),
-            Sample("kvcache_fleet_untracked_blocks_total", replica, view.overflow * scale),
-            Sample("kvcache_fleet_replica_restarts_total", replica, view.restarts),
+            Sample(c.FLEET_RESIDENT_BLOCKS, replica, view.resident * scale),
+            Sample(c.FLEET_UNTRACKED_BLOCKS_TOTAL, replica, view.overflow * scale),
+            Sample(c.FLEET_REPLICA_RESTARTS_TOTAL, replica, view.restarts),
         ]
     return out
