@@ -234,7 +234,9 @@ def main() -> int:
     parser.add_argument("--output", default="-")
     parser.add_argument("--repeat", type=int, default=200)
     args = parser.parse_args()
-    text = markdown(run(args.repeat))
+    from . import bench_fleet
+
+    text = markdown(run(args.repeat) + bench_fleet.rows())
     if args.output == "-":
         print(text)
     else:

@@ -7,7 +7,7 @@ import pytest
 
 from kvcache_exporter.aggregator.discovery import FileSd
 from kvcache_exporter.aggregator.pool import AggregateSettings, Aggregator
-from kvcache_exporter.derive.fleet_residency import HashRange
+from kvcache_exporter.derive.fleet_residency import FleetResidency, HashRange
 from kvcache_exporter.simulator import EngineConfig, LatencyModel, SimulatorConfig
 from kvcache_exporter.simulator.config import Faults
 from kvcache_exporter.simulator.fleet import SimulatorFleet
@@ -35,22 +35,20 @@ def total(samples, name, **labels):
     return sum(v for key, v in values(samples, name).items() if set(labels.items()) <= set(key))
 
 
-async def run_pool(tmp_path, routing, seconds=3.0, during=None, sim=None, aggregators=None):
-    """Run a 4-replica chat pool with one aggregator per hash range for `seconds` of wall time."""
+async def run_pool(tmp_path, routing, seconds=3.0, during=None, sim=None, setup=None):
+    """Run a 4-replica chat pool and an aggregator on it for `seconds`; its last samples."""
     path = str(tmp_path / "pool.json")
     fleet = await SimulatorFleet(sim or pool_config(), REPLICAS, routing, path).start(load=False)
-    ranges = aggregators or [HashRange()]
-    aggs = [
-        Aggregator(AggregateSettings(windows=(600.0,), interval=0.5, hash_range=r), [FileSd(path, None)])
-        for r in ranges
-    ]
+    aggregator = Aggregator(AggregateSettings(windows=(600.0,), interval=0.5), [FileSd(path, None)])
+    if setup is not None:
+        setup(aggregator)
     try:
-        await asyncio.gather(*(a.poll_once() for a in aggs))  # subscribe everywhere, then send load
+        await aggregator.poll_once()  # subscribe to every replica, then send load
         await asyncio.sleep(0.3)
         fleet.start_load()
         started = time.monotonic()
         while time.monotonic() - started < seconds:
-            await asyncio.gather(*(a.poll_once() for a in aggs))
+            await aggregator.poll_once()
             if during is not None and time.monotonic() - started > seconds / 2:
                 await during(fleet)
                 during = None
@@ -59,15 +57,14 @@ async def run_pool(tmp_path, routing, seconds=3.0, during=None, sim=None, aggreg
         seen = None
         for _ in range(20):
             await asyncio.sleep(0.3)
-            await asyncio.gather(*(a.poll_once() for a in aggs))
-            now = [values(a.latest, "kvcache_fleet_stored_tokens_total") for a in aggs]
+            await aggregator.poll_once()
+            now = values(aggregator.latest, "kvcache_fleet_stored_tokens_total")
             if now == seen:
                 break
             seen = now
-        return [a.latest for a in aggs]
+        return aggregator.latest
     finally:
-        for a in aggs:
-            await a.close()
+        await aggregator.close()
         await fleet.stop()
 
 
@@ -86,7 +83,7 @@ def ratios(samples):
 
 @pytest.mark.timeout(60)
 def test_round_robin_chat_misses_what_other_replicas_hold(tmp_path):
-    (samples,) = asyncio.run(run_pool(tmp_path, "round-robin"))
+    samples = asyncio.run(run_pool(tmp_path, "round-robin"))
     real, estimate = ratios(samples)
     assert share(samples) > 0.4  # most computed blocks were resident on another replica
     assert estimate > real + 0.15
@@ -97,7 +94,7 @@ def test_round_robin_chat_misses_what_other_replicas_hold(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_session_routing_leaves_almost_nothing_to_gain(tmp_path):
-    (samples,) = asyncio.run(run_pool(tmp_path, "session"))
+    samples = asyncio.run(run_pool(tmp_path, "session"))
     real, estimate = ratios(samples)
     assert share(samples) < 0.05  # only the shared system block, computed once per replica
     assert estimate == pytest.approx(real, abs=0.02)
@@ -106,23 +103,38 @@ def test_session_routing_leaves_almost_nothing_to_gain(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_shards_of_a_live_pool_sum_to_the_whole(tmp_path):
-    """Three aggregators on one stream: the whole space, and two halves of it."""
-    whole, low, high = asyncio.run(
-        run_pool(
-            tmp_path, "round-robin", aggregators=[HashRange(), HashRange(1.0, 0, 2), HashRange(1.0, 1, 2)]
+    """Every batch the aggregator ingests from the live pool also goes to two half-range shards (so
+    all three see the very same stream): the shards' counts add up to the whole's exactly."""
+    halves = [FleetResidency(HashRange(1.0, k, 2)) for k in range(2)]
+
+    def tee(aggregator):
+        ingest = aggregator.ingest
+
+        def both(name, batch):
+            ingest(name, batch)
+            for half in halves:
+                half.apply(name, batch)
+
+        aggregator.ingest = both
+
+    samples = asyncio.run(run_pool(tmp_path, "round-robin", setup=tee))
+    stored = values(samples, "kvcache_fleet_stored_tokens_total")
+    other = values(samples, "kvcache_prefix_cache_miss_tokens_total")
+    assert len(stored) == REPLICAS and sum(other.values()) > 0
+    for name in (f"replica-{i}" for i in range(REPLICAS)):
+        parts = [half.replicas[name] for half in halves]
+        assert sum(p.stored for p in parts) * 16 == stored[(("replica", name),)]
+        assert (
+            sum(p.other_replica for p in parts) * 16 == other[(("cause", "other_replica"), ("replica", name))]
         )
-    )
-    for name in ("kvcache_prefix_cache_miss_tokens_total", "kvcache_fleet_stored_tokens_total"):
-        for key, value in values(whole, name).items():
-            assert values(low, name)[key] + values(high, name)[key] == value, (name, key)
-    for name in ("kvcache_fleet_duplicate_blocks", "kvcache_fleet_distinct_blocks"):
-        assert values(low, name)[()] + values(high, name)[()] == values(whole, name)[()]
+    assert sum(h.duplicates for h in halves) == values(samples, "kvcache_fleet_duplicate_blocks")[()]
+    assert sum(h.distinct for h in halves) == values(samples, "kvcache_fleet_distinct_blocks")[()]
 
 
 @pytest.mark.timeout(60)
 def test_a_replica_restart_and_lost_batches_are_seen_per_replica(tmp_path):
     sim = pool_config(faults=Faults(drop_kv_seq_every=7))
-    (samples,) = asyncio.run(
+    samples = asyncio.run(
         run_pool(tmp_path, "round-robin", seconds=4.0, during=lambda f: f.restart(1), sim=sim)
     )
     restarts = values(samples, "kvcache_fleet_replica_restarts_total")

@@ -170,3 +170,13 @@ def test_real_vllm_stream_replayed_on_two_replicas():
     shards = [sharded(k, 3) for k in range(3)]
     assert sum(s.replicas["b"].other_replica for s in shards) == b_view.other_replica
     assert sum(s.duplicates for s in shards) == fleet.duplicates
+
+
+def test_a_range_keeps_ints_bytes_and_a_hostile_mix_without_raising():
+    half = HashRange(sampling=0.5)
+    low, high = 1, (1 << 63) + 1
+    low_bytes, high_bytes = low.to_bytes(32, "big"), high.to_bytes(32, "big")
+    assert half.keep([low, high]) == [low]
+    assert half.keep([low_bytes, high_bytes]) == [low_bytes]
+    assert half.keep([high, low_bytes, low]) == [low_bytes, low]
+    assert HashRange(1.0, 1, 2).keep([low, high, high_bytes]) == [high, high_bytes]

@@ -2,15 +2,16 @@
 subscriber, the same source classes `serve` uses) -> the fleet view -> the samples /metrics serves.
 
 The subscribers receive and decode in their own threads; each poll drains every subscriber
-(the Source protocol's collect()) into its replica's EventState and the one `FleetResidency`.
+(the Source protocol's collect()) into the one `FleetResidency`, which tracks every replica's
+sequence numbers and residency itself (no second copy of each hash in a per-replica EventState).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,11 +20,11 @@ from ..collector import Health
 from ..config import window_label
 from ..derive import fleet_pool
 from ..derive.fleet_residency import FleetResidency, HashRange
-from ..derive.kv_events import EventState
 from ..derive.windows import SeriesHistory
 from ..samples import Sample
 from ..sources.base import SourceError
 from ..sources.kv_events import Batch, KvEventSubscriber
+from ..sources.kv_events_decode import Dropped
 from ..sources.vllm import VllmSource
 from .discovery import DiscoveryError, Replica, bounded
 
@@ -50,13 +51,13 @@ class Member:
     replica: Replica
     source: VllmSource
     subscriber: KvEventSubscriber | None
-    events: EventState
     vllm_history: SeriesHistory
     fleet_history: SeriesHistory
     health: Health = field(default_factory=Health)
     up: bool = False
     block_size: int | None = None
     counters: dict[str, float] = field(default_factory=dict)
+    dropped: Counter[str] = field(default_factory=Counter)  # messages its subscriber did not apply
 
 
 class Aggregator:
@@ -65,7 +66,6 @@ class Aggregator:
     ):
         self.settings, self.discoveries, self.clock = settings, discoveries, clock
         self.fleet = FleetResidency(settings.hash_range, settings.max_blocks_per_replica)
-        self.fleet_lock = threading.Lock()
         self.members: dict[str, Member] = {}
         self.discovery_health = {d.name: Health() for d in discoveries}
         self.left_out = 0
@@ -109,30 +109,34 @@ class Aggregator:
                 max_batches_per_second=s.max_batches_per_second,
             )
             subscriber.start()
-        with self.fleet_lock:
-            self.fleet.add_replica(replica.name)
+        self.fleet.add_replica(replica.name)
         return Member(
             replica,
             VllmSource(replica.metrics_url, s.timeout, s.max_body_bytes),
             subscriber,
-            EventState(s.max_blocks_per_replica),
             SeriesHistory(retention),
             SeriesHistory(retention),
         )
 
     async def _drain(self, name: str, member: Member) -> None:
-        """The batches its subscriber received since the last poll, into its view and the fleet's."""
+        """The batches its subscriber received since the last poll, into the fleet view."""
         if member.subscriber is None:
             return
         try:
             drain = await member.subscriber.collect()
         except SourceError:
             return  # the socket is down: member.subscriber.healthy says so
-        member.events.ingest(drain)
-        with self.fleet_lock:
-            for item in drain.items:
-                if isinstance(item, Batch) and name in self.fleet.replicas:
-                    self.fleet.apply(name, item)
+        for item in drain.items:
+            if isinstance(item, Dropped):
+                member.dropped[item.reason] += item.count
+                self.fleet.skip(name, item.seq, item.count)
+            else:
+                self.ingest(name, item)
+
+    def ingest(self, name: str, batch: Batch) -> None:
+        """One decoded batch of replica `name`; a replica dropped meanwhile stays dropped."""
+        if name in self.fleet.replicas:
+            self.fleet.apply(name, batch)
 
     async def _drop(self, name: str, forget: bool) -> None:
         """Stop watching; `forget` (gone from discovery) also drops what it held from the pool view.
@@ -142,8 +146,7 @@ class Aggregator:
             await member.subscriber.stop()
         await member.source.close()
         if forget:
-            with self.fleet_lock:
-                self.fleet.remove_replica(name)
+            self.fleet.remove_replica(name)
 
     # --- polling ----------------------------------------------------------------------------
 
@@ -167,12 +170,11 @@ class Aggregator:
             await self._drain(name, member)
         now = self.clock()
         sizes = {name: member.block_size for name, member in self.members.items()}
-        with self.fleet_lock:
-            for name, member in self.members.items():
-                view = self.fleet.replicas.get(name)
-                if view is not None:
-                    member.fleet_history.append(now, fleet_pool.fleet_counters(view, self.fleet.scale))
-            residency = fleet_pool.residency_samples(self.fleet, sizes)
+        for name, member in self.members.items():
+            view = self.fleet.replicas.get(name)
+            if view is not None:
+                member.fleet_history.append(now, fleet_pool.fleet_counters(view, self.fleet.scale))
+        residency = fleet_pool.residency_samples(self.fleet, sizes)
         self.ready = self.ready or any(m.up for m in self.members.values())
         self.latest = residency + self._pool_samples() + self._health_samples()
 
@@ -205,22 +207,18 @@ class Aggregator:
             out += self._event_health(replica, member)
         return out
 
-    @staticmethod
-    def _event_health(replica: dict[str, str], member: Member) -> list[Sample]:
-        if member.subscriber is None:
+    def _event_health(self, replica: dict[str, str], member: Member) -> list[Sample]:
+        view = self.fleet.replicas.get(replica["replica"])
+        if member.subscriber is None or view is None:
             return []
-        state = member.events
-        batches, missed, dropped = state.batches, state.missed, dict(state.dropped)
         success = float(member.subscriber.healthy)
         return [
             Sample(c.EXPORTER_COLLECTOR_SUCCESS, {**replica, "collector": "kv_events"}, success),
-            Sample(c.KV_EVENTS_BATCHES_TOTAL, replica, batches),
-            Sample(c.KV_EVENTS_MISSED_BATCHES_TOTAL, replica, missed),
+            Sample(c.KV_EVENTS_BATCHES_TOTAL, replica, view.batches),
+            Sample(c.KV_EVENTS_MISSED_BATCHES_TOTAL, replica, view.missed),
             *(
                 Sample(c.KV_EVENTS_DROPPED_TOTAL, {**replica, "reason": reason}, n)
-                for reason, n in dropped.items()
-                if reason
-                != "too_many_blocks"  # the sidecar's bound; ours: kvcache_fleet_untracked_blocks_total
+                for reason, n in member.dropped.items()
             ),
         ]
 

@@ -15,10 +15,12 @@ unsharded numbers exactly.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import operator
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 
-from ..sources.kv_events_decode import MAX_SEQ_GAP, Batch
+from ..sources.kv_events_decode import MAX_SEQ_GAP, Batch, gap
 
 SPACE = 1 << 64
 MASK = SPACE - 1
@@ -38,25 +40,29 @@ class HashRange:
     sampling: float = 1.0
     shard: int = 0
     shards: int = 1
+    bounds: tuple[int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.sampling <= 1:
             raise ValueError(f"sampling must be in (0, 1], not {self.sampling}")
         if not 0 <= self.shard < self.shards:
             raise ValueError(f"shard must be in [0, {self.shards}), not {self.shard}")
-
-    @property
-    def bounds(self) -> tuple[int, int]:
         kept = int(self.sampling * SPACE)
-        return kept * self.shard // self.shards, kept * (self.shard + 1) // self.shards
+        bounds = (kept * self.shard // self.shards, kept * (self.shard + 1) // self.shards)
+        object.__setattr__(self, "bounds", bounds)  # [lo, hi) of the 64-bit space, computed once
 
-    @property
-    def everything(self) -> bool:
-        return self.bounds == (0, SPACE)
-
-    def keep(self, hashes: Iterable[int | bytes]) -> list[int | bytes]:
+    def keep(self, hashes: Sequence[int | bytes]) -> Sequence[int | bytes]:
+        """The hashes inside the range. Int hashes are taken as they are (vLLM's are in [0, 2^64));
+        the common cases run in C: everything, or a range starting at 0 (sampling, shard 0)."""
         lo, hi = self.bounds
-        return [h for h in hashes if lo <= hash_position(h) < hi]
+        if (lo, hi) == (0, SPACE):
+            return hashes
+        try:
+            if lo == 0:
+                return list(filter(partial(operator.gt, hi), hashes))  # raises on bytes
+            return [h for h in hashes if lo <= h < hi]
+        except TypeError:  # bytes hashes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0), or a mix
+            return [h for h in hashes if lo <= hash_position(h) < hi]
 
 
 @dataclass
@@ -74,15 +80,6 @@ class ReplicaView:
     restarts: int = 0
     cleared: int = 0
     next_seq: int | None = None
-
-
-def lost_before(expected: int | None, seq: int) -> range:
-    """The batches lost before `seq` when `expected` was due: the sidecar's rule (EventState.missing)."""
-    if expected is None:
-        return range(0)  # joining a running stream: what came before is not a gap
-    if seq >= expected:
-        return range(expected, seq) if seq - expected <= MAX_SEQ_GAP else range(0)
-    return range(0, seq) if seq <= MAX_SEQ_GAP else range(0)
 
 
 class FleetResidency:
@@ -121,13 +118,13 @@ class FleetResidency:
     def missing(self, name: str, seq: int) -> range:
         """Sequence numbers lost before `seq` on this replica, read as the sidecar reads them."""
         view = self.replicas.get(name)
-        return lost_before(view.next_seq if view else None, seq)
+        return gap(view.next_seq if view else None, seq)
 
     def apply(self, name: str, batch: Batch) -> None:
         view = self.add_replica(name)
         self._advance(view, batch.seq)
         view.batches += 1
-        keep = (lambda hashes: hashes) if self.hash_range.everything else self.hash_range.keep
+        keep = self.hash_range.keep
         for event in batch.events:
             if event.type == "BlockStored":
                 self._store(view, keep(event.block_hashes))
@@ -137,10 +134,18 @@ class FleetResidency:
                 view.cleared += 1
                 self._forget(view)
 
+    def skip(self, name: str, seq: int | None, count: int) -> None:
+        """`count` messages from `seq` on that the subscriber dropped on purpose (rate limit, bad
+        bytes): the sequence moves on without counting them as missed, as the sidecar does."""
+        view = self.replicas.get(name)
+        if view is not None and seq is not None:
+            self._advance(view, seq)
+            view.next_seq = seq + count
+
     def _advance(self, view: ReplicaView, seq: int) -> None:
         """Back to a lower seq (or an absurd jump) is a new publisher whose cache starts empty."""
         expected = view.next_seq
-        view.missed += len(lost_before(expected, seq))
+        view.missed += len(gap(expected, seq))
         if expected is not None and not expected <= seq <= expected + MAX_SEQ_GAP:
             view.restarts += 1
             self._forget(view)

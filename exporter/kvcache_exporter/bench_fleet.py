@@ -1,0 +1,132 @@
+"""`make bench`, the aggregator's part: ingest of 32 publishers' KV events, and RSS with full bounds.
+
+The frames are built in vLLM 0.32's wire format by the simulator's encoder (token ids included, as
+vLLM sends them), from one shared population of prefixes so replicas overlap. Ingest is what the
+aggregator's subscriber threads do per message: decode, then the fleet view under its lock.
+The baseline beside it is msgspec's plain decode of the same payloads.
+"""
+
+from __future__ import annotations
+
+import random
+import resource
+import subprocess
+import sys
+import time
+
+import msgspec
+
+from .aggregator.pool import AggregateSettings, Aggregator
+from .derive.fleet_residency import FleetResidency, HashRange
+from .simulator.blocks import BlockRemoved, BlockStored
+from .simulator.kv_events import encode_batch
+from .sources.kv_events_decode import decode_message
+
+PUBLISHERS = 32
+BLOCKS_PER_EVENT, EVENTS_PER_BATCH, BLOCK_SIZE = 32, 4, 16
+
+
+def frames_for(publishers: int, batches: int, seed: int = 1) -> list[tuple[int, list[bytes]]]:
+    """(publisher, frames) interleaved as the aggregator receives them; ~steady state: each batch
+    stores 128 blocks and evicts as many once the replica holds 4096."""
+    rng = random.Random(seed)
+    population = [rng.getrandbits(64) for _ in range(200_000)]
+    held: list[list[int]] = [[] for _ in range(publishers)]
+    out = []
+    for seq in range(batches):
+        for p in range(publishers):
+            events: list = []
+            for _ in range(EVENTS_PER_BATCH):
+                hashes = rng.sample(population, BLOCKS_PER_EVENT)
+                tokens = [rng.randrange(32000) for _ in range(BLOCKS_PER_EVENT * BLOCK_SIZE)]
+                events.append(BlockStored(hashes, None, tokens, BLOCK_SIZE))
+                held[p] += hashes
+            if len(held[p]) > 4096:
+                events.append(BlockRemoved(held[p][:128]))
+                held[p] = held[p][128:]
+            out.append((p, [b"kv", seq.to_bytes(8, "big"), encode_batch(events, 0, ts=0.0)]))
+    return out
+
+
+def ingest_rate(messages, hash_range: HashRange, seconds: float) -> tuple[float, FleetResidency]:
+    """Stored blocks per CPU second through what a subscriber thread does: decode, then the
+    aggregator's sink (the fleet view under its lock)."""
+    stored = 0.0
+    start = time.process_time()
+    while (elapsed := time.process_time() - start) < seconds or not stored:
+        aggregator = Aggregator(AggregateSettings(hash_range=hash_range), [])
+        for publisher in range(PUBLISHERS):
+            aggregator.fleet.add_replica(str(publisher))
+        names = [str(p) for p in range(PUBLISHERS)]
+        for publisher, frames in messages:
+            aggregator.ingest(names[publisher], decode_message(frames))
+        stored += sum(view.stored for view in aggregator.fleet.replicas.values()) / hash_range.sampling
+    return stored / elapsed, aggregator.fleet
+
+
+def decode_rate(messages, seconds: float) -> float:
+    blocks, start = 0, time.process_time()
+    while (elapsed := time.process_time() - start) < seconds or not blocks:
+        for _, frames in messages:
+            msgspec.msgpack.decode(frames[-1])
+        blocks += len(messages) * BLOCKS_PER_EVENT * EVENTS_PER_BATCH
+    return blocks / elapsed
+
+
+def rows(seconds: float = 3.0) -> list[tuple[str, str]]:
+    messages = frames_for(PUBLISHERS, 40)
+    baseline = decode_rate(messages, seconds)
+    full, fleet = ingest_rate(messages, HashRange(), seconds)
+    sampled, _ = ingest_rate(messages, HashRange(1 / 16), seconds)
+    share = sum(v.other_replica for v in fleet.replicas.values()) / sum(
+        v.stored for v in fleet.replicas.values()
+    )
+    return [
+        ("aggregator ingest: baseline, msgspec decode only (32 publishers, vLLM 0.32 frames)",
+         f"{baseline:,.0f} stored blocks/s per core"),
+        ("aggregator ingest: decode + fleet view, full tracking",
+         f"{full:,.0f} stored blocks/s per core (other_replica share {share:.0%})"),
+        ("aggregator ingest: the same, hash sampling 1/16",
+         f"{sampled:,.0f} stored blocks/s per core ({sampled / full:.1f}x full tracking)"),
+        *rss_rows(),
+    ]  # fmt: skip
+
+
+def rss_rows() -> list[tuple[str, str]]:
+    """RSS of a fresh process holding the fleet view full: 32 replicas x the default bound, against
+    the same process before filling it (the baseline), measured in a child so nothing else counts."""
+    out = subprocess.run(
+        [sys.executable, "-m", "kvcache_exporter.bench_fleet", "--rss"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    before, after, blocks = float(out[0]), float(out[1]), int(out[2])
+    per_hash = (after - before) * 2**20 / blocks
+    return [
+        (f"aggregator RSS, {PUBLISHERS} replicas x default bound ({blocks:,} hashes tracked)",
+         f"{after:.0f} MiB (before filling: {before:.0f} MiB; {per_hash:.0f} B per tracked hash)"),
+    ]  # fmt: skip
+
+
+def _fill_and_report() -> None:
+    from .sources.kv_events_decode import Batch, Event
+
+    bound = AggregateSettings.max_blocks_per_replica
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    fleet, rng = FleetResidency(max_blocks_per_replica=bound), random.Random(2)
+    shared = [rng.getrandbits(64) for _ in range(bound // 4)]  # a quarter of every replica is shared
+    for p in range(PUBLISHERS):
+        own = shared + [rng.getrandbits(64) for _ in range(bound - len(shared))]
+        for seq, start in enumerate(range(0, bound, 4096)):
+            fleet.apply(str(p), Batch(seq, 0.0, (Event("BlockStored", tuple(own[start : start + 4096])),)))
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(before, after, sum(v.resident for v in fleet.replicas.values()))
+
+
+if __name__ == "__main__":
+    if "--rss" in sys.argv:
+        _fill_and_report()
+    else:
+        for name, value in rows():
+            print(f"{name}: {value}")
