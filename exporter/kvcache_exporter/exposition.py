@@ -10,6 +10,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from . import __version__, catalog
+from . import catalog as c
 from .samples import Sample
 
 
@@ -43,7 +44,7 @@ def _summary_of(name: str) -> str | None:
 
 def build_info() -> Sample:
     return Sample(
-        "kvcache_exporter_build_info",
+        c.EXPORTER_BUILD_INFO,
         {"version": __version__, "python_version": platform.python_version()},
         1.0,
     )

@@ -18,12 +18,14 @@ import time
 import urllib.request
 from pathlib import Path
 
+from . import catalog as c
+
 FINAL_SERIES = (
-    "kvcache_kv_events_batches_total",
-    "kvcache_kv_events_missed_batches_total",
-    "kvcache_kv_events_cached_blocks",
-    "kvcache_prefix_cache_hit_ratio{",
-    "kvcache_exporter_errors_total",
+    c.KV_EVENTS_BATCHES_TOTAL,
+    c.KV_EVENTS_MISSED_BATCHES_TOTAL,
+    c.KV_EVENTS_CACHED_BLOCKS,
+    c.PREFIX_CACHE_HIT_RATIO + "{",
+    c.EXPORTER_ERRORS_TOTAL,
 )
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from .. import catalog as c
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PROMETHEUS_NAMES = ("prometheus",)
 ALERTMANAGER_NAMES = ("prometheus-alertmanager", "alertmanager")
@@ -120,7 +122,7 @@ class Stack:
         argv += ["--gpu.pod", "vllm-0", "--gpu.namespace", "default"]  # the simulator's dcgm labels
         argv += ["--cost.gpu-hour-price", str(price)]
         service = self._spawn("exporter", argv, f"http://127.0.0.1:{port}/metrics")
-        self._require(service, service.url, 20, b"kvcache_vllm_up")
+        self._require(service, service.url, 20, c.VLLM_UP.encode())
         return service
 
     def rule_files(self, scale: float) -> list[str]:

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from .. import catalog as c
+
 CLEAR = "\x1b[H\x1b[2J"
 BOLD, DIM, RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
 RED, YELLOW, GREEN = "\x1b[31m", "\x1b[33m", "\x1b[32m"
@@ -54,15 +56,15 @@ def parse_metrics(text: str) -> Snapshot:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             name, labels, value = sample.name, sample.labels, sample.value
-            if name == "kvcache_vllm_up":
+            if name == c.VLLM_UP:
                 snap.up = value if snap.up is None else min(snap.up, value)
-            elif name == "kvcache_prefix_cache_hit_ratio" and "window" in labels:
+            elif name == c.PREFIX_CACHE_HIT_RATIO and "window" in labels:
                 hits.setdefault(labels["window"], []).append(value)
-            elif name == "kvcache_prefill_latency_seconds" and labels.get("quantile") == "0.99":
+            elif name == c.PREFILL_LATENCY_SECONDS and labels.get("quantile") == "0.99":
                 p99.setdefault(labels.get("window", ""), []).append(value)
-            elif name == "kvcache_block_utilization_ratio":
+            elif name == c.BLOCK_UTILIZATION_RATIO:
                 util.append(value)
-            elif name == "kvcache_cost_per_million_tokens":
+            elif name == c.COST_PER_MILLION_TOKENS:
                 kinds = cost.setdefault(labels.get("window", ""), {})
                 kinds.setdefault(labels.get("token_kind", "all"), []).append(value)
     by_window = lambda d: dict(sorted(d.items(), key=lambda kv: _window_seconds(kv[0])))  # noqa: E731

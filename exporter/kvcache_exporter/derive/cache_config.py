@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 
@@ -11,7 +12,7 @@ def config_number(config: Mapping[str, str] | None, key: str) -> float | None:
         value = float((config or {})[key])
     except (KeyError, ValueError):
         return None
-    return value if value == value else None  # NaN
+    return value if math.isfinite(value) else None  # "nan", "inf" are no sizes
 
 
 def capacity_tokens(config: Mapping[str, str] | None) -> float | None:

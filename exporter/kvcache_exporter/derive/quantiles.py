@@ -16,10 +16,10 @@ def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float
         return None
     cumulative = _monotonic(counts)
     total = cumulative[-1]
-    if total <= 0:
+    if not 0 < total < math.inf:
         return None
     rank = q * total
-    b = next(i for i, c in enumerate(cumulative) if c >= rank)
+    b = next((i for i, c in enumerate(cumulative) if c >= rank), len(cumulative) - 1)
     if b == len(bounds) - 1:
         return bounds[-2]
     if b == 0 and bounds[0] <= 0:

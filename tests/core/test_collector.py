@@ -1,0 +1,109 @@
+"""The poll loop's one wrapper: every source timed and accounted for, and no exception ends the loop."""
+
+import asyncio
+import logging
+
+from kvcache_exporter import catalog as c
+from kvcache_exporter.collector import Exporter, Poll, target_polls
+from kvcache_exporter.derive.exporter import DERIVATIONS, DeriveOptions
+from kvcache_exporter.derive.state import PollState
+from kvcache_exporter.sources.base import SourceError
+
+from .replay import ReplaySource, seed_snapshots
+
+
+class Broken:
+    """A source with a bug: it raises what no source should."""
+
+    name = "broken"
+
+    def __init__(self):
+        self.calls = 0
+
+    async def collect(self):
+        self.calls += 1
+        if self.calls == 3:
+            raise SourceError("timeout", "slow")
+        raise KeyError("le")
+
+    def close(self):
+        raise RuntimeError("cannot close either")
+
+
+def exporter_with(texts, extra_polls=(), derivations=DERIVATIONS):
+    now = [0.0]
+    state = PollState(retention=120)
+    polls = target_polls(state, {"t": ReplaySource(texts)})
+    polls += [Poll(source, lambda snapshot, ts: None) for source in extra_polls]
+    exporter = Exporter(
+        polls, state, DeriveOptions(), interval=10, clock=lambda: now[0], derivations=derivations
+    )
+    return exporter, now
+
+
+def sample(exporter, name, **labels):
+    found = [s.value for s in exporter.latest if s.name == name and s.labels == labels]
+    return found[0] if found else None
+
+
+def test_a_source_raising_anything_is_an_internal_error_logged_once(shared_fixtures, caplog):
+    texts = [s["text"] for s in seed_snapshots(shared_fixtures)][:4]
+    broken = Broken()
+    exporter, now = exporter_with(texts, [broken])
+    caplog.set_level(logging.DEBUG, logger="kvcache_exporter")
+    for _ in texts:
+        asyncio.run(exporter.poll_once())
+        now[0] += 10
+    asyncio.run(exporter.close())  # its close raising does not stop the others closing
+    assert sample(exporter, c.EXPORTER_ERRORS_TOTAL, collector="broken", reason="internal_error") == 3
+    assert sample(exporter, c.EXPORTER_ERRORS_TOTAL, collector="broken", reason="timeout") == 1
+    assert sample(exporter, c.EXPORTER_COLLECTOR_SUCCESS, collector="broken") == 0
+    assert sample(exporter, c.VLLM_UP) == 1  # the other source is untouched
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    # once per reason change: internal_error, timeout, internal_error again; one for the close
+    crash = "collector failed: KeyError: 'le'"
+    assert warnings[:3] == [crash, "collector failed: slow", crash]
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert len(tracebacks) == 1 and tracebacks[0].levelno == logging.DEBUG
+
+
+def test_a_derivation_raising_costs_only_its_own_series(shared_fixtures, caplog):
+    texts = [s["text"] for s in seed_snapshots(shared_fixtures)][:3]
+
+    def explodes(state, options):
+        raise ZeroDivisionError("bug")
+
+    exporter, now = exporter_with(texts, derivations={**DERIVATIONS, "explodes": explodes})
+    caplog.set_level(logging.WARNING, logger="kvcache_exporter")
+    for _ in texts:
+        asyncio.run(exporter.poll_once())
+        now[0] += 10
+    assert sample(exporter, c.EXPORTER_ERRORS_TOTAL, collector="derive", reason="internal_error") == 3
+    assert sample(exporter, c.VLLM_UP) == 1
+    assert any(s.name == c.PREFIX_CACHE_QUERY_TOKENS_TOTAL for s in exporter.latest)
+    assert [r.getMessage() for r in caplog.records] == ["derivation failed: ZeroDivisionError: bug"]
+
+
+def test_run_keeps_polling_after_an_unexpected_failure(shared_fixtures):
+    texts = [s["text"] for s in seed_snapshots(shared_fixtures)][:50]
+    exporter, _ = exporter_with(texts)
+    exporter.interval = 0.01
+    calls = []
+
+    def end_poll(now):  # the poll state itself breaking: the loop must still go on
+        calls.append(now)
+        if len(calls) == 2:
+            raise RuntimeError("state bug")
+
+    exporter.state.end_poll = end_poll
+
+    async def scenario():
+        stop = asyncio.Event()
+        task = asyncio.create_task(exporter.run(stop))
+        while len(calls) < 4:
+            await asyncio.sleep(0.01)
+        stop.set()
+        await task
+
+    asyncio.run(scenario())
+    assert sample(exporter, c.EXPORTER_ERRORS_TOTAL, collector="derive", reason="internal_error") == 1
