@@ -8,8 +8,7 @@ from kvcache_exporter.collector import Exporter, Poll, target_polls
 from kvcache_exporter.derive.exporter import DERIVATIONS, DeriveOptions
 from kvcache_exporter.derive.state import PollState
 from kvcache_exporter.sources.base import SourceError
-
-from .replay import ReplaySource, seed_snapshots
+from tests.replay import ReplaySource, seed_snapshots
 
 
 class Broken:

@@ -11,8 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from kvcache_exporter.exposition import SampleCollector
 from tests.conftest import REPO
-
-from .replay import replay, seed_snapshots
+from tests.replay import replay, seed_snapshots
 
 GOLDEN = REPO / "tests" / "golden" / "seed-scenario.prom"
 

@@ -10,8 +10,7 @@ import pytest
 from kvcache_exporter import catalog as c
 from kvcache_exporter.guard import Guard, problem
 from kvcache_exporter.samples import Sample
-
-from .replay import replay, seed_snapshots, values
+from tests.replay import replay, seed_snapshots, values
 
 
 def poisoned(text: str, family: str, value: str) -> str:

@@ -3,8 +3,7 @@ import asyncio
 from kvcache_exporter import catalog, docs
 from kvcache_exporter.collector import vllm_exporter
 from tests.conftest import REPO
-
-from .replay import ReplaySource, seed_snapshots
+from tests.replay import ReplaySource, seed_snapshots
 
 
 def test_several_targets_carry_a_target_label(shared_fixtures):

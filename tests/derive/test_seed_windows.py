@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from .replay import replay, seed_snapshots, values
+from tests.replay import replay, seed_snapshots, values
 
 
 def counter(text, name):

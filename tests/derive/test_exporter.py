@@ -1,12 +1,10 @@
-"""The exporter-wide derivations wired into the poll loop: GPU history, memory swing, cost, audit."""
+"""The exporter-wide derivations (derive/exporter.py) over a replayed poll state: cost, energy, audit."""
 
 import pytest
 
 from kvcache_exporter.derive.cost import Pricing
-from kvcache_exporter.derive.gpu import GpuHistory
 from kvcache_exporter.sources.gpu import GpuDevice, GpuSnapshot
-
-from .replay import replay, seed_snapshots, values
+from tests.replay import replay, seed_snapshots, values
 
 GIB = 1024**3
 
@@ -15,22 +13,6 @@ def device(used_gib, energy_j, power=300.0):
     return GpuDevice(
         0, "GPU-1", "NVIDIA H100 80GB HBM3", used_gib * GIB, 80 * GIB, 0.5, 0.2, power, energy_j, 60
     )
-
-
-def test_energy_increase_survives_a_driver_counter_reset():
-    history = GpuHistory(retention=600)
-    for ts, energy in [(0, 1000.0), (10, 4000.0), (20, 500.0), (30, 2500.0)]:  # reset after ts 10
-        history.ingest(GpuSnapshot(ts, (device(12, energy),)))
-    assert history.energy_increase(60, now=30) == 3000 + 500 + 2000
-
-
-def test_seed_incident_swing_from_12_to_20_gib_is_measured():
-    history = GpuHistory(retention=600)
-    for ts in range(0, 300, 10):
-        used = 12 if (ts // 60) % 2 == 0 else 20  # a one-minute square wave
-        history.ingest(GpuSnapshot(ts, (device(used, None),)))
-    used = history.used()["GPU-1"]
-    assert max(u for _, u in used) - min(u for _, u in used) == 8 * GIB
 
 
 def test_cost_and_audit_over_the_real_seed_run(shared_fixtures):
