@@ -1,12 +1,14 @@
 """Write the Kubernetes manifests of vLLM with the exporter as a sidecar (`make generate`).
 
 kvcache-exporter.yaml: Deployment (vLLM + sidecar), Service, ServiceMonitor; prometheusrule.yaml:
-the PrometheusRule built from alerts/rules/*.yaml, when those exist. Edit this file, not the output.
+the PrometheusRule built from alerts/rules/*.yaml, when those exist; aggregator.yaml: the fleet
+view (fleet.py). Edit these files, not the output.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
 
 import yaml
@@ -146,8 +148,17 @@ def _dump(documents: list[dict]) -> str:
     return header + body
 
 
+def fleet_documents() -> list[dict]:
+    """fleet.py's objects, loaded by path: this script runs both as a file and imported by tests."""
+    spec = importlib.util.spec_from_file_location("k8s_fleet", HERE / "fleet.py")
+    fleet = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fleet)
+    return fleet.documents(LABELS, EXPORTER_IMAGE, exporter()["securityContext"], VLLM_PORT)
+
+
 def write(out: Path = HERE) -> list[Path]:
     files = {"kvcache-exporter.yaml": [deployment(), service(), service_monitor()]}
+    files["aggregator.yaml"] = fleet_documents()
     rule = prometheus_rule()
     if rule:
         files["prometheusrule.yaml"] = [rule]
