@@ -22,9 +22,9 @@ error, and every list has a maximum length checked from its header before any el
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, NamedTuple
+from typing import Annotated, ClassVar, NamedTuple
 
 import msgspec
 
@@ -70,13 +70,64 @@ class _ArrayCleared(msgspec.Struct, array_like=True, tag="AllBlocksCleared", gc=
     pass
 
 
+MAX_TOKENS_PER_EVENT = 1 << 22
+Tokens = Annotated[list[int], msgspec.Meta(max_length=MAX_TOKENS_PER_EVENT)]
+BlockSize = Annotated[int, msgspec.Meta(ge=0)]
+
+
+# With tokens (for miss attribution) the decoded structs are the events themselves: they have
+# Event's attributes (`type` as a class attribute), so no per-event Python copy is made.
+class StoredWithTokens(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
+    type: ClassVar[str] = "BlockStored"
+    block_hashes: Hashes
+    parent: BlockHash | None = msgspec.field(default=None, name="parent_block_hash")
+    token_ids: Tokens = []
+    block_size: BlockSize = 0
+
+
+class RemovedWithTokens(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
+    type: ClassVar[str] = "BlockRemoved"
+    block_hashes: Hashes
+
+
+class ClearedWithTokens(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", gc=False):
+    type: ClassVar[str] = "AllBlocksCleared"
+    block_hashes: ClassVar[tuple] = ()
+
+
+class _ArrayStoredWithTokens(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
+    type: ClassVar[str] = "BlockStored"
+    block_hashes: Hashes
+    parent: BlockHash | None = None
+    token_ids: Tokens = []
+    block_size: BlockSize = 0
+
+
+class _ArrayRemovedWithTokens(msgspec.Struct, array_like=True, tag="BlockRemoved", gc=False):
+    type: ClassVar[str] = "BlockRemoved"
+    block_hashes: Hashes
+
+
+class _ArrayClearedWithTokens(msgspec.Struct, array_like=True, tag="AllBlocksCleared", gc=False):
+    type: ClassVar[str] = "AllBlocksCleared"
+    block_hashes: ClassVar[tuple] = ()
+
+
 _MapEvent = _Stored | _Removed | _Cleared
 _ArrayEvent = _ArrayStored | _ArrayRemoved | _ArrayCleared
+_MapEventWithTokens = StoredWithTokens | RemovedWithTokens | ClearedWithTokens
+_ArrayEventWithTokens = _ArrayStoredWithTokens | _ArrayRemovedWithTokens | _ArrayClearedWithTokens
 
 
 class _MapEventsBatch(msgspec.Struct, array_like=True, gc=False):
     ts: float
     events: Annotated[list[_MapEvent], msgspec.Meta(max_length=MAX_EVENTS_PER_BATCH)]
+    data_parallel_rank: int | None = None
+
+
+class _MapEventsBatchWithTokens(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: Annotated[list[_MapEventWithTokens], msgspec.Meta(max_length=MAX_EVENTS_PER_BATCH)]
     data_parallel_rank: int | None = None
 
 
@@ -105,20 +156,36 @@ class _ArrayTag(msgspec.Struct, array_like=True, gc=False):
 
 _TAGS = {
     cls: cls.__struct_config__.tag
-    for cls in (_Stored, _Removed, _Cleared, _ArrayStored, _ArrayRemoved, _ArrayCleared)
+    for cls in (
+        _Stored,
+        _Removed,
+        _Cleared,
+        _ArrayStored,
+        _ArrayRemoved,
+        _ArrayCleared,
+    )
 }
 _fast_decoder = msgspec.msgpack.Decoder(_MapEventsBatch)
+_fast_decoder_with_tokens = msgspec.msgpack.Decoder(_MapEventsBatchWithTokens)
 _batch_decoders = (msgspec.msgpack.Decoder(_ArrayRawBatch), msgspec.msgpack.Decoder(_MapRawBatch))
 _event_decoders = (  # (tag decoder, event decoder) per encoding: tagged maps, tagged arrays
     (msgspec.msgpack.Decoder(_MapTag), msgspec.msgpack.Decoder(_MapEvent)),
     (msgspec.msgpack.Decoder(_ArrayTag), msgspec.msgpack.Decoder(_ArrayEvent)),
+)
+_event_decoders_with_tokens = (
+    (msgspec.msgpack.Decoder(_MapTag), msgspec.msgpack.Decoder(_MapEventWithTokens)),
+    (msgspec.msgpack.Decoder(_ArrayTag), msgspec.msgpack.Decoder(_ArrayEventWithTokens)),
 )
 _DECODE_ERRORS = (msgspec.DecodeError, RecursionError, ValueError, TypeError, OverflowError)
 
 
 class Event(NamedTuple):
     type: str
-    block_hashes: tuple[int | bytes, ...] = ()
+    block_hashes: Sequence[int | bytes] = ()
+    # BlockStored only, and only when decoded with_tokens (miss attribution needs them):
+    parent: int | bytes | None = None
+    token_ids: Sequence[int] = ()
+    block_size: int = 0
 
 
 class Batch(NamedTuple):
@@ -143,40 +210,51 @@ def peek_seq(frames: list[bytes]) -> int | None:
     return int.from_bytes(frames[-2][:8], "big")
 
 
-def decode_message(frames: list[bytes]) -> Batch:
-    """Decode one ZMQ multipart message; raise KvEventDecodeError on anything malformed."""
+def decode_message(frames: list[bytes], with_tokens: bool = False) -> Batch:
+    """Decode one ZMQ multipart message; raise KvEventDecodeError on anything malformed.
+
+    `with_tokens` also decodes each BlockStored's parent hash, token ids and block size."""
     seq = peek_seq(frames)
     if seq is None:
         raise KvEventDecodeError(f"expected [topic,] seq(8 bytes), payload; got {len(frames)} frames")
     try:
-        fast = _fast_decoder.decode(frames[-1])
+        fast = (_fast_decoder_with_tokens if with_tokens else _fast_decoder).decode(frames[-1])
     except _DECODE_ERRORS:
         try:
-            return _decode_slowly(seq, frames[-1])
+            return _decode_slowly(seq, frames[-1], with_tokens)
         except _DECODE_ERRORS as err:
             raise KvEventDecodeError(f"batch seq {seq}: {err}", seq) from err
-    events = tuple(Event(_TAGS[type(e)], tuple(getattr(e, "block_hashes", ()))) for e in fast.events)
-    return Batch(seq, fast.ts, events, fast.data_parallel_rank)
+    if with_tokens:
+        return Batch(seq, fast.ts, fast.events, fast.data_parallel_rank)
+    return Batch(seq, fast.ts, tuple(map(_to_event, fast.events)), fast.data_parallel_rank)
 
 
-def _decode_slowly(seq: int, payload: bytes) -> Batch:
+def _to_event(event) -> Event:
+    if "type" in type(event).__dict__:
+        return event  # a *WithTokens struct: already Event-like
+    return Event(_TAGS[type(event)], tuple(getattr(event, "block_hashes", ())))
+
+
+def _decode_slowly(seq: int, payload: bytes, with_tokens: bool) -> Batch:
     """Other encodings (array-tagged events, map batches, unknown event types), one event at a time."""
     batch = _first_that_decodes(_batch_decoders, payload, "neither a batch array nor a batch map")
     if batch.data_parallel_rank is not None and batch.data_parallel_rank < 0:
         raise ValueError(f"data_parallel_rank is {batch.data_parallel_rank}")
-    return Batch(seq, batch.ts, tuple(_event(raw) for raw in batch.events), batch.data_parallel_rank)
+    decoders = _event_decoders_with_tokens if with_tokens else _event_decoders
+    return Batch(
+        seq, batch.ts, tuple(_event(raw, decoders) for raw in batch.events), batch.data_parallel_rank
+    )
 
 
-def _event(raw: msgspec.Raw) -> Event:
-    for tag_decoder, event_decoder in _event_decoders:
+def _event(raw: msgspec.Raw, decoders=_event_decoders) -> Event:
+    for tag_decoder, event_decoder in decoders:
         try:
             tag = tag_decoder.decode(raw).type
         except msgspec.DecodeError:
             continue
         if tag not in KNOWN_TYPES:
             return Event(tag)
-        event = event_decoder.decode(raw)  # a known tag in the wrong shape is an error, not skipped
-        return Event(tag, tuple(getattr(event, "block_hashes", ())))
+        return _to_event(event_decoder.decode(raw))  # a known tag in the wrong shape is an error
     raise ValueError("event is not a tagged map or tagged array")
 
 

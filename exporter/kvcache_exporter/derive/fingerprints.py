@@ -1,0 +1,97 @@
+"""Content fingerprints of token runs that do not depend on block alignment, and bounded stores. Pure.
+
+The rule (docs/kv-events.md, "Miss attribution"): the token ids are laid out as 4-byte
+little-endian words; token t is an *anchor* when any byte of its word is one of the SELECTED
+byte values (an eighth of the values 4-255, picked by a fixed multiplicative hash; 0-3 are left
+out because they are the high bytes of every id below 1024). An anchor's fingerprint is the hash of
+the K tokens that start there (anchors with fewer than K tokens left are skipped). Anchors are
+chosen by content, so the same text yields the same fingerprints wherever it sits: text shifted
+by a varying-length front field still matches. About one token in 8 (small vocabularies) to one in
+4 (large ones, whose high bytes vary too) is an anchor. Finding them is `bytes.translate` and
+`bytes.find` (C speed); only anchors cost Python work. Fingerprints are Python's bytes hash,
+salted per process: they are compared within one exporter only.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Hashable, Sequence
+
+K = 8  # tokens per fingerprint: long enough that random 8-token matches are rare
+_MULT = 0x9E3779B1  # Knuth's multiplicative hash: spreads neighbouring values
+SELECTED = frozenset(v for v in range(4, 256) if ((v * _MULT) & 0xFFFFFFFF) >> 28 == 0)
+_MASK = bytes(1 if v in SELECTED else 0 for v in range(256))
+ANCHOR_SPACING = 16  # tokens between anchors, typically
+
+
+def _words(tokens: Sequence[int]) -> bytes:
+    try:
+        return array("I", tokens).tobytes()
+    except (OverflowError, TypeError):  # ids outside 0..2^32-1 (hostile): fold them in
+        return array("I", [int(t) & 0xFFFFFFFF for t in tokens]).tobytes()
+
+
+def anchored_prints(tokens: Sequence[int]) -> list[tuple[int, int]]:
+    """(token position, fingerprint) of every anchor of `tokens` with K tokens to fingerprint."""
+    words = _words(tokens)
+    find, last, width = words.translate(_MASK).find, len(tokens) - K, K * 4
+    out = []
+    byte = find(1)
+    while byte >= 0:
+        position = byte >> 2
+        if position > last:
+            break
+        start = position << 2
+        out.append((position, hash(words[start : start + width])))
+        byte = find(1, start + 4)
+    return out
+
+
+class Generations:
+    """A bounded map kept as two generations: the newest half and the one before it.
+
+    When the new generation fills half the bound, the old one is dropped and the new one becomes
+    old: a cheap approximation of LRU (an entry put again lives in the new generation), O(1) per
+    operation, never more than `bound` entries.
+    """
+
+    def __init__(self, bound: int):
+        self.half = max(bound // 2, 1)
+        self.new: dict[Hashable, int] = {}
+        self.old: dict[Hashable, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.new) + len(self.old)
+
+    def get(self, key: Hashable) -> int | None:
+        """The value, from the new generation first; callers put() what they keep using."""
+        value = self.new.get(key)
+        return self.old.get(key) if value is None else value
+
+    def put(self, key: Hashable, value: int) -> None:
+        self.new[key] = value
+        if len(self.new) >= self.half:
+            self.old, self.new = self.new, {}
+
+    def clear(self) -> None:
+        self.new, self.old = {}, {}
+
+
+class FingerprintSet:
+    """A bounded set of fingerprints, two generations like `Generations`."""
+
+    def __init__(self, bound: int):
+        self.half = max(bound // 2, 1)
+        self.new: set[int] = set()
+        self.old: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.new) + len(self.old)
+
+    def __contains__(self, item: int) -> bool:
+        return item in self.new or item in self.old
+
+    def update(self, items: Sequence[int]) -> None:
+        self.new.update(items)
+        if len(self.new) >= self.half:
+            self.old, self.new = self.new, set()
