@@ -17,7 +17,8 @@ GPU = ("gpu", "uuid", "name")
 @dataclass(frozen=True)
 class Metric:
     name: str
-    type: str  # counter | gauge | summary (windowed quantiles: promtool wants `quantile` only on summaries)
+    # counter | gauge | histogram | summary (windowed quantiles: promtool wants `quantile` only on summaries)
+    type: str
     help: str
     labels: tuple[str, ...] = ()
     unit: str = ""
@@ -38,7 +39,7 @@ class Metric:
         return (-math.inf, math.inf) if self.unit == "celsius" else (0.0, math.inf)
 
 
-_NOT_PER_TARGET = {"gpu", "memory", "cost", "events", "fleet"}
+_NOT_PER_TARGET = {"gpu", "memory", "cost", "events", "fleet", "attribution"}
 
 
 def _m(*args, **kwargs) -> Metric:
@@ -107,6 +108,10 @@ EXPORTER_LAST_SUCCESS_TIMESTAMP_SECONDS = "kvcache_exporter_last_success_timesta
 EXPORTER_ERRORS_TOTAL = "kvcache_exporter_errors_total"
 EXPORTER_BUILD_INFO = "kvcache_exporter_build_info"
 PREFIX_CACHE_MISS_TOKENS_TOTAL = "kvcache_prefix_cache_miss_tokens_total"
+KV_EVENTS_DECODE_TOKENS_TOTAL = "kvcache_kv_events_decode_tokens_total"
+PREFIX_DIVERGENCE_OFFSET_TOKENS = "kvcache_prefix_divergence_offset_tokens"
+PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO = "kvcache_prefix_cache_miss_attribution_coverage_ratio"
+PREFIX_CACHE_HIT_RATIO_ESTIMATE = "kvcache_prefix_cache_hit_ratio_estimate"
 FLEET_STORED_TOKENS_TOTAL = "kvcache_fleet_stored_tokens_total"
 FLEET_QUERY_TOKENS_TOTAL = "kvcache_fleet_query_tokens_total"
 FLEET_HIT_TOKENS_TOTAL = "kvcache_fleet_hit_tokens_total"
@@ -560,18 +565,6 @@ CATALOG: tuple[Metric, ...] = (
     ),
     # --- fleet view (`kvcache-exporter aggregate`) -----------------------------------------
     _m(
-        PREFIX_CACHE_MISS_TOKENS_TOTAL,
-        "counter",
-        "Prompt tokens vLLM had to compute, by why they were not in its prefix cache. The aggregator "
-        "exports cause=other_replica per replica: blocks computed while another replica of the pool "
-        "held the same hash.",
-        ("replica", "cause"),
-        "tokens",
-        "fleet",
-        "BlockStored events of every replica; block_size from cache_config_info",
-        "other_replica blocks x block_size / hash sampling",
-    ),
-    _m(
         FLEET_STORED_TOKENS_TOTAL,
         "counter",
         "Tokens in blocks the replica computed and stored (BlockStored), the denominator of the "
@@ -707,6 +700,66 @@ CATALOG: tuple[Metric, ...] = (
         "",
         "fleet",
         "discovery",
+    ),
+    # --- miss attribution (KV events) ---------------------------------------------------------
+    _m(
+        PREFIX_CACHE_MISS_TOKENS_TOTAL,
+        "counter",
+        "Prompt tokens vLLM computed (stored blocks x block size), by why they were not cached: evicted, "
+        "restart, prefix_diverged, other_replica, cold (docs/kv-events.md). The sidecar never sets "
+        "other_replica; `kvcache-exporter aggregate` exports cause=other_replica with a `replica` label.",
+        ("cause",),
+        "tokens",
+        "attribution",
+        "BlockStored (hashes, parent, token_ids), BlockRemoved, AllBlocksCleared, seq",
+        "each stored block classified in stream order; decode-filled blocks excluded",
+    ),
+    _m(
+        KV_EVENTS_DECODE_TOKENS_TOTAL,
+        "counter",
+        "Tokens of blocks filled during decode (one block extending a request's still-open last block); "
+        "not prompt misses.",
+        (),
+        "tokens",
+        "attribution",
+        "BlockStored",
+    ),
+    _m(
+        PREFIX_DIVERGENCE_OFFSET_TOKENS,
+        "histogram",
+        "Where the shared content starts in prompts whose prefix diverged: tokens of per-request front "
+        "matter before content the cache already holds. One observation per diverged chain.",
+        (),
+        "tokens",
+        "attribution",
+        "BlockStored token_ids, parent_block_hash",
+        "chain depth x block size + where the first known content fingerprint starts",
+    ),
+    _m(
+        PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO,
+        "gauge",
+        "Share of the prompt tokens vLLM computed in the window that the KV-event stream attributed to a "
+        "cause; low when batches were lost, dropped, or events are off. Absent without computed tokens.",
+        ("window",),
+        "ratio",
+        "attribution",
+        "kvcache_prefix_cache_miss_tokens_total; vllm:prefix_cache_queries_total - "
+        "vllm:prefix_cache_hits_total",
+        "min(increase(attributed) / (increase(queries) - increase(hits)), 1); each prompt's last partial "
+        "block is never stored, so it sits below 1 by up to block_size - 1 tokens per request",
+    ),
+    _m(
+        PREFIX_CACHE_HIT_RATIO_ESTIMATE,
+        "gauge",
+        "Estimated prefix-cache hit ratio over the window had the KV cache been capacity_factor (2, 4) times "
+        "larger, from blocks evicted and recomputed soon enough that the larger cache would have kept them.",
+        ("window", "capacity_factor"),
+        "ratio",
+        "attribution",
+        "kvcache_prefix_cache_miss_tokens_total{cause=evicted}; vllm:prefix_cache_{hits,queries}_total; "
+        "num_gpu_blocks",
+        "(increase(hits) + increase(evicted tokens recomputed within (f-1) x num_gpu_blocks stored blocks)) "
+        "/ increase(queries); docs/kv-events.md gives the bias",
     ),
     # --- vLLM schema and exporter health ------------------------------------------------
     _m(

@@ -196,6 +196,18 @@ OPTIONS: tuple[Option, ...] = (
         "kv_events.max_batches_per_second", int, 20000, "event batches accepted per second, more are dropped"
     ),
     Option(
+        "kv_events.max_tracked_blocks",
+        int,
+        1_000_000,
+        "block hashes miss attribution remembers (keep >= 10x num_gpu_blocks; ~100 bytes each)",
+    ),
+    Option(
+        "kv_events.max_fingerprints",
+        int,
+        2_000_000,
+        "content fingerprints miss attribution remembers (~2 per 32 tokens stored; ~70 bytes each)",
+    ),
+    Option(
         "audit.gpu_memory_utilization_ceiling",
         ratio,
         0.9,

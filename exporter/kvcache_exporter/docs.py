@@ -14,6 +14,7 @@ GROUPS = {
     "cost": "Cost and energy",
     "events": "KV-event stream",
     "fleet": "Fleet view (`kvcache-exporter aggregate`)",
+    "attribution": "Why the cache missed (KV-event attribution)",
     "health": "vLLM schema and exporter health",
 }
 

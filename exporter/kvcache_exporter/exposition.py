@@ -21,14 +21,14 @@ def families(samples: Iterable[Sample]) -> list[Metric]:
         family_name = _summary_of(name) or name
         if family_name not in grouped:
             spec = catalog.get(family_name)
-            if spec.type == "summary":
-                family = Metric(family_name, spec.help, "summary")
+            if spec.type in ("summary", "histogram"):
+                family = Metric(family_name, spec.help, spec.type)
             else:
                 kind = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
                 family = kind(family_name, spec.help, labels=list(labels))
             grouped[family_name] = (family, list(labels))
         family, label_names = grouped[family_name]
-        if family.type == "summary":
+        if family.type in ("summary", "histogram"):
             family.add_sample(name, labels, value)
         else:
             family.add_metric([labels.get(key, "") for key in label_names], value)
@@ -36,10 +36,12 @@ def families(samples: Iterable[Sample]) -> list[Metric]:
 
 
 def _summary_of(name: str) -> str | None:
-    """`x_count` / `x_sum` belong to the summary family `x`."""
+    """`x_count` / `x_sum` (and a histogram's `x_bucket`) belong to the summary or histogram `x`."""
     base, _, suffix = name.rpartition("_")
     spec = catalog.BY_NAME.get(base)
-    return base if suffix in ("count", "sum") and spec is not None and spec.type == "summary" else None
+    if spec is None or suffix not in ("count", "sum", "bucket"):
+        return None
+    return base if spec.type == "histogram" or (spec.type == "summary" and suffix != "bucket") else None
 
 
 def build_info() -> Sample:

@@ -19,12 +19,14 @@ log = logging.getLogger("kvcache_exporter")
 
 
 def family_of(name: str) -> catalog.Metric | None:
-    """The catalog entry of a sample name; a summary's `_count` and `_sum` belong to the summary."""
+    """The catalog entry of a sample name; a summary's `_count` and `_sum` (and a histogram's
+    `_bucket`) belong to the family."""
     spec = catalog.BY_NAME.get(name)
     if spec is None:
         base, _, suffix = name.rpartition("_")
         spec = catalog.BY_NAME.get(base)
-        if spec is None or spec.type != "summary" or suffix not in ("count", "sum"):
+        parts = {"summary": ("count", "sum"), "histogram": ("count", "sum", "bucket")}
+        if spec is None or suffix not in parts.get(spec.type, ()):
             return None
     return spec
 

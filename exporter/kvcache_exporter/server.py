@@ -13,6 +13,7 @@ from aiohttp import web
 
 from . import logs
 from .collector import Exporter, Poll, target_polls
+from .derive.attribution import Attribution
 from .derive.cost import Pricing
 from .derive.exporter import DeriveOptions
 from .derive.kv_events import EventState
@@ -57,9 +58,11 @@ def build_exporter(s: SimpleNamespace) -> Exporter:
             topic=s.kv_events_topic,
             replay_endpoint=s.kv_events_replay_endpoint,
             max_batches_per_second=s.kv_events_max_batches_per_second,
+            with_tokens=True,
         )
         subscriber.start()  # needs the running event loop: build_exporter is called from serve()
-        polls.append(Poll(subscriber, state.add_kv_events(EventState()).ingest))
+        attribution = Attribution(s.kv_events_max_tracked_blocks, s.kv_events_max_fingerprints)
+        polls.append(Poll(subscriber, state.add_kv_events(EventState(), attribution=attribution).ingest))
     options = DeriveOptions(
         windows=tuple(sorted(s.collect_windows)),
         quantiles=tuple(s.collect_quantiles),

@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..sources.kv_events_decode import MAX_SEQ_GAP, Batch, Event
+from ..sources.kv_events_decode import MAX_SEQ_GAP, Batch, Dropped, Event, KvEventDrain
 from .fingerprints import ANCHOR_SPACING, FingerprintSet, Generations, anchored_prints
 
 CAUSES = ("evicted", "restart", "prefix_diverged", "other_replica", "cold")
@@ -100,6 +100,17 @@ class Attribution:
     def tracked(self) -> tuple[int, int]:
         """(tracked hashes, tracked fingerprints): never above the bounds."""
         return len(self._blocks), len(self._content)
+
+    def ingest(self, drain: KvEventDrain) -> None:
+        """A poll's drained stream: batches applied, dropped ones only move the expected seq (the
+        exporter chose to drop them: not lost, but not attributed either, which coverage shows)."""
+        for item in drain.items:
+            if isinstance(item, Dropped):
+                if item.seq is not None:
+                    self._advance(item.seq)
+                    self._next = item.seq + item.count
+            else:
+                self.apply(item)
 
     def apply(self, batch: Batch) -> None:
         self._advance(batch.seq)

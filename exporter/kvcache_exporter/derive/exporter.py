@@ -8,14 +8,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..config import window_label
 from ..samples import Sample
 from .audit import DEFAULT_GPU_MEMORY_UTILIZATION_CEILING, audit_samples
 from .cost import Pricing, cost_samples
 from .gpu import gpu_samples
 from .kv_events import kv_event_samples
 from .memory import memory_over
+from .miss_windows import miss_samples, summed_window
 from .state import PollState
 from .targets import target_samples
+from .windows import Delta
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,23 @@ def kv_events(state: PollState, options: DeriveOptions) -> list[Sample]:
     return [s for part in state.kv_events for s in kv_event_samples(part.events, part.labels)]
 
 
+def attribution(state: PollState, options: DeriveOptions) -> list[Sample]:
+    """Miss attribution, its windows joined with the first target's /metrics (a sidecar has one)."""
+    target = state.targets[0] if state.targets else None
+
+    def vllm(seconds: float) -> Delta | None:
+        histories = target.histories.values() if target is not None and target.up else ()
+        return summed_window([history.window(seconds) for history in histories])
+
+    windows = [(seconds, window_label(seconds)) for seconds in options.windows]
+    return [
+        s
+        for part in state.kv_events
+        if part.attribution is not None and part.misses is not None
+        for s in miss_samples(part.attribution.totals, part.misses, windows, vllm)
+    ]
+
+
 def gpu(state: PollState, options: DeriveOptions) -> list[Sample]:
     snapshot = state.gpu_snapshot
     return [] if snapshot is None else gpu_samples(snapshot) + memory_over(state, options.windows)
@@ -52,6 +72,7 @@ Derivation = Callable[[PollState, DeriveOptions], list[Sample]]
 DERIVATIONS: dict[str, Derivation] = {
     "targets": targets,
     "kv_events": kv_events,
+    "attribution": attribution,
     "gpu": gpu,
     "cost": cost,
     "audit": audit,

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 
 from ..sources.gpu import GpuSnapshot
 from ..sources.vllm import EngineKey, VllmSnapshot
+from .attribution import Attribution
 from .gpu import GpuHistory
 from .kv_events import EventState, KvEventDrain
+from .miss_windows import MissHistory, num_gpu_blocks
 from .windows import SeriesHistory
 
 
@@ -64,14 +66,21 @@ class GpuState:
 
 @dataclass
 class KvEventsState:
-    """One KV-event stream: the batches drained from its subscriber, applied in arrival order."""
+    """One KV-event stream: the batches drained from its subscriber, applied in arrival order
+    to the event view and, when on, to miss attribution (whose totals are kept per poll)."""
 
     events: EventState = field(default_factory=EventState)
     labels: dict[str, str] = field(default_factory=dict)
+    attribution: Attribution | None = None
+    misses: MissHistory | None = None
 
     def ingest(self, drain: KvEventDrain | None, ts: float) -> None:
         if drain is not None:
             self.events.ingest(drain)
+        if self.attribution is not None and self.misses is not None:
+            if drain is not None:
+                self.attribution.ingest(drain)
+            self.misses.record(ts, self.attribution.totals)
 
 
 @dataclass
@@ -92,8 +101,11 @@ class PollState:
         self.gpu = GpuState(self.retention)
         return self.gpu
 
-    def add_kv_events(self, events: EventState, labels: dict[str, str] | None = None) -> KvEventsState:
-        part = KvEventsState(events, labels or {})
+    def add_kv_events(
+        self, events: EventState, labels: dict[str, str] | None = None, attribution: Attribution | None = None
+    ) -> KvEventsState:
+        misses = None if attribution is None else MissHistory(self.retention)
+        part = KvEventsState(events, labels or {}, attribution, misses)
         self.kv_events.append(part)
         return part
 
@@ -104,6 +116,10 @@ class PollState:
     def end_poll(self, now: float) -> None:
         """After every source was ingested: the running + waiting load per model, for the audit's peak."""
         self.now = now
+        capacity = num_gpu_blocks(self.targets[0].snapshot) if self.targets else None
+        for part in self.kv_events:  # the what-if estimate needs vLLM's cache size, from /metrics
+            if part.attribution is not None and capacity:
+                part.attribution.capacity_blocks = capacity
         load: dict[str, float] = {}
         for target in self.targets:
             if target.snapshot is None or not target.up:

