@@ -13,7 +13,7 @@ from kvcache_exporter.derive.exporter import DeriveOptions
 from kvcache_exporter.derive.kv_events import EventState
 from kvcache_exporter.derive.state import PollState
 from kvcache_exporter.sources.kv_events_decode import KvEventDrain, decode_message
-from tests.core.replay import ReplaySource, seed_snapshots, values
+from tests.replay import ReplaySource, seed_snapshots, values
 
 
 class KvReplay:
