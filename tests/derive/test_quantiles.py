@@ -32,3 +32,10 @@ def test_decreasing_buckets_are_repaired_with_the_running_maximum():
 
 def test_first_bucket_with_non_positive_bound_returns_that_bound():
     assert histogram_quantile(0.2, (0.0, 1.0, INF), (4, 10, 10)) == 0.0
+
+
+@pytest.mark.parametrize("q", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("bad", [math.inf, math.nan])
+def test_a_count_that_is_no_number_has_no_quantile(q, bad):
+    """q=0 with an infinite count used to raise StopIteration (issue 14 item 2)."""
+    assert histogram_quantile(q, (0.1, 1.0, math.inf), (1.0, 2.0, bad)) is None

@@ -48,6 +48,7 @@ def test_every_captured_exposition_parses_identically(shared_fixtures):
         ('a{l="has } brace",m="a,b"} 2.5e3', ("a", {"l": "has } brace", "m": "a,b"}, 2500.0)),
         ('ray_vllm:x{l="1",} +Inf 1700000000000', ("ray_vllm:x", {"l": "1"}, math.inf)),
         ("vllm:y -3", ("vllm:y", {}, -3.0)),
+        ('a{l="C:\\y\\\\"} 1', ("a", {"l": "C:\\y\\"}, 1.0)),  # \y is no escape: the backslash stays
     ],
 )
 def test_escapes_trailing_commas_timestamps(line, expected):
@@ -55,7 +56,11 @@ def test_escapes_trailing_commas_timestamps(line, expected):
     assert reference(line + "\n") == [expected]
 
 
-@pytest.mark.parametrize("line", ['a{l="x} 1', "a{l=x} 1", "a 1 2 3", "a", 'a{l="x"} one', "1a 2"])
+@pytest.mark.parametrize(
+    "line",
+    ['a{l="x} 1', "a{l=x} 1", "a 1 2 3", "a", 'a{l="x"} one', "1a 2", "a 5_0.0", 'a{l="1",l="2"} 1',
+     'a{__l="1"} 1', '{"my.metric"} 1', '{"my.metric","a.b"="1"} 1'],
+)  # fmt: skip
 def test_malformed_lines_raise(line):
     with pytest.raises(ValueError):
         parse_line(line)

@@ -10,10 +10,13 @@ def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float
     """The q-quantile of a cumulative histogram, as PromQL's histogram_quantile computes it.
 
     `bounds` are ascending upper bounds ending with +Inf, `counts` the cumulative counts.
-    Returns None where PromQL would return no value or NaN (no observations, no +Inf bucket).
+    Returns None where PromQL would return no value or NaN (no observations, no +Inf bucket,
+    a count that is NaN or infinite).
     """
     if not 0 <= q <= 1 or len(bounds) < 2 or len(bounds) != len(counts) or not math.isinf(bounds[-1]):
         return None
+    if not all(math.isfinite(c) for c in counts):
+        return None  # no quantile of a count that is no number (the parser rejects them; stay pure)
     cumulative = _monotonic(counts)
     total = cumulative[-1]
     if not 0 < total < math.inf:

@@ -184,19 +184,23 @@ def _prefilter(text: str, prefix: str, limits: Limits) -> tuple[list[str], set[s
 
 
 def _take(acc: _Accumulator, name: str, labels: dict[str, str], value: float, chosen: dict[str, str]) -> None:
-    if math.isnan(value):
-        return
+    """Add one sample. ValueError (-> parse_error) where a count, a time or a bound is impossible:
+    windows over a NaN, infinite or negative counter would be wrong for as long as they hold it."""
     if name in _COUNTER_OF:
         logical = _COUNTER_OF[name]
         if chosen.setdefault(logical, name) == name:
             sample = acc.engine(labels)
-            sample.counters[logical] = sample.counters.get(logical, 0.0) + value
+            sample.counters[logical] = sample.counters.get(logical, 0.0) + _count(name, value)
     elif name == names.PROMPT_BY_SOURCE and labels.get("source") == names.COMPUTED_SOURCE:
         sample = acc.engine(labels)
+        value = _count(name, value)
         sample.counters["computed_prompt_tokens"] = sample.counters.get("computed_prompt_tokens", 0.0) + value
     elif name in _GAUGE_OF:
         logical = _GAUGE_OF[name]
-        if chosen.setdefault(logical, name) == name:
+        # A gauge that is no number, or a negative count, is dropped: it then reads as missing.
+        # (V0's hit-rate gauge says -1 for "no data"; derive/cache.py drops that at export.)
+        usable = math.isfinite(value) and (value >= 0 or logical == "v0_block_hit_rate")
+        if usable and chosen.setdefault(logical, name) == name:
             acc.engine(labels)
             acc.gauge_parts[((labels.get("model_name", ""), labels.get("engine", "0")), logical)].append(
                 value
@@ -205,15 +209,45 @@ def _take(acc: _Accumulator, name: str, labels: dict[str, str], value: float, ch
         key = ((labels.get("model_name", ""), labels.get("engine", "0")), _HIST_OF[name])
         acc.engine(labels)
         if name.endswith("_bucket"):
-            acc.buckets[key][float(labels["le"])] += value
+            acc.buckets[key][_bound(name, labels)] += _count(name, value)
         else:
-            acc.sums[key] += value
+            acc.sums[key] += _count(name, value)
     elif name == names.CACHE_CONFIG:
+        _check_config(labels)
         acc.cache_configs[labels.get("engine", "0")] = dict(labels)
-    elif name == names.CREATED:
+    elif name == names.CREATED and math.isfinite(value):
         acc.engine(labels).start_time = value
-    elif name == names.PROCESS_START:
+    elif name == names.PROCESS_START and math.isfinite(value):
         acc.process_start = value
+
+
+def _count(name: str, value: float) -> float:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} is {value}: a count is a finite number >= 0")
+    return value
+
+
+def _bound(name: str, labels: dict[str, str]) -> float:
+    if "le" not in labels:
+        raise ValueError(f"{name} has no le label")
+    bound = float(labels["le"])  # ValueError on text that is no number
+    if math.isnan(bound):
+        raise ValueError(f"{name} has le={labels['le']!r}")
+    return bound
+
+
+# cache_config_info labels the exporter computes with; "None" means unset, other text is ignored.
+_CONFIG_NUMBERS = ("num_gpu_blocks", "block_size", "kv_cache_size_tokens", "kv_cache_memory_bytes")
+
+
+def _check_config(labels: dict[str, str]) -> None:
+    for key in _CONFIG_NUMBERS:
+        try:
+            number = float(labels.get(key, "None"))
+        except ValueError:
+            continue
+        if not (math.isfinite(number) and number >= 0):
+            raise ValueError(f"{names.CACHE_CONFIG} has {key}={labels[key]!r}")
 
 
 def _finish(

