@@ -46,7 +46,9 @@ def test_inf_bucket_count_with_quantile_zero_neither_crashes_nor_exports_nan(see
     texts = seed[:20] + [poisoned(t, "vllm:e2e_request_latency_seconds_bucket", "+Inf") for t in seed[20:22]]
     exporter = replay(texts, windows=(60.0,), quantiles=(0.0, 0.5))
     assert_clean(exporter)
-    assert values(exporter, c.VLLM_UP) == {(): 1.0}
+    # an impossible count fails the poll at parse (sources/vllm.py), the loop goes on
+    assert values(exporter, c.VLLM_UP) == {(): 0.0}
+    assert values(exporter, c.EXPORTER_ERRORS_TOTAL, collector="vllm", reason="parse_error")
 
 
 def test_inf_num_gpu_blocks_gives_no_blocks_in_use_or_fragmentation(seed):
@@ -59,13 +61,16 @@ def test_inf_num_gpu_blocks_gives_no_blocks_in_use_or_fragmentation(seed):
 
 
 def test_negative_generation_tokens_give_no_negative_count_or_rate(seed):
-    texts = seed[:20] + [poisoned(t, "vllm:generation_tokens_total", "-1000") for t in seed[20:22]]
-    exporter = replay(texts, windows=(60.0,))
+    poison = [poisoned(t, "vllm:generation_tokens_total", "-1000") for t in seed[20:22]]
+    exporter = replay(seed[:20] + poison + seed[22:26], windows=(60.0,))
     assert_clean(exporter)
-    assert values(exporter, c.GENERATION_TOKENS_TOTAL) == {}  # dropped by the guard, and counted
-    assert values(exporter, c.EXPORTER_ERRORS_TOTAL, collector="derive", reason="invalid_value")
+    # refused at parse (sources/vllm.py), counted, and the windows after it stay right
+    assert values(exporter, c.EXPORTER_ERRORS_TOTAL, collector="vllm", reason="parse_error") == {
+        (("collector", "vllm"), ("reason", "parse_error")): 2.0
+    }
+    totals = values(exporter, c.GENERATION_TOKENS_TOTAL)
     rates = values(exporter, c.GENERATION_TOKENS_PER_SECOND)
-    assert rates and all(v >= 0 for v in rates.values())
+    assert totals and rates and all(v >= 0 for v in [*totals.values(), *rates.values()])
 
 
 @pytest.mark.parametrize(

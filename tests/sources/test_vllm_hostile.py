@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from kvcache_exporter.collector import Exporter, Target
+from kvcache_exporter.collector import Exporter, vllm_exporter
 from kvcache_exporter.sources.base import SourceError
 from kvcache_exporter.sources.vllm import VllmSource, parse
 
@@ -62,9 +62,10 @@ def test_impossible_counts_are_a_parse_error(name, value):
 
 
 @pytest.mark.parametrize("value", ["inf", "-64", "nan"])
-def test_impossible_num_gpu_blocks_is_a_parse_error(value):
-    text = PAYLOAD.replace('num_gpu_blocks="64"', f'num_gpu_blocks="{value}"')
-    assert reason(text) == "parse_error"
+def test_impossible_num_gpu_blocks_reads_as_unset(value):
+    snap = parse(PAYLOAD.replace('num_gpu_blocks="64"', f'num_gpu_blocks="{value}"'))
+    assert snap.cache_configs["0"]["num_gpu_blocks"] == "None"
+    assert snap.cache_configs["0"]["block_size"] == "32"
 
 
 @pytest.mark.parametrize("value", ["NaN", "+Inf", "-3"])
@@ -92,7 +93,7 @@ async def poll_twice(first: str, second: str, quantiles: list[float]) -> Exporte
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
     source = VllmSource(f"http://127.0.0.1:{port}/metrics", timeout=5)
-    exporter = Exporter([Target("t", source, 600)], windows=[60], quantiles=quantiles, interval=1)
+    exporter = vllm_exporter({"t": source}, windows=[60], quantiles=quantiles, interval=1)
     try:
         await exporter.poll_once()
         upstream.text = second

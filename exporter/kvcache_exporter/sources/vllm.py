@@ -213,8 +213,7 @@ def _take(acc: _Accumulator, name: str, labels: dict[str, str], value: float, ch
         else:
             acc.sums[key] += _count(name, value)
     elif name == names.CACHE_CONFIG:
-        _check_config(labels)
-        acc.cache_configs[labels.get("engine", "0")] = dict(labels)
+        acc.cache_configs[labels.get("engine", "0")] = _config(labels)
     elif name == names.CREATED and math.isfinite(value):
         acc.engine(labels).start_time = value
     elif name == names.PROCESS_START and math.isfinite(value):
@@ -240,14 +239,18 @@ def _bound(name: str, labels: dict[str, str]) -> float:
 _CONFIG_NUMBERS = ("num_gpu_blocks", "block_size", "kv_cache_size_tokens", "kv_cache_memory_bytes")
 
 
-def _check_config(labels: dict[str, str]) -> None:
+def _config(labels: dict[str, str]) -> dict[str, str]:
+    """The labels, with a number that cannot be a size (NaN, inf, negative) read as unset: the
+    engine keeps its other series, the block and capacity series it would corrupt are absent."""
+    config = dict(labels)
     for key in _CONFIG_NUMBERS:
         try:
-            number = float(labels.get(key, "None"))
+            number = float(config.get(key, "None"))
         except ValueError:
             continue
         if not (math.isfinite(number) and number >= 0):
-            raise ValueError(f"{names.CACHE_CONFIG} has {key}={labels[key]!r}")
+            config[key] = "None"
+    return config
 
 
 def _finish(
