@@ -14,7 +14,6 @@ import os
 import platform
 import resource
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from . import __version__
 from .collector import vllm_exporter
 from .exposition import registry_for, render
+from .harness import free_port
 from .sources import textformat
 from .sources.vllm import parse
 
@@ -138,7 +138,7 @@ def live_rows(seconds: float = 30.0) -> list[tuple[str, str]]:
     """The real processes: simulator -> exporter (1 s polls) -> Debian's Prometheus (1 s scrapes)."""
     prometheus = shutil.which("prometheus")
     tmp = Path(tempfile.mkdtemp(prefix="kvcache-bench-"))
-    ports = [_free_port() for _ in range(3)]
+    ports = [free_port() for _ in range(3)]
     cli = [sys.executable, "-m", "kvcache_exporter"]
     procs = [
         subprocess.Popen([*cli, "simulate", "--listen", f"127.0.0.1:{ports[0]}", "--rate", "20"],
@@ -179,12 +179,6 @@ def live_rows(seconds: float = 30.0) -> list[tuple[str, str]]:
         prom_ms = (after[2] - before[2]) / seconds * 1000
         rows.append(("Prometheus 2.42 CPU per 1 s scrape of the exporter (same run)", f"{prom_ms:.1f} ms"))
     return rows
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cpu_seconds(pid: int) -> float:

@@ -8,10 +8,6 @@ shows as a slope after that point. Writes docs/soak.md (the curve as a table and
 from __future__ import annotations
 
 import argparse
-import contextlib
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -19,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from . import catalog as c
+from .harness import Services, free_ports
 
 FINAL_SERIES = (
     c.KV_EVENTS_BATCHES_TOTAL,
@@ -27,12 +24,6 @@ FINAL_SERIES = (
     c.PREFIX_CACHE_HIT_RATIO + "{",
     c.EXPORTER_ERRORS_TOTAL,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_mib(pid: int) -> float:
@@ -45,16 +36,6 @@ def rss_mib(pid: int) -> float:
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / 100  # utime + stime in clock ticks (USER_HZ=100)
-
-
-def wait_http(url: str, seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        with contextlib.suppress(OSError):
-            urllib.request.urlopen(url, timeout=1).read()
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer within {seconds:g}s")
 
 
 class Scraper(threading.Thread):
@@ -77,45 +58,32 @@ class Scraper(threading.Thread):
 
 
 def soak(seconds: float, sample_every: float, out_dir: Path) -> list[tuple[float, float, float, int]]:
-    sim_port, exp_port, zmq_port = free_port(), free_port(), free_port()
-    py = sys.executable
-    logs = out_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    # The exporter binds, the simulator's PUB connects to it, as vLLM's does to a concrete address.
-    exporter = subprocess.Popen(
-        [py, "-m", "kvcache_exporter", "serve", "--vllm.url", f"http://127.0.0.1:{sim_port}/metrics",
-         "--web.listen-address", f"127.0.0.1:{exp_port}", "--gpu.source", "none",
-         "--kv-events.endpoint", f"tcp://127.0.0.1:{zmq_port}", "--kv-events.mode", "bind"],
-        stdout=open(logs / "exporter.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-    )  # fmt: skip
-    simulator = subprocess.Popen(
-        [py, "-m", "kvcache_exporter", "simulate", "--listen", f"127.0.0.1:{sim_port}",
-         "--workload", "normalized:600s,chat:600s,raw:300s,normalized", "--rate", "4",
-         "--kv-events-endpoint", f"tcp://127.0.0.1:{zmq_port}"],
-        stdout=open(logs / "simulator.log", "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
-    )  # fmt: skip
-    scraper = Scraper(f"http://127.0.0.1:{exp_port}/metrics")
+    sim_port, zmq_port = free_ports(2)
     points: list[tuple[float, float, float, int]] = []
-    try:
-        wait_http(f"http://127.0.0.1:{sim_port}/metrics", 60)
-        wait_http(f"http://127.0.0.1:{exp_port}/metrics", 60)
-        scraper.start()
-        started = time.monotonic()
-        while (elapsed := time.monotonic() - started) <= seconds:
-            if exporter.poll() is not None or simulator.poll() is not None:
-                raise RuntimeError(f"a process died during the soak; see {logs}")
-            points.append((elapsed, rss_mib(exporter.pid), cpu_seconds(exporter.pid), scraper.failed))
-            time.sleep(sample_every)
-        final = urllib.request.urlopen(scraper.url, timeout=10).read().decode()
-        (out_dir / "final.prom").write_text(final)
-    finally:
-        scraper.stop.set()
-        for proc in (simulator, exporter):
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
-            if proc.poll() is None:
-                proc.kill()
+    with Services(out_dir / "logs") as services:
+        # The exporter binds, the simulator's PUB connects to it, as vLLM's does to a concrete address.
+        exporter = services.exporter(
+            "--vllm.url", f"http://127.0.0.1:{sim_port}/metrics", "--gpu.source", "none",
+            "--kv-events.endpoint", f"tcp://127.0.0.1:{zmq_port}", "--kv-events.mode", "bind", timeout=60,
+        )  # fmt: skip
+        simulator = services.simulator(
+            "--workload", "normalized:600s,chat:600s,raw:300s,normalized", "--rate", "4",
+            "--kv-events-endpoint", f"tcp://127.0.0.1:{zmq_port}", port=sim_port, timeout=60,
+        )  # fmt: skip
+        scraper = Scraper(f"{exporter.url}/metrics")
+        try:
+            scraper.start()
+            started = time.monotonic()
+            while (elapsed := time.monotonic() - started) <= seconds:
+                if exporter.proc.poll() is not None or simulator.proc.poll() is not None:
+                    raise RuntimeError(f"a process died during the soak; see {services.workdir}")
+                pid = exporter.proc.pid
+                points.append((elapsed, rss_mib(pid), cpu_seconds(pid), scraper.failed))
+                time.sleep(sample_every)
+            final = urllib.request.urlopen(scraper.url, timeout=10).read().decode()
+            (out_dir / "final.prom").write_text(final)
+        finally:
+            scraper.stop.set()
     print(f"scrapes answered {scraper.ok}, failed {scraper.failed}, slowest {scraper.slowest:.3f}s")
     return points
 

@@ -5,30 +5,23 @@ Switching the simulator to the `raw` workload must deliver KVCacheHitRatioBelowF
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.parse
 import urllib.request
-from contextlib import ExitStack
+from contextlib import closing
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
-from alert_harness import AM_CONFIG, generate, tool
+from alert_harness import AM_CONFIG, generate
+
+from kvcache_exporter.harness import Services
 
 pytestmark = [pytest.mark.slow, pytest.mark.prometheus]
 SCALE = 1 / 30  # 1m evaluation -> 2s, 5m windows and for: -> 10s
 MODEL = "e2e-llama"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Webhook(ThreadingHTTPServer):
@@ -48,28 +41,16 @@ class Webhook(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}/alerts"
 
     def alerts(self, name: str) -> list[dict]:
         return [a for p in self.payloads for a in p["alerts"] if a["labels"]["alertname"] == name]
-
-
-def start(stack: ExitStack, tmp: Path, name: str, *cmd: str) -> subprocess.Popen:
-    log = (tmp / f"{name}.log").open("w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-
-    def stop():
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-
-    stack.callback(stop)
-    return proc
 
 
 def wait_for(what: str, check, timeout: float, tmp: Path):
@@ -97,10 +78,8 @@ def promql(port: int, query: str) -> list[dict]:
 
 
 def test_raw_workload_pages_through_alertmanager(tmp_path):
-    prometheus, alertmanager = tool("prometheus"), tool("prometheus-alertmanager", "alertmanager")
     rules = tmp_path / "rules"
     generate(rules, SCALE)
-    sim, exp, prom, am = (free_port() for _ in range(4))
     hook = Webhook()
 
     am_config = yaml.safe_load(AM_CONFIG.read_text())
@@ -111,32 +90,23 @@ def test_raw_workload_pages_through_alertmanager(tmp_path):
     for receiver in am_config["receivers"]:
         for webhook in receiver.get("webhook_configs", []):
             webhook["url"] = hook.url
-    (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(am_config))
-    (tmp_path / "prometheus.yml").write_text(
-        yaml.safe_dump(
-            {
-                "global": {"scrape_interval": "1s", "evaluation_interval": "2s"},
-                "rule_files": [str(rules / "recording.yaml"), str(rules / "alerts.yaml")],
-                "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am}"]}]}]},
-                "scrape_configs": [
-                    {"job_name": "kvcache-exporter", "static_configs": [{"targets": [f"127.0.0.1:{exp}"]}]}
-                ],
-            }
-        )
-    )
-    cli = [sys.executable, "-m", "kvcache_exporter"]
-    with ExitStack() as stack:
-        stack.callback(hook.shutdown)
-        start(stack, tmp_path, "simulator", *cli, "simulate", "--listen", f"127.0.0.1:{sim}",
-              "--model-name", MODEL, "--workload", "normalized", "--rate", "20")  # fmt: skip
-        start(stack, tmp_path, "exporter", *cli, "serve", "--vllm.url", f"http://127.0.0.1:{sim}/metrics",
-              "--collect.interval", "1s", "--web.listen-address", f"127.0.0.1:{exp}")  # fmt: skip
-        start(stack, tmp_path, "alertmanager", alertmanager, f"--config.file={tmp_path / 'alertmanager.yml'}",
-              f"--storage.path={tmp_path / 'am-data'}", f"--web.listen-address=127.0.0.1:{am}",
-              "--cluster.listen-address=")  # fmt: skip
-        start(stack, tmp_path, "prometheus", prometheus, f"--config.file={tmp_path / 'prometheus.yml'}",
-              f"--storage.tsdb.path={tmp_path / 'prom-data'}",
-              f"--web.listen-address=127.0.0.1:{prom}")  # fmt: skip
+    with Services(tmp_path) as services, closing(hook):
+        sim = services.simulator("--model-name", MODEL, "--workload", "normalized", "--rate", "20")
+        exporter = services.exporter("--vllm.url", f"{sim.url}/metrics", "--collect.interval", "1s")
+        am = services.alertmanager(yaml.safe_dump(am_config))
+        prometheus_config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "2s"},
+            "rule_files": [str(rules / "recording.yaml"), str(rules / "alerts.yaml")],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am.port}"]}]}]},
+            "scrape_configs": [
+                {
+                    "job_name": "kvcache-exporter",
+                    "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}],
+                }
+            ],
+        }
+        prom = services.prometheus(yaml.safe_dump(prometheus_config)).port
+        exp = exporter.port
 
         ratio = "instance_model_name:kvcache_prefix_cache_hit:ratio_rate5m"
         wait_for(
@@ -145,7 +115,7 @@ def test_raw_workload_pages_through_alertmanager(tmp_path):
         assert not hook.alerts("KVCacheHitRatioBelowFloor"), "fired before the workload changed"
 
         req = urllib.request.Request(
-            f"http://127.0.0.1:{sim}/control/workload", data=b'{"name": "raw"}', method="POST",
+            f"{sim.url}/control/workload", data=b'{"name": "raw"}', method="POST",
             headers={"Content-Type": "application/json"},
         )  # fmt: skip
         urllib.request.urlopen(req, timeout=5).close()

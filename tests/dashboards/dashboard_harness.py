@@ -1,25 +1,19 @@
 """Helpers for the dashboard tests: the committed JSON, its queries, and a real Prometheus.
 
-Prometheus is Debian's `prometheus` binary, started on 127.0.0.1 with an ephemeral port and a
-temp dir; a missing binary fails the tests (it never skips).
+Prometheus is Debian's `prometheus` binary, started by kvcache_exporter.harness on 127.0.0.1 with an
+ephemeral port and a temp dir; a missing binary fails the tests (it never skips).
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
-import socket
-import subprocess
-import sys
-import time
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
+from kvcache_exporter.harness import Services, http_get
 
 ROOT = Path(__file__).resolve().parents[2]
 JSON_DIR = ROOT / "dashboards" / "json"
@@ -69,59 +63,6 @@ def all_queries() -> list[tuple[str, str, str]]:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def binary(name: str) -> str:
-    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
-    if not found:
-        pytest.fail(
-            f"{name} not found: install it (Debian: apt-get install -y prometheus) / pip install -e ."
-        )
-    return found
-
-
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read()
-
-
-def wait_until(check, what: str, timeout: float = 30.0, procs: tuple[subprocess.Popen, ...] = ()) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for proc in procs:
-            if proc.poll() is not None:
-                pytest.fail(f"{what}: {proc.args[0]} exited with {proc.returncode}")
-        try:
-            if check():
-                return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    pytest.fail(f"timed out waiting for {what}")
-
-
-@contextmanager
-def process(args: list[str], log: Path) -> Iterator[subprocess.Popen]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            yield proc
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 class Prometheus:
     def __init__(self, url: str) -> None:
         self.url = url
@@ -133,16 +74,5 @@ class Prometheus:
 
 @contextmanager
 def prometheus(tmp: Path, config: str) -> Iterator[Prometheus]:
-    (tmp / "prometheus.yml").write_text(config)
-    port = free_port()
-    args = [
-        binary("prometheus"),
-        f"--config.file={tmp / 'prometheus.yml'}",
-        f"--storage.tsdb.path={tmp / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--log.level=warn",
-    ]
-    with process(args, tmp / "prometheus.log") as proc:
-        url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: http_get(f"{url}/-/ready")[0] == 200, "prometheus ready", procs=(proc,))
-        yield Prometheus(url)
+    with Services(tmp / "prometheus") as services:
+        yield Prometheus(services.prometheus(config, "--log.level=warn").url)

@@ -3,12 +3,12 @@ the exporter and the simulator for ~30 s (the demo stack, minus Grafana)."""
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
-from dashboard_harness import ROOT, all_queries, binary, free_port, http_get, process, prometheus, wait_until
+from dashboard_harness import ROOT, all_queries, prometheus
+
+from kvcache_exporter.harness import Services, free_port
 
 pytestmark = pytest.mark.prometheus
 RUN_S = 30
@@ -54,31 +54,24 @@ def test_parse_check_can_fail(tmp_path):
 
 @pytest.mark.slow
 def test_every_panel_has_data_from_the_demo_stack(tmp_path):
-    exe = str(Path(sys.executable).parent / "kvcache-exporter")
-    sim, exp, zmq = free_port(), free_port(), free_port()
-    simulate = [binary(exe), "simulate", f"--listen=127.0.0.1:{sim}", "--speed=2"]
-    simulate.append(f"--kv-events-endpoint=tcp://127.0.0.1:{zmq}")
-    serve = [
-        binary(exe), "serve",
-        "--vllm.url", f"http://127.0.0.1:{sim}/metrics",
-        "--gpu.source", "dcgm", "--gpu.dcgm-url", f"http://127.0.0.1:{sim}/dcgm/metrics",
-        "--gpu.pod", "vllm-0", "--gpu.namespace", "default",  # the simulator's dcgm-exporter pod
-        "--collect.interval", "1s", "--web.listen-address", f"127.0.0.1:{exp}",
-        "--cost.gpu-hour-price", "2.5", "--cost.energy-price-per-kwh", "0.2",
-        "--kv-events.endpoint", f"tcp://127.0.0.1:{zmq}", "--kv-events.mode", "bind",
-    ]  # fmt: skip
+    sim, zmq = free_port(), free_port()
     rules = sorted(str(p) for p in (ROOT / "alerts" / "rules").glob("*.yaml"))
-    config = SCRAPE.format(rules=rules or "[]", exporter=exp, vllm=sim)
-    with (
-        process(serve, tmp_path / "exporter.log") as exporter,
-        process(simulate, tmp_path / "simulator.log") as simulator,
-    ):
-        up = lambda port: http_get(f"http://127.0.0.1:{port}/metrics")[0] == 200  # noqa: E731
-        wait_until(lambda: up(sim) and up(exp), "simulator and exporter", procs=(exporter, simulator))
+    with Services(tmp_path) as services:
+        # the exporter binds the KV-event socket first; the simulator's PUB connects to it
+        exporter = services.exporter(
+            "--vllm.url", f"http://127.0.0.1:{sim}/metrics",
+            "--gpu.source", "dcgm", "--gpu.dcgm-url", f"http://127.0.0.1:{sim}/dcgm/metrics",
+            "--gpu.pod", "vllm-0", "--gpu.namespace", "default",  # the simulator's dcgm-exporter pod
+            "--collect.interval", "1s",
+            "--cost.gpu-hour-price", "2.5", "--cost.energy-price-per-kwh", "0.2",
+            "--kv-events.endpoint", f"tcp://127.0.0.1:{zmq}", "--kv-events.mode", "bind",
+        )  # fmt: skip
+        simulator = services.simulator("--speed=2", f"--kv-events-endpoint=tcp://127.0.0.1:{zmq}", port=sim)
+        config = SCRAPE.format(rules=rules or "[]", exporter=exporter.port, vllm=sim)
         with prometheus(tmp_path, config) as prom:
             start = time.time()
             time.sleep(RUN_S)
-            assert exporter.poll() is None and simulator.poll() is None
+            assert exporter.proc.poll() is None and simulator.proc.poll() is None
             empty = []
             for uid, where, expr in all_queries():
                 answer = prom.api("query_range", query=expr, start=str(start), end=str(time.time()), step="1")

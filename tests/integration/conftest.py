@@ -14,8 +14,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,19 +25,14 @@ from pathlib import Path
 
 import pytest
 
+from kvcache_exporter.harness import free_port, stop
+
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 TINY_MODEL = ROOT / "tests" / "fixtures" / "tiny-llama"
 VLLM_START_TIMEOUT_S = float(os.environ.get("KVCACHE_TEST_VLLM_START_TIMEOUT", "180"))
 BLOCK_SIZE = 32
 KV_CACHE_BYTES = "2M"  # 64 blocks of 32 tokens: small enough that the workload evicts
-
-
-def free_port() -> int:
-    """An ephemeral loopback port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
@@ -69,23 +62,7 @@ def log_tail(path: Path, lines: int = 80) -> str:
 
 def stop_process_group(proc: subprocess.Popen, term_timeout: float = 15.0) -> None:
     """SIGTERM the whole group (vLLM's EngineCore and workers included), then SIGKILL what is left."""
-    pgid = proc.pid  # started with start_new_session=True: the child leads its own group
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + term_timeout
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=term_timeout)
-    # Children may outlive the leader for a moment; give them the rest of the grace period.
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
+    stop(proc, grace=term_timeout)
 
 
 @dataclass

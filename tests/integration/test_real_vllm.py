@@ -8,7 +8,6 @@ read directly before and after the workload, and with the real KV-event stream a
 from __future__ import annotations
 
 import random
-import socket
 import threading
 import time
 from collections import Counter
@@ -18,6 +17,8 @@ import msgspec
 import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
+
+from kvcache_exporter.harness import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -277,9 +278,7 @@ def exporter_event_counters(exporter) -> dict[str, float]:
 
 def test_exporter_ingests_real_kv_event_stream(vllm_server, start_exporter) -> None:
     """vLLM's real ZMQ stream, relayed byte for byte through a counting tap into the exporter."""
-    with socket.socket() as s:  # an ephemeral port for the exporter's bound SUB socket
-        s.bind(("127.0.0.1", 0))
-        exporter_kv = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    exporter_kv = f"tcp://127.0.0.1:{free_port()}"  # the exporter's bound SUB socket
     serve_args = (
         "--vllm.url", vllm_server.metrics_url, "--collect.interval", "1s", "--gpu.source", "none",
         "--kv-events.endpoint", exporter_kv, "--kv-events.mode", "bind", "--kv-events.topic", "kv",

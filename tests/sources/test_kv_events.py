@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from typing import Any
 
 import msgspec
@@ -13,6 +12,7 @@ import zmq
 import zmq.asyncio
 
 from kvcache_exporter.derive.kv_events import EventState, kv_event_samples
+from kvcache_exporter.harness import free_port
 from kvcache_exporter.sources.base import SourceError
 from kvcache_exporter.sources.kv_events import (
     KvEventDecodeError,
@@ -451,9 +451,7 @@ def test_the_simulators_publisher_with_gaps_and_replay():
 
     async def scenario():
         ctx = zmq.asyncio.Context()
-        with socket.socket() as probe:  # a free port for the simulator's replay ROUTER
-            probe.bind(("127.0.0.1", 0))
-            replay_endpoint = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+        replay_endpoint = f"tcp://127.0.0.1:{free_port()}"  # for the simulator's replay ROUTER
         sub = KvEventSubscriber("tcp://127.0.0.1:*", "bind", "kv", replay_endpoint, replay_timeout=30)
         sub.start()
         pub = KVEventPublisher(ctx, sub.last_endpoint, replay_endpoint, "kv", rank=0)

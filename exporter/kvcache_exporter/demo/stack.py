@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,16 +19,11 @@ from pathlib import Path
 import yaml
 
 from .. import catalog as c
+from ..harness import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PROMETHEUS_NAMES = ("prometheus",)
 ALERTMANAGER_NAMES = ("prometheus-alertmanager", "alertmanager")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def which(names: tuple[str, ...]) -> str | None:
