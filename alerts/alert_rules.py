@@ -229,6 +229,30 @@ def health(g) -> list[dict]:
     )
 
 
+def fleet(g) -> list[dict]:
+    w, tps = g.cfg["fleet"]["window"], g.cfg["fleet"]["min_stored_tokens_per_second"]
+    share, stored = (
+        f"job:kvcache_fleet_other_replica:ratio_rate{w}",
+        f"job:kvcache_fleet_stored_tokens:rate{w}",
+    )
+    ratios = "".join(
+        f'{{{{ with printf "job:kvcache_fleet_{rule}:ratio_rate{w}{{job=%q}}" $labels.job | query }}}}'
+        f"{{{{ with first . }}}}{text} {{{{ value . | humanizePercentage }}}}{{{{ end }}}}{{{{ end }}}}"
+        for rule, text in (
+            ("hit_estimate", " With prefix-affinity routing the pool's hit ratio would be about"),
+            ("hit", " instead of"),
+        )
+    )
+    return g.alert(
+        "KVCacheAffinityLoss",
+        f"{share} > <threshold>\nand {stored} > {tps}",
+        "Replicas recompute prefixes that another replica of the pool holds.",
+        f"{VALUE} of the tokens the replicas of pool {{{{ $labels.job }}}} computed over {w} were "
+        f"resident on another replica (other_replica), above <pct>.{ratios}.",
+        pct=lambda s: pct(s["threshold"]),
+    )
+
+
 ALERT_GROUPS = (
     ("kvcache-hit-ratio.alerts", hit_ratio),
     ("kvcache-latency-slo.alerts", latency_slo),
@@ -236,4 +260,5 @@ ALERT_GROUPS = (
     ("kvcache-config.alerts", config_checks),
     ("kvcache-cost.alerts", cost),
     ("kvcache-health.alerts", health),
+    ("kvcache-fleet.alerts", fleet),
 )

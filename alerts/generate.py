@@ -163,8 +163,54 @@ class Generator:
                 self.group("kvcache-hit-ratio.rules", hit),
                 self.group("kvcache-latency-slo.rules", latency),
                 self.group("kvcache-capacity.rules", capacity),
+                self.group("kvcache-fleet.rules", self.fleet_recording()),
             ]
         }
+
+    def fleet_recording(self) -> list[dict]:
+        """Pool ratios from the aggregator's counters, summed over its shards (`by (job)`: one
+        aggregator job per pool). vLLM's counters are polled by every shard alike: max over shards."""
+        w = self.cfg["fleet"]["window"]
+        r = f"[{self.d(w)}]"
+        other = f'rate(kvcache_prefix_cache_miss_tokens_total{{cause="other_replica"}}{r})'
+        rules = [
+            (
+                "job:kvcache_fleet_stored_tokens:rate",
+                f"sum by (job) (rate(kvcache_fleet_stored_tokens_total{r}))",
+            ),
+            ("job:kvcache_fleet_other_replica_tokens:rate", f"sum by (job) ({other})"),
+            (
+                "job:kvcache_fleet_query_tokens:rate",
+                f"sum by (job) (max by (job, replica) (rate(kvcache_fleet_query_tokens_total{r})))",
+            ),
+            (
+                "job:kvcache_fleet_hit_tokens:rate",
+                f"sum by (job) (max by (job, replica) (rate(kvcache_fleet_hit_tokens_total{r})))",
+            ),
+        ]
+        out = [{"record": f"{name}{w}", "expr": expr} for name, expr in rules]
+        hits, other = (
+            f"job:kvcache_fleet_hit_tokens:rate{w}",
+            f"job:kvcache_fleet_other_replica_tokens:rate{w}",
+        )
+        queries, stored = (
+            f"(job:kvcache_fleet_query_tokens:rate{w} > 0)",
+            f"job:kvcache_fleet_stored_tokens:rate{w}",
+        )
+        duplicates = "sum by (job) (kvcache_fleet_duplicate_blocks)"
+        out += [
+            {"record": f"job:kvcache_fleet_other_replica:ratio_rate{w}", "expr": f"{other} / ({stored} > 0)"},
+            {"record": f"job:kvcache_fleet_hit:ratio_rate{w}", "expr": f"{hits} / {queries}"},
+            {
+                "record": f"job:kvcache_fleet_hit_estimate:ratio_rate{w}",
+                "expr": f"clamp_max(\n  ({hits} + {other})\n  / {queries},\n  1\n)",
+            },
+            {
+                "record": "job:kvcache_fleet_duplicate_blocks:ratio",
+                "expr": f"{duplicates}\n/ (sum by (job) (kvcache_fleet_distinct_blocks) > 0)",
+            },
+        ]
+        return out
 
     # --- alerting rules ------------------------------------------------------------------------
     def alerts(self) -> dict:
