@@ -6,6 +6,7 @@ quantities per (model_name, engine); see vllm_names.py.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections import defaultdict
@@ -64,6 +65,34 @@ class Limits:
     max_samples: int = 200_000
     max_labels: int = 128
     max_engines: int = 512
+    max_line_chars: int = 16 * 1024  # vLLM's longest line (cache_config_info) is ~1.1 KiB
+
+
+class Memory:
+    """What one source remembers between polls, since vLLM serves the same series every time:
+    each sample line's head (the text before its last space) -> its normalized name and whether
+    the exporter reads it, and a textformat.Reader holding the parsed labels of the lines read.
+    Both forget everything past `max_entries` heads; one Memory per source (polls never overlap)."""
+
+    def __init__(self, max_entries: int = 50_000):
+        self.max_entries = max_entries
+        self.prefix = ""
+        self.names: dict[str, tuple[str, bool]] = {}
+        self.reader = textformat.Reader(max_entries)
+
+    def name_of(self, line: str, prefix: str) -> tuple[str, bool]:
+        head, space, _ = line.rpartition(" ")
+        known = self.names.get(head) if space else None
+        if known is None:
+            name = _normal(
+                (head if space else line).split("{", 1)[0].split(" ", 1)[0].split("\t", 1)[0], prefix
+            )
+            known = (name, _base(name) in _WANTED_BASES)
+            if space:
+                if len(self.names) >= self.max_entries:
+                    self.names.clear()
+                self.names[head] = known
+        return known
 
 
 class _Accumulator:
@@ -122,15 +151,22 @@ _WANTED_BASES = {
 }
 
 
-def parse(text: str, ts: float | None = None, limits: Limits = Limits()) -> VllmSnapshot:
-    """Normalize one /metrics exposition. Raises SourceError("parse_error") on malformed text."""
+def parse(
+    text: str, ts: float | None = None, limits: Limits = Limits(), memory: Memory | None = None
+) -> VllmSnapshot:
+    """Normalize one /metrics exposition. Raises SourceError("parse_error") on malformed text.
+    A source passes its Memory so that lines seen in earlier polls cost only their value."""
     acc = _Accumulator(limits)
     chosen: dict[str, str] = {}  # logical -> the candidate name in use
     prefix = "ray_vllm:" if "ray_vllm:" in text else "vllm:"
-    kept, seen, block_counted = _prefilter(text, prefix, limits)
+    memory = memory or Memory()
+    if memory.prefix != prefix:  # names are normalized per prefix
+        memory.names.clear()
+        memory.prefix = prefix
+    kept, seen, block_counted = _prefilter(text, prefix, limits, memory)
     try:
         for line in kept:
-            name, labels, value = textformat.parse_line(line)
+            name, labels, value = memory.reader.parse_line(line)
             if len(labels) > limits.max_labels:
                 raise SourceError("too_many_labels", f"{name} has {len(labels)} labels")
             _take(acc, _normal(name, prefix), labels, value, chosen)
@@ -157,7 +193,9 @@ def parse(text: str, ts: float | None = None, limits: Limits = Limits()) -> Vllm
     )
 
 
-def _prefilter(text: str, prefix: str, limits: Limits) -> tuple[list[str], set[str], set[str]]:
+def _prefilter(
+    text: str, prefix: str, limits: Limits, memory: Memory
+) -> tuple[list[str], set[str], set[str]]:
     """The sample lines of the families the exporter reads, every sample name seen, and the
     early-V1 prefix-cache counters whose HELP says they count blocks, not tokens.
 
@@ -174,9 +212,13 @@ def _prefilter(text: str, prefix: str, limits: Limits) -> tuple[list[str], set[s
                 if name in _BLOCK_COUNTABLE:
                     block_counted.add(name)
             continue
-        name = _normal(line.split("{", 1)[0].split(" ", 1)[0], prefix)
+        name, wanted = memory.name_of(line, prefix)
         seen.add(name)
-        if _base(name) in _WANTED_BASES:
+        if wanted:
+            if len(line) > limits.max_line_chars:  # bounds the regex work (and the GIL) per line
+                raise SourceError(
+                    "parse_error", f"a {name} line is longer than {limits.max_line_chars} chars"
+                )
             kept.append(line)
             if len(kept) > limits.max_samples:
                 raise SourceError("too_many_series", f"more than {limits.max_samples} samples")
@@ -309,6 +351,7 @@ class VllmSource:
     bearer_token_file: str | None = None
     limits: Limits = field(default_factory=Limits)
     _session: aiohttp.ClientSession | None = None
+    _memory: Memory = field(default_factory=Memory)
 
     def _headers(self) -> dict[str, str]:
         if not self.bearer_token_file:
@@ -330,7 +373,8 @@ class VllmSource:
             max_bytes=self.max_body_bytes,
             headers=self._headers(),
         )
-        return parse(text, limits=self.limits)
+        # In a worker thread: a long parse (8 MiB of series) must not hold up scrapes of /metrics.
+        return await asyncio.to_thread(parse, text, None, self.limits, self._memory)
 
     async def close(self) -> None:
         if self._session is not None:
