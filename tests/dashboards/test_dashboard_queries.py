@@ -8,7 +8,7 @@ import time
 import pytest
 from dashboard_harness import ROOT, all_queries, prometheus
 
-from kvcache_exporter.harness import Services, free_port
+from kvcache_exporter.harness import CLI, Services, free_port
 
 pytestmark = pytest.mark.prometheus
 RUN_S = 30
@@ -29,11 +29,13 @@ scrape_configs:
     static_configs: [{{targets: ["127.0.0.1:{exporter}"]}}]
   - job_name: vllm
     static_configs: [{{targets: ["127.0.0.1:{vllm}"]}}]
+  - job_name: kvcache-aggregator
+    static_configs: [{{targets: ["127.0.0.1:{aggregator}"]}}]
 """
 
 
 def test_every_query_parses(tmp_path):
-    config = SCRAPE.format(rules="[]", exporter=free_port(), vllm=free_port())
+    config = SCRAPE.format(rules="[]", exporter=free_port(), vllm=free_port(), aggregator=free_port())
     with prometheus(tmp_path, config) as prom:
         errors = []
         for uid, where, expr in all_queries():
@@ -48,7 +50,7 @@ def test_no_data_allow_list_names_real_panels():
 
 
 def test_parse_check_can_fail(tmp_path):
-    with prometheus(tmp_path, SCRAPE.format(rules="[]", exporter=1, vllm=2)) as prom:
+    with prometheus(tmp_path, SCRAPE.format(rules="[]", exporter=1, vllm=2, aggregator=3)) as prom:
         assert prom.api("query", query="sum by (x (up)")["errorType"] == "bad_data"
 
 
@@ -67,11 +69,18 @@ def test_every_panel_has_data_from_the_demo_stack(tmp_path):
             "--kv-events.endpoint", f"tcp://127.0.0.1:{zmq}", "--kv-events.mode", "bind",
         )  # fmt: skip
         simulator = services.simulator("--speed=2", f"--kv-events-endpoint=tcp://127.0.0.1:{zmq}", port=sim)
-        config = SCRAPE.format(rules=rules or "[]", exporter=exporter.port, vllm=sim)
+        # the Fleet row: a 2-replica simulated pool behind its gateway, and the aggregator watching it
+        sd, gateway, agg = tmp_path / "pool.json", free_port(), free_port()
+        pool = [*CLI, "simulate", "--replicas=2", f"--listen=127.0.0.1:{gateway}", "--workload=chat"]
+        pool += ["--speed=2", f"--file-sd={sd}"]
+        services.start("pool", pool, gateway, "/control/state")
+        aggregate = [*CLI, "aggregate", f"--discovery.file-sd={sd}", f"--web.listen-address=127.0.0.1:{agg}"]
+        aggregator = services.start("aggregator", [*aggregate, "--collect.interval=1s"], agg, "/metrics")
+        config = SCRAPE.format(rules=rules or "[]", exporter=exporter.port, vllm=sim, aggregator=agg)
         with prometheus(tmp_path, config) as prom:
             start = time.time()
             time.sleep(RUN_S)
-            assert exporter.proc.poll() is None and simulator.proc.poll() is None
+            assert all(s.proc.poll() is None for s in (exporter, simulator, aggregator))
             empty = []
             for uid, where, expr in all_queries():
                 answer = prom.api("query_range", query=expr, start=str(start), end=str(time.time()), step="1")

@@ -1,0 +1,86 @@
+"""The "Fleet" row of kvcache-cache: what `kvcache-exporter aggregate` sees across a pool.
+
+Queries sum the aggregator's shards: its own counters add up; vLLM's counters, which every shard
+polls alike, are taken once per replica (`max by (replica)`), as the recording rules do.
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.models import units
+
+from .common import RATE, Query, graph, ratio, sel
+
+OTHER = sel("kvcache_prefix_cache_miss_tokens_total", 'cause="other_replica"')
+AFFINITY = ("KVCacheAffinityLoss",)
+
+
+def _per_replica(metric: str) -> str:
+    return f"sum(max by (replica) (rate({sel(metric)}[{RATE}])))"
+
+
+def panels():
+    hits, queries = (
+        _per_replica("kvcache_fleet_hit_tokens_total"),
+        _per_replica("kvcache_fleet_query_tokens_total"),
+    )
+    other = f"sum(rate({OTHER}[{RATE}]))"
+    return [
+        graph(
+            "Tokens another replica held, per replica",
+            Query(f"sum by (replica) (rate({OTHER}[{RATE}]))", "{{replica}} other_replica"),
+            Query(
+                f"sum by (replica) (rate({sel('kvcache_fleet_stored_tokens_total')}[{RATE}]))",
+                "{{replica}} computed",
+            ),
+            shows="Per replica: tokens it computed (BlockStored) per second, and those that another replica "
+            "of the pool held at that moment (other_replica misses).",
+            action="other_replica a large part of computed on every replica: requests sharing a prefix are "
+            "spread over replicas; route by session or prefix (runbook).",
+            alerts=AFFINITY,
+        ),
+        graph(
+            "Pool hit ratio: real vs with prefix affinity",
+            Query(ratio(hits, queries), "real"),
+            Query(f"clamp_max({ratio(f'{hits} + {other}', queries)}, 1)", "prefix-affinity estimate"),
+            shows="The pool's hit ratio (hits / queries of every replica) and what it would be if every "
+            "request had gone to a replica holding its prefix: (hits + other_replica tokens) / queries, an "
+            "upper bound.",
+            action="A wide gap is what affinity routing would win; no gap: routing is already affine, look "
+            "at the per-replica causes (evicted, prefix_diverged) instead.",
+            alerts=AFFINITY,
+            unit=units.PercentUnit,
+        ),
+        graph(
+            "Blocks held by two or more replicas",
+            Query(
+                ratio(
+                    f"sum({sel('kvcache_fleet_duplicate_blocks')})",
+                    f"sum({sel('kvcache_fleet_distinct_blocks')})",
+                ),
+                "duplicate share",
+            ),
+            shows="Share of the pool's distinct resident KV blocks that two or more replicas hold at once: "
+            "KV memory spent twice (scaled by the aggregator's hash sampling).",
+            action="High with a high other_replica share: affinity routing frees that memory too. High "
+            "alone: a prefix every replica needs (a system prompt), expected.",
+            alerts=AFFINITY,
+            unit=units.PercentUnit,
+        ),
+        graph(
+            "Aggregator health per replica",
+            Query(f"sum by (replica) ({sel('kvcache_vllm_up')})", "{{replica}} /metrics up"),
+            Query(
+                f"sum by (replica) (rate({sel('kvcache_kv_events_batches_total')}[{RATE}]))",
+                "{{replica}} batches/s",
+            ),
+            Query(
+                f"sum by (replica) (rate({sel('kvcache_kv_events_missed_batches_total')}[{RATE}]))",
+                "{{replica}} missed/s",
+            ),
+            shows="Per replica, as the aggregator sees it: its /metrics poll (1 = up), KV-event batches "
+            "received and lost per second.",
+            action="No batches from a replica with traffic: its vLLM publishes on a concrete (connect-style) "
+            "endpoint, which only the sidecar can receive: use tcp://*:5557 (docs/fleet.md).",
+            alerts=("KVCacheEventsMissed", "KVCacheVLLMDown"),
+        ),
+    ]
