@@ -51,7 +51,7 @@ test: venv system-deps vllm-venv lint
 # Property tests at full strength: every test module named *fuzz* with 100,000 cases per property;
 # an input that breaks one is kept under tests/fixtures/fuzz/ and replayed by `make test` from then on.
 fuzz: venv
-	FUZZ_EXAMPLES=100000 FUZZ_SAVE=1 $(PY) -m pytest -q -p no:cacheprovider tests -k fuzz
+	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-100000} FUZZ_SAVE=1 $(PY) -m pytest -q -p no:cacheprovider -o timeout=0 tests -k fuzz
 
 # The soak runs past the longest window (1 h) to show RSS plateau; `make bench SOAK_SECONDS=0` skips it.
 SOAK_SECONDS ?= 4200
