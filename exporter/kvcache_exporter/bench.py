@@ -220,6 +220,11 @@ How to read it:
   every dashboard and rule re-derive the same windows from vLLM's 700.
 - KV events: vLLM publishes at most one batch per scheduler step (hundreds per second at most);
   the subscriber decodes and applies two orders of magnitude more on one core.
+- Miss attribution decodes the token ids too and fingerprints them (docs/kv-events.md): a
+  saturated H200 prefilling 150k tokens/s stores about 10k blocks/s, so the figure is the margin
+  per core. The memory row is a child process filling both default bounds
+  (`--kv-events.max-tracked-blocks`, `--kv-events.max-fingerprints`); size them to 10x
+  num_gpu_blocks to pay for what your cache can hold.
 """
 
 
@@ -228,9 +233,9 @@ def main() -> int:
     parser.add_argument("--output", default="-")
     parser.add_argument("--repeat", type=int, default=200)
     args = parser.parse_args()
-    from . import bench_fleet
+    from . import bench_attribution, bench_fleet
 
-    text = markdown(run(args.repeat) + bench_fleet.rows())
+    text = markdown(run(args.repeat) + bench_fleet.rows() + bench_attribution.rows())
     if args.output == "-":
         print(text)
     else:

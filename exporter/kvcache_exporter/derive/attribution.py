@@ -153,12 +153,15 @@ class Attribution:
                 self._track(hashes, depth, parent & _DIVERGED, ["decode"])
                 return
         known, offset = self._content_known(tokens, size, count)
-        causes = [
-            self._cause(blocks.get(block_hash), block_hash, known[i], size)
-            for i, block_hash in enumerate(hashes)
-        ]
-        totals = self.totals.tokens
-        for cause in causes:
+        totals, other, causes = self.totals.tokens, self.other_replica, []
+        for block_hash, info, content in zip(hashes, blocks.get_many(hashes), known, strict=True):
+            if info is not None:
+                cause = self._seen_before(info, size)
+            elif other is not None and other(block_hash):
+                cause = "other_replica"
+            else:
+                cause = "prefix_diverged" if content else "cold"
+            causes.append(cause)
             totals[cause] += size
         diverged = parent is not None and parent & _DIVERGED
         if not diverged and depth is not None and "prefix_diverged" in causes:
@@ -190,18 +193,15 @@ class Attribution:
         self._content.update([print_ for _, print_ in found])
         return verdicts, max(start, 0)
 
-    def _cause(self, info: int | None, block_hash: int | bytes, content_known: bool, size: int) -> str:
-        if info is not None:
-            if info & _REMOVED:
-                self._estimate(info >> 40, size)
-                return "evicted"
-            if (info >> 24) & _ERA_MASK != self._era & _ERA_MASK:
-                return "restart"
-            self.resident -= 1  # still resident: re-stored by a concurrent request, counted once
-            return "cold"
-        if self.other_replica is not None and self.other_replica(block_hash):
-            return "other_replica"
-        return "prefix_diverged" if content_known else "cold"
+    def _seen_before(self, info: int, size: int) -> str:
+        """The cause of a block whose hash is tracked: rules 1 and 2, or a duplicate store."""
+        if info & _REMOVED:
+            self._estimate(info >> 40, size)
+            return "evicted"
+        if (info >> 24) & _ERA_MASK != self._era & _ERA_MASK:
+            return "restart"
+        self.resident -= 1  # still resident: re-stored by a concurrent request, counted once
+        return "cold"
 
     def _estimate(self, removed_at: int, size: int) -> None:
         capacity = self.capacity_blocks or self.resident_peak
@@ -212,30 +212,32 @@ class Attribution:
 
     def _track(self, hashes: Sequence, depth: int | None, diverged: int | bool, causes: list[str]) -> None:
         """Remember the event's blocks: resident, in this era, the last one an open tip."""
-        put, era, stored = self._blocks.put, (self._era & _ERA_MASK) << 24, self._stored
+        era, stored = (self._era & _ERA_MASK) << 24, self._stored
         known_depth = _DEPTH_KNOWN if depth is not None else 0
         depth = depth or 0
         last = len(hashes) - 1
+        items = []
         for i, (block_hash, cause) in enumerate(zip(hashes, causes, strict=True)):
             diverged = diverged or cause == "prefix_diverged"
             flags = (_DIVERGED if diverged else 0) | (_OPEN_TIP if i == last else 0) | known_depth
             stored += 1
-            put(block_hash, flags | min(depth + i, _DEPTH_MAX) << 4 | era | stored << 40)
+            items.append((block_hash, flags | min(depth + i, _DEPTH_MAX) << 4 | era | stored << 40))
+        self._blocks.put_many(items)
         self._stored = stored
         self.resident += len(hashes)
         if self.resident > self.resident_peak:
             self.resident_peak = self.resident
 
     def _remove(self, hashes: Sequence[int | bytes]) -> None:
-        get, put, stamp = self._blocks.get, self._blocks.put, self._stored << 40
-        for block_hash in hashes:
-            info = get(block_hash)
-            if info is None or info & _REMOVED:
-                continue
-            self.resident -= 1
-            put(block_hash, (info & _KEEP_ON_REMOVE) | _REMOVED | stamp)
-        if self.resident < 0:
-            self.resident = 0
+        blocks, stamp, removed = self._blocks, self._stored << 40, 0
+        new, old = blocks.new, blocks.old
+        for block_hash in hashes:  # inlined Generations.get/put: one BlockRemoved per evicted block
+            info = new.get(block_hash) or old.get(block_hash)
+            if info is not None and not info & _REMOVED:
+                new[block_hash] = (info & _KEEP_ON_REMOVE) | _REMOVED | stamp
+                removed += 1
+        blocks.rotate_if_full()
+        self.resident = max(self.resident - removed, 0)
 
     def _observe_offset(self, offset: int) -> None:
         totals = self.totals

@@ -68,8 +68,21 @@ class Generations:
         value = self.new.get(key)
         return self.old.get(key) if value is None else value
 
+    def get_many(self, keys: Sequence[Hashable]) -> list[int | None]:
+        new, old = self.new.get, self.old.get
+        return [new(key) or old(key) for key in keys]  # values are never 0: see Attribution's packing
+
     def put(self, key: Hashable, value: int) -> None:
         self.new[key] = value
+        if len(self.new) >= self.half:
+            self.old, self.new = self.new, {}
+
+    def put_many(self, items: Sequence[tuple[Hashable, int]]) -> None:
+        self.new.update(items)
+        self.rotate_if_full()
+
+    def rotate_if_full(self) -> None:
+        """After writing to `new` directly (hot loops do): keep the bound."""
         if len(self.new) >= self.half:
             self.old, self.new = self.new, {}
 
