@@ -8,6 +8,7 @@ The baseline beside it is msgspec's plain decode of the same payloads.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import resource
 import subprocess
@@ -20,7 +21,8 @@ from .aggregator.pool import AggregateSettings, Aggregator
 from .derive.fleet_residency import FleetResidency, HashRange
 from .simulator.blocks import BlockRemoved, BlockStored
 from .simulator.kv_events import encode_batch
-from .sources.kv_events_decode import decode_message
+from .sources.kv_events import KvEventSubscriber
+from .sources.kv_events_decode import Dropped, decode_message
 
 PUBLISHERS = 32
 BLOCKS_PER_EVENT, EVENTS_PER_BATCH, BLOCK_SIZE = 32, 4, 16
@@ -88,8 +90,70 @@ def rows(seconds: float = 3.0) -> list[tuple[str, str]]:
          f"{full:,.0f} stored blocks/s per core (other_replica share {share:.0%})"),
         ("aggregator ingest: the same, hash sampling 1/16",
          f"{sampled:,.0f} stored blocks/s per core ({sampled / full:.1f}x full tracking)"),
+        *live_rows(messages),
         *rss_rows(),
     ]  # fmt: skip
+
+
+def live_rows(messages, seconds: float = 5.0) -> list[tuple[str, str]]:
+    """The same frames over loopback ZMQ: 32 PUB sockets in a child process, the aggregator's 32
+    subscriber threads here, drained into the fleet view every 0.2 s; CPU of this process only."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "kvcache_exporter.bench_fleet", "--publish", str(seconds)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    endpoints = child.stdout.readline().split()
+    aggregator = Aggregator(AggregateSettings(max_batches_per_second=0), [])
+    subscribers = [KvEventSubscriber(e, mode="connect", max_batches_per_second=0) for e in endpoints]
+    names = [str(i) for i in range(len(endpoints))]
+    for name, subscriber in zip(names, subscribers, strict=True):
+        aggregator.fleet.add_replica(name)
+        subscriber.start()
+    time.sleep(1.0)  # let every SUB connect before the first message
+    start = time.process_time()
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    while True:
+        done = child.poll() is not None
+        time.sleep(0.2)
+        for name, subscriber in zip(names, subscribers, strict=True):
+            for item in subscriber.drain().items:
+                if not isinstance(item, Dropped):
+                    aggregator.ingest(name, item)
+        if done:
+            break
+    cpu = time.process_time() - start
+    sent = int(child.stdout.readline())
+    for subscriber in subscribers:
+        asyncio.run(subscriber.stop())
+    stored = sum(view.stored for view in aggregator.fleet.replicas.values())
+    received = sum(view.batches for view in aggregator.fleet.replicas.values())
+    return [
+        ("aggregator ingest, live: 32 ZMQ publishers (child process) -> 32 subscriber threads + fleet view",
+         f"{stored / cpu:,.0f} stored blocks/s per core of the aggregator ({received:,} of {sent:,} batches "
+         "received; the rest lost to high-water marks)"),
+    ]  # fmt: skip
+
+
+def _publish(seconds: float) -> None:
+    """Child of live_rows: bind 32 PUBs, print their endpoints, wait for "go", send for `seconds`."""
+    import zmq
+
+    messages = frames_for(PUBLISHERS, 40)
+    context = zmq.Context()
+    sockets = [context.socket(zmq.PUB) for _ in range(PUBLISHERS)]
+    for sock in sockets:
+        sock.bind("tcp://127.0.0.1:*")
+    print(" ".join(sock.getsockopt(zmq.LAST_ENDPOINT).decode() for sock in sockets), flush=True)
+    sys.stdin.readline()
+    seqs, deadline = [0] * PUBLISHERS, time.monotonic() + seconds
+    while time.monotonic() < deadline:  # the 40 batches of each publisher again and again, seq going on
+        for publisher, frames in messages:
+            sockets[publisher].send_multipart([frames[0], seqs[publisher].to_bytes(8, "big"), frames[2]])
+            seqs[publisher] += 1
+    sent = sum(seqs)
+    print(sent, flush=True)
+    context.destroy(linger=0)
 
 
 def rss_rows() -> list[tuple[str, str]]:
@@ -127,6 +191,8 @@ def _fill_and_report() -> None:
 if __name__ == "__main__":
     if "--rss" in sys.argv:
         _fill_and_report()
+    elif "--publish" in sys.argv:
+        _publish(float(sys.argv[-1]))
     else:
         for name, value in rows():
             print(f"{name}: {value}")
