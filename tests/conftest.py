@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,7 @@ __all__ = ["REPO", "SHARED_FIXTURES", "free_port"]
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
+FAKE_NVML_SOURCE = REPO / "tests" / "fixtures" / "nvml" / "fake_nvml.c"
 
 
 @pytest.fixture
@@ -26,3 +29,25 @@ def services(tmp_path: Path) -> Iterator[Services]:
     """Start real processes on loopback (simulator, exporter, Prometheus, ...); all stop after the test."""
     with Services(tmp_path / "services") as started:
         yield started
+
+
+@pytest.fixture(scope="session")
+def fake_nvml_dir(tmp_path_factory) -> Path:
+    """A directory holding the stand-in libnvidia-ml.so.1, built with the machine's C compiler."""
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the stand-in NVML library")
+    out = tmp_path_factory.mktemp("fake_nvml")
+    subprocess.run(
+        [
+            compiler,
+            "-shared",
+            "-fPIC",
+            "-Wl,-soname,libnvidia-ml.so.1",
+            "-o",
+            out / "libnvidia-ml.so.1",
+            FAKE_NVML_SOURCE,
+        ],
+        check=True,
+    )
+    return out

@@ -63,7 +63,12 @@ def _docs(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+SIDECAR_COMMANDS = ("serve", "docs")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """All subcommands; for `serve` and `docs` only those, so the sidecar never imports the tools
+    (simulator, analyzer, demo, aggregate): tests/core/test_layering.py holds this."""
     parser = argparse.ArgumentParser(prog="kvcache-exporter", description=__doc__)
     parser.add_argument("--version", action="version", version=f"kvcache-exporter {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
@@ -71,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     doc = subparsers.add_parser("docs", help="write docs/metrics.md from the metric catalog")
     doc.add_argument("--output", default="-", help="file to write (default stdout)")
     doc.set_defaults(func=_docs)
-    for module in _subcommand_modules():
+    for module in _subcommand_modules() if command not in SIDECAR_COMMANDS else ():
         module.register(subparsers)  # each sets func= on its parser
     return parser
 
@@ -86,7 +91,9 @@ def _subcommand_modules() -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    command = next((a for a in given if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -6,6 +6,8 @@ import asyncio
 import logging
 import os
 import signal
+import time
+from collections.abc import Callable
 from types import SimpleNamespace
 from urllib.parse import urlsplit
 
@@ -28,7 +30,7 @@ from .web import load_web_config, make_app
 log = logging.getLogger("kvcache_exporter")
 
 
-def build_exporter(s: SimpleNamespace) -> Exporter:
+def build_exporter(s: SimpleNamespace, clock: Callable[[], float] = time.time) -> Exporter:
     """Every source as one Poll into one PollState: a new source is one more line here."""
     state = PollState(retention=max(s.collect_windows) + 2 * s.collect_interval)
     vllm = {
@@ -70,7 +72,7 @@ def build_exporter(s: SimpleNamespace) -> Exporter:
         gpu_count=s.cost_gpu_count,
         gpu_memory_utilization_ceiling=s.audit_gpu_memory_utilization_ceiling,
     )
-    return Exporter(polls, state, options, interval=s.collect_interval)
+    return Exporter(polls, state, options, interval=s.collect_interval, clock=clock)
 
 
 def pricing_from(settings: SimpleNamespace) -> Pricing:

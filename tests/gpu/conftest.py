@@ -1,6 +1,5 @@
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -8,30 +7,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-FAKE_NVML_SOURCE = REPO / "tests" / "fixtures" / "nvml" / "fake_nvml.c"
 DRIVER = Path(__file__).with_name("nvml_driver.py")
-
-
-@pytest.fixture(scope="session")
-def fake_nvml_dir(tmp_path_factory) -> Path:
-    """A directory holding the stand-in libnvidia-ml.so.1, built with the machine's C compiler."""
-    compiler = shutil.which("gcc") or shutil.which("cc")
-    if compiler is None:
-        pytest.skip("no C compiler to build the stand-in NVML library")
-    out = tmp_path_factory.mktemp("fake_nvml")
-    subprocess.run(
-        [
-            compiler,
-            "-shared",
-            "-fPIC",
-            "-Wl,-soname,libnvidia-ml.so.1",
-            "-o",
-            out / "libnvidia-ml.so.1",
-            FAKE_NVML_SOURCE,
-        ],
-        check=True,
-    )
-    return out
 
 
 @pytest.fixture

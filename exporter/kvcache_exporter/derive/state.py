@@ -12,7 +12,7 @@ their `labels`.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..sources.gpu import GpuSnapshot
 from ..sources.vllm import EngineKey, VllmSnapshot
@@ -59,9 +59,10 @@ class GpuState:
         self.history = GpuHistory(self.retention)
 
     def ingest(self, snapshot: GpuSnapshot | None, ts: float) -> None:
-        self.snapshot = snapshot
-        if snapshot is not None:
-            self.history.ingest(snapshot)
+        """Stamped with the poll's time, like a target's snapshot: one clock for every window."""
+        self.snapshot = None if snapshot is None else replace(snapshot, ts=ts)
+        if self.snapshot is not None:
+            self.history.ingest(self.snapshot)
 
 
 @dataclass

