@@ -45,6 +45,10 @@ def cpu_ms(fn, repeat: int) -> tuple[float, float]:
 
 
 class Replay:
+    """Captured /metrics texts as a Source (name, collect, close), one per poll."""
+
+    name = "vllm"
+
     def __init__(self, texts):
         self.texts, self.i = texts, 0
 
@@ -220,6 +224,11 @@ How to read it:
   every dashboard and rule re-derive the same windows from vLLM's 700.
 - KV events: vLLM publishes at most one batch per scheduler step (hundreds per second at most);
   the subscriber decodes and applies two orders of magnitude more on one core.
+- The aggregator (docs/fleet.md) ingests 32 publishers' frames in vLLM 0.32's format (token ids
+  included, as vLLM sends them), interleaved: decode, then the fleet view. Issue 11's targets are
+  250,000 stored blocks/s per core at full tracking and 16x that with hash sampling at 1/16; the
+  live row adds ZMQ receive and 32 subscriber threads. Its RSS row is a child process holding 32
+  replicas x the default `--replica.max-blocks`.
 - Miss attribution decodes the token ids too and fingerprints them (docs/kv-events.md): a
   saturated H200 prefilling 150k tokens/s stores about 10k blocks/s, so the figure is the margin
   per core. The memory row is a child process filling both default bounds

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import msgspec
 
@@ -173,18 +173,26 @@ def rss_rows() -> list[tuple[str, str]]:
     ]  # fmt: skip
 
 
+def _rss_mib() -> float:
+    """This process's resident memory. Not ru_maxrss: Linux carries that across exec from the parent."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
 def _fill_and_report() -> None:
     from .sources.kv_events_decode import Batch, Event
 
     bound = AggregateSettings.max_blocks_per_replica
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    before = _rss_mib()
     fleet, rng = FleetResidency(max_blocks_per_replica=bound), random.Random(2)
     shared = [rng.getrandbits(64) for _ in range(bound // 4)]  # a quarter of every replica is shared
     for p in range(PUBLISHERS):
         own = shared + [rng.getrandbits(64) for _ in range(bound - len(shared))]
         for seq, start in enumerate(range(0, bound, 4096)):
             fleet.apply(str(p), Batch(seq, 0.0, (Event("BlockStored", tuple(own[start : start + 4096])),)))
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    after = _rss_mib()
     print(before, after, sum(v.resident for v in fleet.replicas.values()))
 
 
