@@ -32,6 +32,15 @@ PromQL's `rate()`. Formulas for the GPU, memory, audit and cost metrics are expl
 serves the fleet group and, per replica (label `replica`, from discovery), `kvcache_vllm_up`,
 `kvcache_kv_events_batches_total`, `kvcache_kv_events_missed_batches_total`,
 `kvcache_kv_events_dropped_total` and the collector health series.
+
+How a number gets here: each source's `collect()` returns a snapshot, the poll loop hands it to
+the poll state (`derive/state.py`), and pure functions in `derive/` turn that state into samples.
+Every source is timed and accounted for the same way (the health group below, `collector` = `vllm`,
+`gpu`, `kv_events`; `derive` counts the exporter's own faults). No sample leaves outside the range
+its unit allows: ratios 0-1, counts, rates, sizes, durations and money non-negative, everything
+finite. Such a sample is dropped and counted as
+`kvcache_exporter_errors_total{collector="derive",reason="invalid_value"}`, so a series is right or
+absent, never NaN.
 """
 
 
