@@ -29,6 +29,7 @@ from ..sources.vllm import VllmSource
 from .discovery import DiscoveryError, Replica, bounded
 
 log = logging.getLogger("kvcache_exporter.aggregate")
+DRAIN_SECONDS = 0.25
 
 
 @dataclass(frozen=True)
@@ -166,8 +167,7 @@ class Aggregator:
     async def poll_once(self) -> None:
         await self.reconcile(await self.discover())
         await asyncio.gather(*(self._poll(m) for m in self.members.values()))
-        for name, member in self.members.items():
-            await self._drain(name, member)
+        await self.drain_all()
         now = self.clock()
         sizes = {name: member.block_size for name, member in self.members.items()}
         for name, member in self.members.items():
@@ -222,15 +222,22 @@ class Aggregator:
             ),
         ]
 
+    async def drain_all(self) -> None:
+        for name, member in list(self.members.items()):
+            await self._drain(name, member)
+
     async def run(self, stop: asyncio.Event) -> None:
+        """Poll every `interval`; between polls, drain the subscribers every DRAIN_SECONDS so that a
+        busy pool's events are applied in small slices, never as one long pause of the event loop."""
         while not stop.is_set():
             started = time.monotonic()
             await self.poll_once()
-            delay = max(self.settings.interval - (time.monotonic() - started), 0.0)
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=delay)
-            except TimeoutError:
-                pass
+            while (delay := self.settings.interval - (time.monotonic() - started)) > 0:
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=min(delay, DRAIN_SECONDS))
+                    return
+                except TimeoutError:
+                    await self.drain_all()
 
     async def close(self) -> None:
         for name in list(self.members):
