@@ -15,8 +15,6 @@ import platform
 import resource
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from . import __version__
 from .collector import vllm_exporter
 from .exposition import registry_for, render
-from .harness import free_port
+from .harness import Services, scrape_config
 from .sources import textformat
 from .sources.vllm import parse
 
@@ -142,34 +140,22 @@ def live_rows(seconds: float = 30.0) -> list[tuple[str, str]]:
     """The real processes: simulator -> exporter (1 s polls) -> Debian's Prometheus (1 s scrapes)."""
     prometheus = shutil.which("prometheus")
     tmp = Path(tempfile.mkdtemp(prefix="kvcache-bench-"))
-    ports = [free_port() for _ in range(3)]
-    cli = [sys.executable, "-m", "kvcache_exporter"]
-    procs = [
-        subprocess.Popen([*cli, "simulate", "--listen", f"127.0.0.1:{ports[0]}", "--rate", "20"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
-        subprocess.Popen([*cli, "serve", "--vllm.url", f"http://127.0.0.1:{ports[0]}/metrics",
-                          "--collect.interval", "1s", "--web.listen-address", f"127.0.0.1:{ports[1]}",
-                          "--gpu.source", "none"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
-    ]  # fmt: skip
-    if prometheus:
-        (tmp / "prometheus.yml").write_text(
-            f"global: {{scrape_interval: 1s}}\nscrape_configs:\n- job_name: kvcache\n"
-            f"  static_configs: [{{targets: ['127.0.0.1:{ports[1]}']}}]\n"
-        )
-        argv = [prometheus, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-                f"--web.listen-address=127.0.0.1:{ports[2]}"]  # fmt: skip
-        procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     try:
-        time.sleep(5)  # start-up and the first polls
-        before = [_cpu_seconds(p.pid) for p in procs]
-        time.sleep(seconds)
-        after = [_cpu_seconds(p.pid) for p in procs]
-        rss = _rss_mib(procs[1].pid)
+        with Services(tmp) as services:
+            sim = services.simulator("--rate", "20")
+            exporter = services.exporter(
+                "--vllm.url", f"{sim.url}/metrics", "--collect.interval", "1s", "--gpu.source", "none"
+            )
+            started = [sim, exporter]
+            if prometheus:
+                started.append(services.prometheus(scrape_config(exporter)))
+            procs = [s.proc for s in started]
+            time.sleep(5)  # start-up and the first polls
+            before = [_cpu_seconds(p.pid) for p in procs]
+            time.sleep(seconds)
+            after = [_cpu_seconds(p.pid) for p in procs]
+            rss = _rss_mib(procs[1].pid)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=15)
         shutil.rmtree(tmp, ignore_errors=True)
     exporter_ms = (after[1] - before[1]) / seconds * 1000
     rows = [
