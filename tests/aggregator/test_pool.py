@@ -1,6 +1,7 @@
 """The aggregator against a simulated pool: real ZMQ streams and /metrics over loopback."""
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -11,6 +12,7 @@ from kvcache_exporter.derive.fleet_residency import FleetResidency, HashRange
 from kvcache_exporter.simulator import EngineConfig, LatencyModel, SimulatorConfig
 from kvcache_exporter.simulator.config import Faults
 from kvcache_exporter.simulator.fleet import SimulatorFleet
+from tests.conftest import free_port
 
 FAST = LatencyModel(base_s=0.002, per_prefill_token_s=0.00001, per_decode_seq_s=0.0001)
 REPLICAS = 4
@@ -145,3 +147,30 @@ def test_a_replica_restart_and_lost_batches_are_seen_per_replica(tmp_path):
     assert set(values(samples, "kvcache_vllm_up").values()) == {1.0}
     real, estimate = ratios(samples)
     assert 0 <= real <= estimate <= 1
+
+
+def test_bad_discovery_keeps_the_last_good_replicas_and_a_dead_replica_reads_down(tmp_path):
+    """No simulator: one replica whose port nobody listens on, then a file_sd broken mid-run."""
+    path = tmp_path / "pool.json"
+    path.write_text(f'[{{"targets": ["127.0.0.1:{free_port()}"], "labels": {{"replica": "gone"}}}}]')
+    aggregator = Aggregator(AggregateSettings(windows=(60.0,), timeout=1.0), [FileSd(str(path), None)])
+
+    async def body():
+        await aggregator.poll_once()
+        path.write_text("[{")
+        os.utime(path, ns=(1, 1))
+        await aggregator.poll_once()
+        await aggregator.close()
+        return aggregator.latest
+
+    samples = asyncio.run(body())
+    assert values(samples, "kvcache_vllm_up") == {(("replica", "gone"),): 0.0}
+    assert values(samples, "kvcache_fleet_replicas")[()] == 1  # the last good list still stands
+    discovery = (("collector", "discovery_file_sd"),)
+    assert values(samples, "kvcache_exporter_collector_success")[discovery] == 0.0
+    assert values(samples, "kvcache_exporter_errors_total")[(*discovery, ("reason", "parse_error"))] == 1
+    vllm_errors = {
+        k: v for k, v in values(samples, "kvcache_exporter_errors_total").items() if ("replica", "gone") in k
+    }
+    assert sum(vllm_errors.values()) == 2  # one failed poll of /metrics per poll, with its reason
+    assert not values(samples, "kvcache_fleet_hit_ratio")  # no data: no ratio, never a made-up 0
