@@ -253,6 +253,58 @@ def fleet(g) -> list[dict]:
     )
 
 
+def attribution(g) -> list[dict]:
+    a = g.cfg["attribution"]
+    w, tps = a["window"], a["min_miss_tokens_per_second"]
+    share = f"instance_cause:kvcache_prefix_cache_miss_tokens:ratio_rate{w}"
+    guard = f"and ignoring(cause) instance:kvcache_prefix_cache_miss_tokens:rate{w} > {tps}"
+    where = "{{ $labels.instance }}" + WHERE
+    offset = (
+        '{{ with printf "histogram_quantile(0.5, sum by(le) ('
+        f'rate(kvcache_prefix_divergence_offset_tokens_bucket{{instance=%q}}[{w}])))" $labels.instance '
+        "| query }}{{ with first . }} The shared content "
+        'starts about {{ value . | printf "%.0f" }} tokens into the prompt (median).{{ end }}{{ end }}'
+    )
+    estimate = (
+        '{{ with printf "kvcache_prefix_cache_hit_ratio_estimate{instance=%q,capacity_factor=\\"2\\"}" '
+        "$labels.instance | query }}{{ with first . }} With twice the KV cache the hit ratio would be "
+        'about {{ value . | humanizePercentage }} (window {{ label "window" . }}).{{ end }}{{ end }}'
+    )
+    idle, reuse = (f"{LVL}:vllm_kv_block_{h}_seconds:p50_rate{w}" for h in ("idle_before_evict", "reuse_gap"))
+    short, min_tps = g.cfg["hit_ratio"]["windows"][0], g.cfg["hit_ratio"]["min_query_tokens_per_second"]
+    return (
+        g.alert(
+            "KVCacheMissesFromDivergedPrefix",
+            f'{share}{{cause="prefix_diverged"}} > <threshold>\n{guard}',
+            "Most prefix-cache misses recompute shared content behind a per-request prefix.",
+            f"{VALUE} of the prompt tokens {where} computed over {w} were content the cache already held "
+            "behind a different front part (cause prefix_diverged): per-request fields come before the "
+            f"shared template.{offset}",
+        )
+        + g.alert(
+            "KVCacheEvictionThrashing",
+            f'(\n  {share}{{cause="evicted"}} > <threshold>\n  {guard}\n)\n'
+            f"or on(instance) (\n  {idle} < {reuse}\n  and on(instance) sum without(model_name, target) "
+            f"({QUERY}{short}) > {min_tps}\n)",
+            "The KV cache evicts blocks before they are reused.",
+            f"On {where} blocks are evicted before they are reused: {VALUE} (the evicted share of computed "
+            f"prompt tokens over {w}, or the median idle time before eviction in seconds when that is "
+            f"shorter than the median reuse gap).{estimate}",
+        )
+        + g.alert(
+            "KVCacheMissAttributionIncomplete",
+            f'kvcache_prefix_cache_miss_attribution_coverage_ratio{{window="{w}"}} < <threshold>\n'
+            f"or on(instance) 0 * (\n  {QUERY}{short} > 0\n"
+            "  unless on(instance) kvcache_prefix_cache_miss_tokens_total\n)",
+            "Miss attribution covers too few of vLLM's computed tokens to be trusted.",
+            f"The KV-event stream of {where} attributed {VALUE} of the prompt tokens vLLM computed over "
+            f"{w} (below <pct>), or KV events are off: kvcache_prefix_cache_miss_tokens_total is only a "
+            "partial breakdown.",
+            pct=lambda s: pct(s["threshold"]),
+        )
+    )
+
+
 ALERT_GROUPS = (
     ("kvcache-hit-ratio.alerts", hit_ratio),
     ("kvcache-latency-slo.alerts", latency_slo),
@@ -261,4 +313,5 @@ ALERT_GROUPS = (
     ("kvcache-cost.alerts", cost),
     ("kvcache-health.alerts", health),
     ("kvcache-fleet.alerts", fleet),
+    ("kvcache-attribution.alerts", attribution),
 )

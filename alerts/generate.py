@@ -164,6 +164,7 @@ class Generator:
                 self.group("kvcache-latency-slo.rules", latency),
                 self.group("kvcache-capacity.rules", capacity),
                 self.group("kvcache-fleet.rules", self.fleet_recording()),
+                self.group("kvcache-attribution.rules", self.attribution_recording()),
             ]
         }
 
@@ -211,6 +212,31 @@ class Generator:
             },
         ]
         return out
+
+    def attribution_recording(self) -> list[dict]:
+        """Shares of the sidecar's miss tokens by cause (the aggregator's own series carry `replica`)."""
+        w = self.cfg["attribution"]["window"]
+        r = f"[{self.d(w)}]"
+        by_cause = f"instance_cause:kvcache_prefix_cache_miss_tokens:rate{w}"
+        total = f"instance:kvcache_prefix_cache_miss_tokens:rate{w}"
+        idle, reuse = (
+            f"histogram_quantile(0.5, sum without(engine) (rate(vllm:kv_block_{h}_seconds_bucket{r})))"
+            for h in ("idle_before_evict", "reuse_gap")
+        )
+        return [
+            {
+                "record": by_cause,
+                "expr": "sum without(replica) "
+                f'(rate(kvcache_prefix_cache_miss_tokens_total{{replica=""}}{r}))',
+            },
+            {"record": total, "expr": f"sum without(cause) ({by_cause})"},
+            {
+                "record": f"instance_cause:kvcache_prefix_cache_miss_tokens:ratio_rate{w}",
+                "expr": f"{by_cause}\n/ ignoring(cause) group_left() ({total} > 0)",
+            },
+            {"record": f"{LVL}:vllm_kv_block_idle_before_evict_seconds:p50_rate{w}", "expr": idle},
+            {"record": f"{LVL}:vllm_kv_block_reuse_gap_seconds:p50_rate{w}", "expr": reuse},
+        ]
 
     # --- alerting rules ------------------------------------------------------------------------
     def alerts(self) -> dict:
