@@ -1,4 +1,4 @@
-"""deploy/kubernetes/aggregator.yaml: the fleet view's objects fit the pool and the aggregate CLI."""
+"""deploy/kubernetes/examples/fleet: the fleet view's objects fit the pool (base/) and the aggregate CLI."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from kvcache_exporter.aggregator import cli
 MANIFESTS = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 
 
-def objects(name: str) -> dict[tuple[str, str], dict]:
-    docs = yaml.safe_load_all((MANIFESTS / name).read_text())
-    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+def objects(folder: str) -> dict[tuple[str, str], dict]:
+    docs = [d for p in sorted((MANIFESTS / folder).glob("*.yaml")) for d in yaml.safe_load_all(p.read_text())]
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"] != "Kustomization"}
 
 
 def test_the_headless_service_finds_the_vllm_pods_without_a_second_scrape():
-    pool, fleet = objects("kvcache-exporter.yaml"), objects("aggregator.yaml")
+    pool, fleet = objects("base"), objects("examples/fleet")
     headless = fleet[("Service", "vllm-headless")]
     pods = pool[("Deployment", "vllm")]["spec"]["template"]["metadata"]["labels"]
     assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["selector"] == pods
@@ -33,7 +33,7 @@ def test_the_headless_service_finds_the_vllm_pods_without_a_second_scrape():
 
 
 def test_every_shard_runs_aggregate_with_arguments_it_accepts():
-    fleet = objects("aggregator.yaml")
+    fleet = objects("examples/fleet")
     sts = fleet[("StatefulSet", "kvcache-aggregator")]
     (container,) = sts["spec"]["template"]["spec"]["containers"]
     assert container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"].endswith("pod-index']")
