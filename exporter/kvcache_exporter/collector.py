@@ -84,16 +84,21 @@ class Poll:
     into: Callable[[Any, float], None]
     labels: dict[str, str] = field(default_factory=dict)
     health: Health = field(default_factory=Health)
+    collector: str = field(init=False)  # the source's name, read once: a source without one fails here
+    title: str = field(init=False)
 
-    @property
-    def title(self) -> str:  # for log lines: "vllm a:8000"
-        return " ".join([self.source.name, *self.labels.values()])
+    def __post_init__(self) -> None:
+        self.collector = self.source.name
+        self.title = " ".join([self.collector, *self.labels.values()])  # for log lines: "vllm a:8000"
 
-    async def run(self, clock: Callable[[], float]) -> None:
+    async def run(self, clock: Callable[[], float], deadline: float) -> None:
+        """One collect, at most `deadline` seconds: a hung source costs its own series, not the loop."""
         started = clock()
         error, snapshot = None, None
         try:
-            snapshot = await self.source.collect()
+            snapshot = await asyncio.wait_for(self.source.collect(), deadline)
+        except TimeoutError:
+            error = SourceError("timeout", f"no snapshot within {deadline:g}s")
         except SourceError as err:
             error = err
         except Exception as err:  # the loop outlives any bug in a source
@@ -106,7 +111,7 @@ class Poll:
         self.health.record(self.title, started, ended, error)
 
     def samples(self) -> list[Sample]:
-        return self.health.samples({**self.labels, "collector": self.source.name})
+        return self.health.samples({**self.labels, "collector": self.collector})
 
     async def close(self) -> None:
         result = self.source.close()
@@ -124,6 +129,7 @@ class Exporter:
         interval: float,
         clock: Callable[[], float] = time.time,
         derivations: dict[str, Derivation] = DERIVATIONS,
+        deadline: float | None = None,
     ):
         self.polls = list(polls)
         self.state = state
@@ -131,6 +137,7 @@ class Exporter:
         self.interval = interval
         self.clock = clock
         self.derivations = derivations
+        self.deadline = deadline or max(2 * interval, 10.0)  # per source and poll
         self.derive_health = Health()  # errors of the derivations themselves: collector="derive"
         self.guard = Guard()
         self._failing: set[str] = set()
@@ -139,7 +146,7 @@ class Exporter:
         self.latest: list[Sample] = []
 
     async def poll_once(self) -> None:
-        await asyncio.gather(*(poll.run(self.clock) for poll in self.polls))
+        await asyncio.gather(*(poll.run(self.clock, self.deadline) for poll in self.polls))
         self.state.end_poll(self.clock())
         self.ready = self.ready or any(t.up for t in self.state.targets)
         self.latest = self.derive()

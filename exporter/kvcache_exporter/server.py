@@ -72,7 +72,8 @@ def build_exporter(s: SimpleNamespace, clock: Callable[[], float] = time.time) -
         gpu_count=s.cost_gpu_count,
         gpu_memory_utilization_ceiling=s.audit_gpu_memory_utilization_ceiling,
     )
-    return Exporter(polls, state, options, interval=s.collect_interval, clock=clock)
+    deadline = max(2 * s.collect_interval, s.vllm_timeout + 1, 10.0)  # past every source's own timeout
+    return Exporter(polls, state, options, interval=s.collect_interval, clock=clock, deadline=deadline)
 
 
 def pricing_from(settings: SimpleNamespace) -> Pricing:

@@ -3,6 +3,8 @@
 import asyncio
 import logging
 
+import pytest
+
 from kvcache_exporter import catalog as c
 from kvcache_exporter.collector import Exporter, Poll, target_polls
 from kvcache_exporter.derive.exporter import DERIVATIONS, DeriveOptions
@@ -29,13 +31,31 @@ class Broken:
         raise RuntimeError("cannot close either")
 
 
-def exporter_with(texts, extra_polls=(), derivations=DERIVATIONS):
+class Hung:
+    """A source that never answers (a driver call that blocks forever)."""
+
+    name = "hung"
+
+    async def collect(self):
+        await asyncio.Event().wait()
+
+    def close(self):
+        pass
+
+
+def exporter_with(texts, extra_polls=(), derivations=DERIVATIONS, deadline=None):
     now = [0.0]
     state = PollState(retention=120)
     polls = target_polls(state, {"t": ReplaySource(texts)})
     polls += [Poll(source, lambda snapshot, ts: None) for source in extra_polls]
     exporter = Exporter(
-        polls, state, DeriveOptions(), interval=10, clock=lambda: now[0], derivations=derivations
+        polls,
+        state,
+        DeriveOptions(),
+        interval=10,
+        clock=lambda: now[0],
+        derivations=derivations,
+        deadline=deadline,
     )
     return exporter, now
 
@@ -106,3 +126,22 @@ def test_run_keeps_polling_after_an_unexpected_failure(shared_fixtures):
 
     asyncio.run(scenario())
     assert sample(exporter, c.EXPORTER_ERRORS_TOTAL, collector="derive", reason="internal_error") == 1
+
+
+def test_a_hung_source_times_out_and_the_others_are_polled(shared_fixtures):
+    texts = [s["text"] for s in seed_snapshots(shared_fixtures)][:2]
+    exporter, now = exporter_with(texts, [Hung()], deadline=0.2)
+    for _ in texts:
+        asyncio.run(exporter.poll_once())
+        now[0] += 10
+    assert sample(exporter, c.EXPORTER_ERRORS_TOTAL, collector="hung", reason="timeout") == 2
+    assert sample(exporter, c.VLLM_UP) == 1
+
+
+def test_a_source_without_a_name_fails_at_wiring_not_in_the_loop():
+    class Nameless:
+        async def collect(self):
+            return None
+
+    with pytest.raises(AttributeError):
+        Poll(Nameless(), lambda snapshot, ts: None)
