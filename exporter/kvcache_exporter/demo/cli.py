@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--gpu-hour-price", type=float, default=2.5, help="price of a GPU-hour, for cost metrics")
     add("--no-prometheus", action="store_true", help="do not start Prometheus/Alertmanager even if installed")
+    add(
+        "--fleet", action="store_true", help="a simulated 4-replica pool and the aggregator's view (fleet.md)"
+    )
     add("--block-size", type=int, default=16, help="simulator KV block size in tokens")
     add("--num-gpu-blocks", type=int, default=2048, help="simulator KV blocks")
 
@@ -63,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
     if args.phase_seconds <= 0 or args.speed <= 0 or args.refresh <= 0:
         print("demo: --phase-seconds, --speed and --refresh must be positive", file=sys.stderr)
         return 2
+    if args.fleet:
+        from . import fleet
+
+        return fleet.run(args)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     stack = stack_mod.Stack()
