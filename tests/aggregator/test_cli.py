@@ -59,3 +59,19 @@ def test_aggregate_without_replicas_says_how_to_name_them():
         [sys.executable, "-m", "kvcache_exporter", "aggregate"], capture_output=True, text=True, timeout=30
     )
     assert done.returncode == 2 and "--discovery.file-sd" in done.stdout
+
+
+def test_every_flag_has_an_environment_twin(monkeypatch):
+    import argparse
+
+    from kvcache_exporter.aggregator import cli
+
+    monkeypatch.setenv("KVCACHE_AGGREGATE_DISCOVERY_DNS", "vllm-headless:8000")
+    monkeypatch.setenv("KVCACHE_AGGREGATE_COLLECT_INTERVAL", "2s")
+    monkeypatch.setenv("KVCACHE_AGGREGATE_REPLICA", "a:1 b:2")
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    args = parser.parse_args(["aggregate", "--collect.interval", "3s"])
+    assert (args.dns, args.interval, args.replica) == ("vllm-headless:8000", 3.0, ["a:1", "b:2"])
+    settings, discoveries = cli.settings_from(parser.parse_args(["aggregate"]))
+    assert settings.interval == 2.0 and [d.name for d in discoveries] == ["discovery_static", "discovery_dns"]

@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+from collections.abc import Mapping
 
 from aiohttp import web
 
@@ -45,8 +47,25 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add("--collect.windows", dest="windows", default="5m,1h")
     add("--log.level", dest="log_level", default="info", choices=("debug", "info", "warn", "error"))
     add("--log.format", dest="log_format", default="logfmt", choices=("logfmt", "json"))
+    with_environment_twins(parser, os.environ)
     parser.set_defaults(func=run)
     return parser
+
+
+def with_environment_twins(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """Every flag's default from KVCACHE_AGGREGATE_<FLAG> (`--discovery.dns` -> KVCACHE_AGGREGATE_
+    DISCOVERY_DNS). A flag on the command line wins; a repeated flag (`--replica`, whitespace-separated
+    in the environment) adds to the environment's values."""
+    for action in parser._actions:
+        flag = next((o for o in action.option_strings if o.startswith("--")), None)
+        if flag is None or action.dest == "help":
+            continue
+        env = "KVCACHE_AGGREGATE_" + flag[2:].replace(".", "_").replace("-", "_").upper()
+        action.help = f"{action.help or ''} (env {env})".strip()
+        if env in environ:
+            action.default = (
+                environ[env].split() if isinstance(action, argparse._AppendAction) else environ[env]
+            )
 
 
 def settings_from(args: argparse.Namespace) -> tuple[AggregateSettings, list]:
