@@ -168,8 +168,8 @@ def rss_rows() -> list[tuple[str, str]]:
     before, after, blocks = float(out[0]), float(out[1]), int(out[2])
     per_hash = (after - before) * 2**20 / blocks
     return [
-        (f"aggregator RSS, {PUBLISHERS} replicas x default bound ({blocks:,} hashes tracked)",
-         f"{after:.0f} MiB (before filling: {before:.0f} MiB; {per_hash:.0f} B per tracked hash)"),
+        (f"aggregator RSS, {PUBLISHERS} replicas x default bound ({blocks:,} blocks tracked, 1/4 shared)",
+         f"{after:.0f} MiB (before filling: {before:.0f} MiB; {per_hash:.0f} B per tracked block)"),
     ]  # fmt: skip
 
 
