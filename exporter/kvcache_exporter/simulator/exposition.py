@@ -29,6 +29,10 @@ HELP = {
     "prompt_tokens": "Number of prefill tokens processed.",
     "prompt_tokens_by_source": "Number of prompt tokens by source.",
     "prompt_tokens_cached": "Number of cached prompt tokens (local + external).",
+    "prompt_tokens_cached_by_source": "Prefix-cache hit tokens by the cache tier that supplied them: device "
+    "(local HBM), host (offloaded to DRAM), disk, p2p (transferred from another vLLM instance) or "
+    "external_unspecified. Counted at admission; sums to vllm:prefix_cache_hits + "
+    "vllm:external_prefix_cache_hits.",
     "generation_tokens": "Number of generation tokens processed.",
     "request_success": "Count of successfully processed requests.",
     "request_prompt_tokens": "Number of prefill tokens processed.",
@@ -118,6 +122,16 @@ def _collect_v1(state: ExpositionState) -> Iterator[Metric]:
         ):
             by_source.add_metric([*per_engine(engine), source], value, created=created)
     yield by_source
+    by_tier = CounterMetricFamily(
+        "vllm:prompt_tokens_cached_by_source",
+        HELP["prompt_tokens_cached_by_source"],
+        labels=[*labels, "source"],
+    )
+    for engine in engines:  # one tier: every hit comes from the device (no offloading simulated)
+        for source in ("device", "host", "p2p", "disk", "external_unspecified"):
+            value = engine.stats.prompt_tokens_cached if source == "device" else 0
+            by_tier.add_metric([*per_engine(engine), source], value, created=created)
+    yield by_tier
     yield counter("prompt_tokens_cached", lambda e: e.stats.prompt_tokens_cached)
     yield counter("generation_tokens", lambda e: e.stats.generation_tokens)
     success = CounterMetricFamily(

@@ -1,0 +1,95 @@
+"""The "Why is the cache missing?" row of kvcache-cache: the sidecar's miss attribution from vLLM's
+KV events (docs/kv-events.md) beside vLLM's own residency and tier counters."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.models import units
+
+from .common import RATE, Query, graph, ratio, sel
+
+MISSES = sel("kvcache_prefix_cache_miss_tokens_total", 'replica=""')  # the aggregator's carry `replica`
+ALERTS = ("KVCacheMissesFromDivergedPrefix", "KVCacheEvictionThrashing", "KVCacheMissAttributionIncomplete")
+WINDOW = 'window="5m"'
+
+
+def _quantile(q: float, metric: str) -> str:
+    return f"histogram_quantile({q}, sum by (le) (rate({sel(metric + '_bucket')}[{RATE}])))"
+
+
+def panels():
+    hits, queries = (
+        f"sum(rate({sel(f'kvcache_prefix_cache_{kind}_tokens_total')}[{RATE}]))" for kind in ("hit", "query")
+    )
+    return [
+        graph(
+            "Miss tokens by cause",
+            Query(f"sum by (cause) (rate({MISSES}[{RATE}]))", "{{cause}}"),
+            shows="Prompt tokens vLLM computed per second (every BlockStored block), by why the cache did "
+            "not have them: evicted, restart, prefix_diverged, cold (other_replica: the aggregator).",
+            action="prefix_diverged dominates: per-request fields precede the template, move them after it. "
+            "evicted dominates: the cache is too small (see the 2x/4x estimate). restart: vLLM restarted.",
+            alerts=ALERTS,
+            stacked=True,
+        ),
+        graph(
+            "Where the shared content starts (divergence offset)",
+            Query(_quantile(0.5, "kvcache_prefix_divergence_offset_tokens"), "median"),
+            Query(_quantile(0.9, "kvcache_prefix_divergence_offset_tokens"), "p90"),
+            shows="For prompts whose prefix diverged: how many tokens of per-request front matter come "
+            "before content the cache already holds (kvcache_prefix_divergence_offset_tokens).",
+            action="A steady offset is the length of the fields placed first (user id, timestamp, order "
+            "number): move them after the static part and keep that part byte-identical.",
+            alerts=ALERTS[:1],
+        ),
+        graph(
+            "Hit ratio: real vs with 2x / 4x the KV cache",
+            Query(ratio(hits, queries), "real"),
+            Query(
+                f"max by (capacity_factor) ({sel('kvcache_prefix_cache_hit_ratio_estimate', WINDOW)})",
+                "{{capacity_factor}}x KV cache (estimate)",
+            ),
+            shows="The real hit ratio and the exporter's estimate had the KV cache been 2x or 4x larger, "
+            "from blocks evicted and recomputed soon enough that the larger cache would have kept them "
+            "(5m window; biased low, docs/kv-events.md).",
+            action="A wide gap: memory buys hits (raise gpu_memory_utilization, fewer sequences, more "
+            "replicas). No gap: the misses are not about size.",
+            alerts=ALERTS[1:2],
+            unit=units.PercentUnit,
+        ),
+        graph(
+            "Attribution coverage",
+            Query(f"max({sel('kvcache_prefix_cache_miss_attribution_coverage_ratio', WINDOW)})", "coverage"),
+            shows="Share of the prompt tokens vLLM computed (queries - hits) that the KV-event stream "
+            "attributed to a cause over 5m. Each prompt's last partial block is never stored, so it sits "
+            "a little below 1.",
+            action="Well below 1: batches were lost or dropped (kvcache_kv_events_*), or events are off; "
+            "trust the causes above only as far as this goes.",
+            alerts=ALERTS[2:],
+            unit=units.PercentUnit,
+        ),
+        graph(
+            "Block residency (vLLM --kv-cache-metrics)",
+            Query(_quantile(0.5, "vllm:kv_block_idle_before_evict_seconds"), "idle before eviction p50"),
+            Query(_quantile(0.5, "vllm:kv_block_reuse_gap_seconds"), "reuse gap p50"),
+            Query(_quantile(0.5, "vllm:kv_block_lifetime_seconds"), "lifetime p50"),
+            shows="vLLM's sampled block residency: how long evicted blocks sat idle, the gap between reuses "
+            "of a block, and block lifetime (medians over the rate interval).",
+            action="Idle-before-eviction below the reuse gap: blocks are evicted before they would be "
+            "reused, the cache is too small for this traffic.",
+            alerts=ALERTS[1:2],
+            unit=units.Seconds,
+        ),
+        graph(
+            "Cache hits by tier",
+            Query(
+                f"sum by (source) (rate({sel('vllm:prompt_tokens_cached_by_source_total')}[{RATE}]))",
+                "{{source}}",
+            ),
+            shows="Prompt tokens served from a cache per second, by the tier that supplied them (device HBM, "
+            "host DRAM, disk, p2p from another instance; vllm:prompt_tokens_cached_by_source_total).",
+            action="Hits moving from device to host/disk: the device cache is too small and the offload tier "
+            "is carrying the load (slower).",
+            alerts=ALERTS[1:2],
+            stacked=True,
+        ),
+    ]
