@@ -78,12 +78,15 @@ class Health:
 @dataclass
 class Poll:
     """One source in the loop. `into(snapshot, ts)` hands the snapshot (None after a failure) to
-    the poll state; `labels` tell its health series apart (e.g. {"target": "a:8000"})."""
+    the poll state; `labels` tell its health series apart (e.g. {"target": "a:8000"}). `offload`
+    runs `into` in a worker thread, for snapshots that take long to apply (a burst of KV events),
+    so scrapes keep being answered meanwhile; it touches only its own part of the state."""
 
     source: Source[Any]
     into: Callable[[Any, float], None]
     labels: dict[str, str] = field(default_factory=dict)
     health: Health = field(default_factory=Health)
+    offload: bool = False
     collector: str = field(init=False)  # the source's name, read once: a source without one fails here
     title: str = field(init=False)
 
@@ -105,7 +108,10 @@ class Poll:
             error = self.health.crashed(self.title, err)
         ended = clock()
         try:
-            self.into(snapshot, ended)
+            if self.offload:
+                await asyncio.to_thread(self.into, snapshot, ended)
+            else:
+                self.into(snapshot, ended)
         except Exception as err:
             error, snapshot = self.health.crashed(self.title, err), None
         self.health.record(self.title, started, ended, error)

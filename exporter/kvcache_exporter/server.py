@@ -64,7 +64,8 @@ def build_exporter(s: SimpleNamespace, clock: Callable[[], float] = time.time) -
         )
         subscriber.start()  # needs the running event loop: build_exporter is called from serve()
         attribution = Attribution(s.kv_events_max_tracked_blocks, s.kv_events_max_fingerprints)
-        polls.append(Poll(subscriber, state.add_kv_events(EventState(), attribution=attribution).ingest))
+        events = state.add_kv_events(EventState(), attribution=attribution)
+        polls.append(Poll(subscriber, events.ingest, offload=True))  # up to 100k batches a poll
     options = DeriveOptions(
         windows=tuple(sorted(s.collect_windows)),
         quantiles=tuple(s.collect_quantiles),

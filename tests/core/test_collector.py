@@ -2,6 +2,8 @@
 
 import asyncio
 import logging
+import threading
+import time
 
 import pytest
 
@@ -145,3 +147,41 @@ def test_a_source_without_a_name_fails_at_wiring_not_in_the_loop():
 
     with pytest.raises(AttributeError):
         Poll(Nameless(), lambda snapshot, ts: None)
+
+
+def test_an_offloaded_ingest_runs_beside_the_loop():
+    """While a long ingest runs in its worker thread, the event loop (which answers scrapes) runs."""
+    ingest, ticks = {}, []
+
+    class Burst:
+        name = "kv_events"
+
+        async def collect(self):
+            return "drain"
+
+        def close(self):
+            pass
+
+    def slow_ingest(snapshot, ts):
+        ingest["thread"], ingest["start"] = threading.get_ident(), time.monotonic()
+        time.sleep(0.3)
+        ingest["end"] = time.monotonic()
+
+    async def scenario(offload):
+        poll = Poll(Burst(), slow_ingest, offload=offload)
+
+        async def ticker():
+            while "end" not in ingest:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.01)
+
+        await asyncio.gather(poll.run(time.monotonic, 5.0), ticker())
+        return poll
+
+    poll = asyncio.run(scenario(offload=True))
+    assert poll.health.success and ingest["thread"] != threading.get_ident()
+    assert sum(ingest["start"] < tick < ingest["end"] for tick in ticks) > 5
+    ingest.clear()
+    ticks.clear()
+    asyncio.run(scenario(offload=False))  # the check can fail: inline, the loop stands still
+    assert sum(ingest["start"] < tick < ingest["end"] for tick in ticks) == 0
