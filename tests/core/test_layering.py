@@ -1,8 +1,11 @@
 """The sidecar's import graph stays small: `serve` never loads the tools shipped beside it."""
 
+import ast
 import json
 import subprocess
 import sys
+
+from tests.conftest import REPO
 
 TOOLS = (
     "kvcache_exporter.simulator",
@@ -39,3 +42,50 @@ def test_serve_imports_none_of_the_tools():
 def test_the_check_sees_a_tool_when_one_is_imported():
     modules = loaded(PROBE.replace("import kvcache_exporter.server", "import kvcache_exporter.simulator.cli"))
     assert "kvcache_exporter.simulator" in modules
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports (anywhere in it, lazy imports included)."""
+    root = REPO / "exporter" / "kvcache_exporter"
+    paths = {".".join(p.relative_to(root.parent).with_suffix("").parts): p for p in root.rglob("*.py")}
+    modules = {name.removesuffix(".__init__"): path for name, path in paths.items()}
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                target = ".".join([*parts, node.module] if node.module else parts)
+                submodules = {f"{target}.{a.name}" for a in node.names} & modules.keys()
+                deps |= submodules or {target}  # `from . import x` imports x, not the package again
+        graph[name] = {d for d in deps if d in modules and d != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found, done, path = [], set(), []
+
+    def visit(module: str) -> None:
+        path.append(module)
+        for dep in sorted(graph[module]):
+            if dep in path:
+                found.append([*path[path.index(dep) :], dep])
+            elif dep not in done:
+                visit(dep)
+        path.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module)
+    return found
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    assert "kvcache_exporter.sources.gpu" in graph["kvcache_exporter.sources.nvml"]
+    assert cycles(graph) == []
+    assert cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b", "a"]]  # the check can fail
