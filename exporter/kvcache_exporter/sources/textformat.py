@@ -77,45 +77,17 @@ def sample_name(line: str) -> str:
 
 def parse_line(line: str) -> Line:
     """One sample line; ValueError on anything that is not valid exposition syntax."""
-    return _parse(line)[0]
+    return parse_line_and_head(line)[0]
 
 
-def _parse(line: str) -> tuple[Line, bool]:
-    """The line, and whether its value is exactly what follows its last space (no timestamp)."""
+def parse_line_and_head(line: str) -> tuple[Line, str | None]:
+    """The line, and its head (the text before its last space) when its value runs from there to
+    the line's end (no timestamp, no trailing blank): the same head with any other value there
+    is then the same series, which lets a caller remember heads (sources/vllm_parse.py)."""
     match = _SAMPLE.fullmatch(line)
     if match is None:
         raise ValueError(f"malformed sample line: {line[:120]}")
     name, labels, value = match.groups()
-    simple = match.end(3) == len(line) and line[match.start(3) - 1] == " "
-    return Line(name, parse_labels(labels) if labels else {}, parse_value(value)), simple
-
-
-class Reader:
-    """parse_line with a memory: vLLM serves the same series every poll, only values change.
-
-    The text before a line's last space (`name{labels}`) is remembered with its parsed name and
-    labels, so a line seen before costs a dict lookup and a float(). A remembered head only
-    ever meets the value after the last space, and a head is remembered only from a line whose
-    value ran from there to its end, so a hit returns exactly what parse_line would. The labels
-    dict is shared between polls: callers must not change it. One Reader per source (not
-    thread-safe); it forgets everything when it holds more than `max_entries` heads.
-    """
-
-    def __init__(self, max_entries: int = 50_000):
-        self.max_entries = max_entries
-        self._heads: dict[str, tuple[str, dict[str, str]]] = {}
-
-    def parse_line(self, line: str) -> Line:
-        head, _, value = line.rpartition(" ")
-        known = self._heads.get(head)
-        if known is not None and "\t" not in value:
-            try:
-                return Line(known[0], known[1], parse_value(value))
-            except ValueError:
-                pass  # let the full parse say what is wrong
-        parsed, simple = _parse(line)
-        if simple:
-            if len(self._heads) >= self.max_entries:
-                self._heads.clear()
-            self._heads[head] = (parsed.name, parsed.labels)
-        return parsed
+    start = match.start(3)
+    head = line[: start - 1] if match.end(3) == len(line) and line[start - 1] == " " else None
+    return Line(name, parse_labels(labels) if labels else {}, parse_value(value)), head

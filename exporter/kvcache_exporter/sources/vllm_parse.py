@@ -1,0 +1,322 @@
+"""Normalize one vLLM /metrics exposition into a VllmSnapshot (pure: text in, snapshot out).
+
+Every naming generation (V1, deprecated V1, V0, `ray_vllm:`) maps onto the same logical
+quantities per (model_name, engine); see vllm_names.py. vLLM serves ~45 families and ~700 lines
+of which about a fifth are read: the others are only named (for the schema, deprecation and
+missing-metric checks), never parsed. A source keeps a Memory between polls, since vLLM serves
+the same series every time: a line seen before costs a dict lookup and a float().
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from . import textformat
+from . import vllm_names as names
+from .base import SourceError
+from .vllm_snapshot import EngineKey, EngineSample, Histogram, VllmSnapshot
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_samples: int = 200_000
+    max_labels: int = 128
+    max_engines: int = 512
+    max_line_chars: int = 16 * 1024  # vLLM's longest line (cache_config_info) is ~1.1 KiB
+
+
+class Series:
+    """What a sample line the exporter reads means, without its value."""
+
+    __slots__ = ("bound", "config", "key", "kind", "labels", "logical", "name")
+
+    def __init__(self, name: str, labels: dict[str, str]):
+        self.name, self.labels = name, labels
+        self.key: EngineKey = (labels.get("model_name", ""), labels.get("engine", "0"))
+        self.kind, self.logical = _kind(name, labels)
+        self.bound = _bound(name, labels) if self.kind == "bucket" else 0.0
+        self.config = _config(labels) if self.kind == "config" else None
+
+
+class Memory:
+    """What one source remembers between polls: each sample line's head (the text before its last
+    space) -> its Series, or just its name for a family the exporter does not read. A head is
+    remembered only from a line whose value ran from there to its end, and a remembered head only
+    ever meets the text after a line's last space, so a hit means exactly what a full parse
+    would. Forgets everything past `max_entries` heads; one Memory per source (not thread-safe,
+    and a source's polls never overlap)."""
+
+    def __init__(self, max_entries: int = 50_000):
+        self.max_entries = max_entries
+        self.heads: dict[str, Series | str] = {}
+        self.bounds: dict[tuple[float, ...], tuple[float, ...]] = {}  # one tuple per bucket layout
+
+    def bound(self) -> None:
+        if len(self.heads) >= self.max_entries or len(self.bounds) > 1000:
+            self.heads.clear()
+            self.bounds.clear()
+
+    def read(self, line: str, limits: Limits) -> tuple[Series | str, float]:
+        """The line's Series and value, or its name (value NaN) when its family is not read."""
+        head, space, tail = line.rpartition(" ")
+        known = self.heads.get(head) if space else None
+        if type(known) is str:
+            return known, math.nan
+        if known is not None and "\t" not in tail:
+            try:
+                return known, textformat.parse_value(tail)
+            except ValueError:
+                pass  # the full parse says what is wrong
+        name = _normal((head if space else line).split("{", 1)[0].split(" ", 1)[0].split("\t", 1)[0])
+        if _base(name) not in _WANTED_BASES:
+            if space:
+                self.heads[head] = name
+            return name, math.nan
+        if len(line) > limits.max_line_chars:  # bounds the regex work (and the GIL) per line
+            raise SourceError("parse_error", f"a {name} line is longer than {limits.max_line_chars} chars")
+        parsed, head = textformat.parse_line_and_head(line)
+        if len(parsed.labels) > limits.max_labels:
+            raise SourceError("too_many_labels", f"{name} has {len(parsed.labels)} labels")
+        series = Series(_normal(parsed.name), parsed.labels)
+        if head is not None:
+            self.heads[head] = series
+        return series, parsed.value
+
+
+_RAY = "ray_vllm:"
+
+
+def _normal(name: str) -> str:
+    return "vllm:" + name[len(_RAY) :] if name.startswith(_RAY) else name
+
+
+def _base(name: str) -> str:
+    for suffix in ("_total", "_created", "_bucket", "_count", "_sum", "_info"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+_COUNTER_OF = {name: logical for logical, cands in names.COUNTERS.items() for name in cands}
+_GAUGE_OF = {name: logical for logical, cands in names.GAUGES.items() for name in cands}
+_BLOCK_COUNTABLE = {"vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total"}
+_HIST_OF = {
+    f"{base}{suffix}": logical for logical, base in names.HISTOGRAMS.items() for suffix in ("_bucket", "_sum")
+}
+_WANTED_BASES = {
+    _base(n)
+    for n in (*_COUNTER_OF, *_GAUGE_OF, *_HIST_OF, names.PROMPT_BY_SOURCE, names.CACHE_CONFIG, names.CREATED,
+              names.PROCESS_START)
+}  # fmt: skip
+
+
+def _kind(name: str, labels: dict[str, str]) -> tuple[str | None, str | None]:
+    if name in _COUNTER_OF:
+        return "counter", _COUNTER_OF[name]
+    if name == names.PROMPT_BY_SOURCE:
+        return (
+            ("counter", "computed_prompt_tokens")
+            if labels.get("source") == names.COMPUTED_SOURCE
+            else (None, None)
+        )
+    if name in _GAUGE_OF:
+        return "gauge", _GAUGE_OF[name]
+    if name in _HIST_OF:
+        return ("bucket" if name.endswith("_bucket") else "sum"), _HIST_OF[name]
+    if name == names.CACHE_CONFIG:
+        return "config", None
+    if name == names.CREATED:
+        return "created", None
+    if name == names.PROCESS_START:
+        return "process_start", None
+    return None, None  # read for its syntax only (e.g. a histogram's _count)
+
+
+def _bound(name: str, labels: dict[str, str]) -> float:
+    if "le" not in labels:
+        raise ValueError(f"{name} has no le label")
+    bound = float(labels["le"])  # ValueError on text that is no number
+    if math.isnan(bound):
+        raise ValueError(f"{name} has le={labels['le']!r}")
+    return bound
+
+
+# cache_config_info labels the exporter computes with; "None" means unset, other text is ignored.
+_CONFIG_NUMBERS = ("num_gpu_blocks", "block_size", "kv_cache_size_tokens", "kv_cache_memory_bytes")
+
+
+def _config(labels: dict[str, str]) -> dict[str, str]:
+    """The labels, with a number that cannot be a size (NaN, inf, negative) read as unset: the
+    engine keeps its other series, the block and capacity series it would corrupt are absent."""
+    config = dict(labels)
+    for key in _CONFIG_NUMBERS:
+        try:
+            number = float(config.get(key, "None"))
+        except ValueError:
+            continue
+        if not (math.isfinite(number) and number >= 0):
+            config[key] = "None"
+    return config
+
+
+class _Accumulator:
+    """Collects the wanted samples of one scrape, keyed by (model_name, engine)."""
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.engines: dict[EngineKey, EngineSample] = {}
+        self.gauge_parts: dict[tuple[EngineKey, str], list[float]] = defaultdict(list)
+        self.buckets: dict[tuple[EngineKey, str], dict[float, float]] = defaultdict(
+            lambda: defaultdict(float)
+        )
+        self.sums: dict[tuple[EngineKey, str], float] = defaultdict(float)
+        self.cache_configs: dict[str, dict[str, str]] = {}
+        self.process_start: float | None = None
+        self.chosen: dict[str, str] = {}  # logical -> the candidate name in use
+
+    def engine(self, key: EngineKey) -> EngineSample:
+        sample = self.engines.get(key)
+        if sample is None:
+            if len(self.engines) >= self.limits.max_engines:
+                raise SourceError(
+                    "too_many_series", f"more than {self.limits.max_engines} (model, engine) pairs"
+                )
+            sample = self.engines[key] = EngineSample()
+        return sample
+
+    def take(self, s: Series, value: float) -> None:
+        """Add one sample. ValueError (-> parse_error) where a count is impossible: windows over a
+        NaN, infinite or negative counter would be wrong for as long as they hold it."""
+        kind = s.kind
+        if kind == "counter":
+            if self.chosen.setdefault(s.logical, s.name) == s.name:
+                counters = self.engine(s.key).counters
+                counters[s.logical] = counters.get(s.logical, 0.0) + _count(s.name, value)
+        elif kind == "bucket":
+            self.engine(s.key)
+            self.buckets[(s.key, s.logical)][s.bound] += _count(s.name, value)
+        elif kind == "sum":
+            self.engine(s.key)
+            self.sums[(s.key, s.logical)] += _count(s.name, value)
+        elif kind == "gauge":
+            # A gauge that is no number, or a negative count, is dropped: it then reads as missing.
+            # (V0's hit-rate gauge says -1 for "no data"; derive/cache.py drops that at export.)
+            usable = math.isfinite(value) and (value >= 0 or s.logical == "v0_block_hit_rate")
+            if usable and self.chosen.setdefault(s.logical, s.name) == s.name:
+                self.engine(s.key)
+                self.gauge_parts[(s.key, s.logical)].append(value)
+        elif kind == "config":
+            self.cache_configs[s.key[1]] = s.config
+        elif kind == "created" and math.isfinite(value):
+            self.engine(s.key).start_time = value
+        elif kind == "process_start" and math.isfinite(value):
+            self.process_start = value
+
+
+def _count(name: str, value: float) -> float:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} is {value}: a count is a finite number >= 0")
+    return value
+
+
+def parse(
+    text: str, ts: float | None = None, limits: Limits = Limits(), memory: Memory | None = None
+) -> VllmSnapshot:
+    """Normalize one /metrics exposition. Raises SourceError("parse_error") on malformed text."""
+    prefix = _RAY if _RAY in text else "vllm:"
+    memory = memory or Memory()
+    memory.bound()
+    acc = _Accumulator(limits)
+    seen: set[str] = set()
+    block_counted: set[str] = set()  # early-V1 prefix-cache counters whose HELP says they count blocks
+    read = 0
+    try:
+        for line in text.split("\n"):
+            if not line:
+                continue
+            if line[0] == "#":
+                if "blocks" in line and line.startswith("# HELP "):
+                    name = _normal(line.split(" ", 3)[2])
+                    if name in _BLOCK_COUNTABLE:
+                        block_counted.add(name)
+                continue
+            series, value = memory.read(line, limits)
+            if type(series) is str:
+                seen.add(series)
+                continue
+            seen.add(series.name)
+            read += 1
+            if read > limits.max_samples:
+                raise SourceError("too_many_series", f"more than {limits.max_samples} samples")
+            if series.kind is not None:
+                acc.take(series, value)
+    except ValueError as err:
+        raise SourceError("parse_error", f"malformed exposition: {err}") from err
+    schema = names.schema_of(seen)
+    if schema == "unknown":
+        raise SourceError(
+            "no_vllm_metrics", "the body holds no vllm: metrics; is --vllm.url a vLLM /metrics?"
+        )
+    engines = _finish(acc, block_counted, memory.bounds)
+    present = set(acc.chosen) | {k for e in engines.values() for k in e.histograms}
+    if acc.cache_configs:
+        present.add("cache_config")
+    expected = names.EXPECTED_V0 if schema == "v0" else names.EXPECTED_V1
+    return VllmSnapshot(
+        ts=time.time() if ts is None else ts,
+        engines=engines,
+        cache_configs=acc.cache_configs,
+        schema=schema,
+        prefix=prefix,
+        deprecated=tuple(sorted(seen & names.DEPRECATED)),
+        missing=tuple(m for m in expected if m not in present),
+    )
+
+
+def _finish(
+    acc: _Accumulator, block_counted: set[str], layouts: dict[tuple[float, ...], tuple[float, ...]]
+) -> dict[EngineKey, EngineSample]:
+    for (key, logical), parts in acc.gauge_parts.items():
+        total = sum(parts)
+        acc.engines[key].gauges[logical] = total / len(parts) if logical in names.RATIO_GAUGES else total
+    for (key, logical), buckets in acc.buckets.items():
+        bounds = tuple(sorted(buckets))
+        if bounds and math.isinf(bounds[-1]):
+            bounds = layouts.setdefault(bounds, bounds)  # histories then hold one tuple per layout
+            acc.engines[key].histograms[logical] = Histogram(
+                bounds, tuple(buckets[b] for b in bounds), acc.sums.get((key, logical), 0.0)
+            )
+    for (_, engine), sample in acc.engines.items():
+        if sample.start_time is None:
+            sample.start_time = acc.process_start
+        _split_prompt_tokens(sample.counters)
+        for logical in ("query_tokens", "hit_tokens"):
+            if acc.chosen.get(logical) in block_counted and logical in sample.counters:
+                block_size = _block_size(acc.cache_configs.get(engine))
+                if block_size is None:
+                    del sample.counters[logical]  # blocks we cannot convert: better absent than wrong
+                else:
+                    sample.counters[logical] *= block_size
+    return {key: s for key, s in acc.engines.items() if s.counters or s.gauges or s.histograms}
+
+
+def _split_prompt_tokens(counters: dict[str, float]) -> None:
+    """Prompt tokens computed (prefilled) vs cached; vLLM's by-source counter when it exists."""
+    prompt = counters.get("prompt_tokens")
+    if prompt is None:
+        return
+    if "computed_prompt_tokens" not in counters:
+        if "hit_tokens" not in counters:
+            return
+        counters["computed_prompt_tokens"] = max(prompt - counters["hit_tokens"], 0.0)
+    counters["cached_prompt_tokens"] = max(prompt - counters["computed_prompt_tokens"], 0.0)
+
+
+def _block_size(config: dict[str, str] | None) -> int | None:
+    try:
+        return int((config or {})["block_size"])
+    except (KeyError, ValueError):
+        return None

@@ -1,0 +1,44 @@
+"""What one poll of a vLLM server yields, normalized: per (model_name, engine) counters, gauges and
+histograms, whatever naming generation the server uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Histogram:
+    bounds: tuple[float, ...]  # upper bounds, ascending, ending with +Inf
+    counts: tuple[float, ...]  # cumulative counts per bound
+    sum: float
+
+    @property
+    def count(self) -> float:
+        return self.counts[-1] if self.counts else 0.0
+
+
+@dataclass
+class EngineSample:
+    counters: dict[str, float] = field(default_factory=dict)
+    gauges: dict[str, float] = field(default_factory=dict)
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+    start_time: float | None = None  # changes when vLLM restarts
+
+
+EngineKey = tuple[str, str]  # (model_name, engine)
+
+
+@dataclass
+class VllmSnapshot:
+    ts: float
+    engines: dict[EngineKey, EngineSample]
+    cache_configs: dict[str, dict[str, str]]  # engine -> cache_config_info labels
+    schema: str
+    prefix: str
+    deprecated: tuple[str, ...]
+    missing: tuple[str, ...]
+
+    def model_of(self, engine: str) -> str:
+        """cache_config_info has no model_name: join it from the engine's other series."""
+        models = sorted({model for model, eng in self.engines if eng == engine})
+        return models[0] if models else ""
