@@ -3,6 +3,12 @@
 Each poll is stored as reset-adjusted running totals: a counter that goes down (or whose
 vLLM process restarted) is taken to have restarted from zero, so its new value is all
 increase. The increase over any window is then one subtraction, never negative.
+
+Memory (docs/memory.md): a point is one array of doubles (8 bytes per counter, per bucket and
+per histogram sum) under a layout of names shared by every point with the same series, and the
+history is thinned with age: a point of age `a` is dropped while its neighbours are closer than
+a / RESOLUTION, so a window of any length w starts within w / RESOLUTION of now - w and the
+number of points grows with the log of the retention, not with retention / interval.
 """
 
 from __future__ import annotations
@@ -10,17 +16,54 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from array import array
 from collections import deque
 from dataclasses import dataclass
 
 from ..sources.vllm import EngineSample, Histogram
 
+RESOLUTION = 60  # a window's start is within 1/60 of its length
 
-@dataclass(frozen=True)
+
+class Layout:
+    """Where each series sits in a point's values: counters first, then each histogram's counts
+    and its sum. Shared by every point with the same series (one object per layout)."""
+
+    __slots__ = ("counters", "histograms")
+
+    def __init__(self, counters: tuple[str, ...], histograms: tuple[tuple[str, tuple[float, ...]], ...]):
+        self.counters: dict[str, int] = {name: i for i, name in enumerate(counters)}
+        self.histograms: dict[str, tuple[int, tuple[float, ...]]] = {}
+        at = len(counters)
+        for name, bounds in histograms:
+            self.histograms[name] = (at, bounds)
+            at += len(bounds) + 1
+
+
 class Point:
-    ts: float
-    counters: dict[str, float]  # reset-adjusted running totals
-    histograms: dict[str, Histogram]  # reset-adjusted running counts and sum
+    __slots__ = ("layout", "ts", "values")
+
+    def __init__(self, ts: float, layout: Layout, values: array):
+        self.ts, self.layout, self.values = ts, layout, values
+
+    def counter(self, name: str) -> float | None:
+        i = self.layout.counters.get(name)
+        return None if i is None else self.values[i]
+
+    def histogram(self, name: str) -> Histogram | None:
+        found = self.layout.histograms.get(name)
+        if found is None:
+            return None
+        at, bounds = found
+        return Histogram(bounds, tuple(self.values[at : at + len(bounds)]), self.values[at + len(bounds)])
+
+    @property
+    def counters(self) -> dict[str, float]:
+        return {name: self.values[i] for name, i in self.layout.counters.items()}
+
+    @property
+    def histograms(self) -> dict[str, Histogram]:
+        return {name: h for name in self.layout.histograms if (h := self.histogram(name)) is not None}
 
 
 @dataclass(frozen=True)
@@ -70,14 +113,17 @@ def _countable_part(raw: EngineSample, last: EngineSample | None) -> EngineSampl
 
 
 class SeriesHistory:
-    """The polls of one (model_name, engine), kept for `retention` seconds."""
+    """The polls of one (model_name, engine), kept for `retention` seconds, thinned with age."""
 
-    def __init__(self, retention: float):
+    def __init__(self, retention: float, resolution: int = RESOLUTION):
         self.retention = retention
+        self.resolution = resolution
         self.points: deque[Point] = deque()
         self._times: deque[float] = deque()  # the points' timestamps, for bisect
         self._windows: dict[float, Delta | None] = {}  # this poll's windows, asked for by several derivations
         self._last_raw: EngineSample | None = None
+        self._layouts: dict[tuple, Layout] = {}
+        self._appended = 0
 
     def append(self, ts: float, raw: EngineSample) -> None:
         raw = _countable_part(raw, self._last_raw)
@@ -88,7 +134,7 @@ class SeriesHistory:
         counters = {
             name: advance(
                 last.counters.get(name) if last else None,
-                prev.counters.get(name, 0.0) if prev else 0.0,
+                (prev.counter(name) or 0.0) if prev else 0.0,
                 value,
                 restarted,
             )
@@ -97,7 +143,7 @@ class SeriesHistory:
         histograms = {}
         for name, hist in raw.histograms.items():
             before = last.histograms.get(name) if last else None
-            total = prev.histograms.get(name) if prev else None
+            total = prev.histogram(name) if prev else None
             if before is None or total is None or before.bounds != hist.bounds:
                 if before is not None and before.bounds != hist.bounds:
                     self._forget(name)  # bucket layout changed: old points cannot be compared
@@ -112,17 +158,52 @@ class SeriesHistory:
                 ),
                 advance(before.sum, total.sum, hist.sum, reset),
             )
-        self.points.append(Point(ts, counters, histograms))
+        self.points.append(self._point(ts, counters, histograms))
         self._times.append(ts)
         self._windows.clear()
         self._last_raw = raw
         while self.points and self.points[0].ts < ts - self.retention:
             self.points.popleft()
             self._times.popleft()
+        self._appended += 1
+        if self._appended % 16 == 0:
+            self._thin(ts)
+
+    def _point(self, ts: float, counters: dict[str, float], histograms: dict[str, Histogram]) -> Point:
+        key = (tuple(counters), tuple((name, h.bounds) for name, h in histograms.items()))
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = Layout(*key)
+        values = array("d", counters.values())
+        for h in histograms.values():
+            values.extend(h.counts)
+            values.append(h.sum)
+        return Point(ts, layout, values)
+
+    def _thin(self, now: float) -> None:
+        """Drop each point whose neighbours stay within age / resolution of each other without it."""
+        if len(self.points) <= self.resolution:
+            return
+        kept = [self.points[0]]
+        points = self.points
+        for i in range(1, len(points) - 1):
+            if points[i + 1].ts - kept[-1].ts > (now - points[i].ts) / self.resolution:
+                kept.append(points[i])
+        kept.append(points[-1])
+        if len(kept) < len(points):
+            self.points = deque(kept)
+            self._times = deque(p.ts for p in kept)
+        if len(self._layouts) > 8:  # layouts no point uses any more
+            live = {id(p.layout) for p in kept}
+            self._layouts = {k: v for k, v in self._layouts.items() if id(v) in live}
 
     def _forget(self, histogram: str) -> None:
+        made: dict[int, Layout] = {}  # not interned: their offsets are those of the older layout
         for point in self.points:
-            point.histograms.pop(histogram, None)
+            if histogram in point.layout.histograms:
+                if id(point.layout) not in made:
+                    made[id(point.layout)] = _sublayout(point.layout, histogram)
+                point.layout = made[id(point.layout)]
 
     def window(self, seconds: float) -> Delta | None:
         if seconds not in self._windows:
@@ -146,16 +227,16 @@ class SeriesHistory:
             return itertools.islice(self.points, start, len(self.points) - 1)
 
         counters, histograms = {}, {}
-        for name, value in latest.counters.items():
-            base = next((p for p in candidates() if name in p.counters), None)
+        for name, i in latest.layout.counters.items():
+            base = next((p for p in candidates() if name in p.layout.counters), None)
             if base is not None:
-                counters[name] = value - base.counters[name]
-        for name, hist in latest.histograms.items():
-            base = next((p for p in candidates() if _bounds(p, name) == hist.bounds), None)
+                counters[name] = latest.values[i] - base.values[base.layout.counters[name]]
+        for name, (_, bounds) in latest.layout.histograms.items():
+            base = next((p for p in candidates() if _bounds(p, name) == bounds), None)
             if base is not None:
-                before = base.histograms[name]
+                hist, before = latest.histogram(name), base.histogram(name)
                 histograms[name] = Histogram(
-                    hist.bounds,
+                    bounds,
                     tuple(c - b for c, b in zip(hist.counts, before.counts, strict=True)),
                     hist.sum - before.sum,
                 )
@@ -163,5 +244,13 @@ class SeriesHistory:
 
 
 def _bounds(point: Point, histogram: str) -> tuple[float, ...] | None:
-    hist = point.histograms.get(histogram)
-    return None if hist is None else hist.bounds
+    found = point.layout.histograms.get(histogram)
+    return None if found is None else found[1]
+
+
+def _sublayout(layout: Layout, histogram: str) -> Layout:
+    """The layout without one histogram; the values array keeps its offsets for the others."""
+    out = Layout((), ())
+    out.counters = layout.counters
+    out.histograms = {n: v for n, v in layout.histograms.items() if n != histogram}
+    return out
