@@ -11,6 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .. import catalog as c
 from ..aggregator.discovery import FileSd
 from ..aggregator.pool import AggregateSettings, Aggregator
 from ..samples import Sample
@@ -76,13 +77,11 @@ def line(samples: list[Sample], before: tuple[float, float]) -> tuple[str, tuple
     """The pool in one line: real ratio, the affinity estimate, the other_replica share of the tokens
     computed since the last line (`before`: the counters then), duplicates; and the counters now."""
     get = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in samples}
-    label = next((dict(k)["window"] for n, k in get if n == "kvcache_fleet_hit_ratio"), "")
-    real = get.get(("kvcache_fleet_hit_ratio", (("window", label),)))
-    estimate = get.get(
-        ("kvcache_fleet_hit_ratio_estimate", (("routing", "prefix_affinity"), ("window", label)))
-    )
-    other = sum(v for (n, _), v in get.items() if n == "kvcache_prefix_cache_miss_tokens_total")
-    stored = sum(v for (n, _), v in get.items() if n == "kvcache_fleet_stored_tokens_total")
+    label = next((dict(k)["window"] for n, k in get if n == c.FLEET_HIT_RATIO), "")
+    real = get.get((c.FLEET_HIT_RATIO, (("window", label),)))
+    estimate = get.get((c.FLEET_HIT_RATIO_ESTIMATE, (("routing", "prefix_affinity"), ("window", label))))
+    other = sum(v for (n, _), v in get.items() if n == c.PREFIX_CACHE_MISS_TOKENS_TOTAL)
+    stored = sum(v for (n, _), v in get.items() if n == c.FLEET_STORED_TOKENS_TOTAL)
     computed = stored - before[1]
     share = (other - before[0]) / computed if computed > 0 else None
 
@@ -92,6 +91,6 @@ def line(samples: list[Sample], before: tuple[float, float]) -> tuple[str, tuple
     text = (
         f"pool hit ratio ({label}) {pct(real)} | with prefix affinity {pct(estimate)} | other_replica "
         f"{pct(share)} of the tokens computed since the last line | blocks on 2+ replicas "
-        f"{pct(get.get(('kvcache_fleet_duplicate_blocks_ratio', ())))}"
+        f"{pct(get.get((c.FLEET_DUPLICATE_BLOCKS_RATIO, ())))}"
     )
     return text, (other, stored)
