@@ -15,7 +15,7 @@ LINE = re.compile(
 def test_the_fleet_demo_shows_what_session_routing_wins():
     done = subprocess.run(
         [sys.executable, "-m", "kvcache_exporter", "demo", "--fleet",
-         "--phase-seconds", "5", "--duration", "11", "--refresh", "1", "--speed", "5"],
+         "--phase-seconds", "6", "--duration", "13", "--refresh", "1", "--speed", "5"],
         capture_output=True, text=True, timeout=50,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -23,7 +23,7 @@ def test_the_fleet_demo_shows_what_session_routing_wins():
     first = [tuple(map(int, m)) for m in LINE.findall(round_robin)]
     last = [tuple(map(int, m)) for m in LINE.findall(session)]
     assert first and last, done.stdout
-    real, estimate, other = first[-1]
-    assert estimate >= real + 10 and other >= 30  # round-robin: most computed tokens were held elsewhere
+    # round-robin: once chats have a few turns, most computed tokens were held by another replica
+    assert any(estimate >= real + 10 and other >= 30 for real, estimate, other in first), round_robin
     real, estimate, other = last[-1]
-    assert abs(estimate - real) <= 3 and other <= 5  # session routing: nothing left to win
+    assert abs(estimate - real) <= 3 and other <= 5, session  # session routing: nothing left to win
