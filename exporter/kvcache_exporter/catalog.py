@@ -646,7 +646,7 @@ CATALOG: tuple[Metric, ...] = (
         "gauge",
         "Share of the pool's distinct resident blocks held by two or more replicas.",
         (),
-        "",
+        "ratio",
         "fleet",
         "every replica's KV events",
         "duplicate_blocks / distinct_blocks",
@@ -656,7 +656,7 @@ CATALOG: tuple[Metric, ...] = (
         "gauge",
         "The pool's real prefix-cache hit ratio over the window.",
         ("window",),
-        "",
+        "ratio",
         "fleet",
         "vllm:prefix_cache_hits_total, vllm:prefix_cache_queries_total of every replica",
         "sum(hits) / sum(queries)",
@@ -667,7 +667,7 @@ CATALOG: tuple[Metric, ...] = (
         "The pool's hit ratio had every request gone to a replica holding its prefix (routing="
         "prefix_affinity), beside kvcache_fleet_hit_ratio.",
         ("window", "routing"),
-        "",
+        "ratio",
         "fleet",
         "/metrics and KV events of every replica",
         "min((sum(hits) + sum(other_replica miss tokens)) / sum(queries), 1); a shard scales its "
@@ -679,7 +679,7 @@ CATALOG: tuple[Metric, ...] = (
         "Fraction of the block-hash space the aggregator tracks (--fleet.hash-sampling); counts are "
         "scaled by its inverse.",
         (),
-        "",
+        "ratio",
         "fleet",
         "configuration",
     ),

@@ -9,6 +9,7 @@ import pytest
 from kvcache_exporter.aggregator.discovery import FileSd
 from kvcache_exporter.aggregator.pool import AggregateSettings, Aggregator
 from kvcache_exporter.derive.fleet_residency import FleetResidency, HashRange
+from kvcache_exporter.samples import Sample
 from kvcache_exporter.simulator import EngineConfig, LatencyModel, SimulatorConfig
 from kvcache_exporter.simulator.config import Faults
 from kvcache_exporter.simulator.fleet import SimulatorFleet
@@ -174,3 +175,36 @@ def test_bad_discovery_keeps_the_last_good_replicas_and_a_dead_replica_reads_dow
     }
     assert sum(vllm_errors.values()) == 2  # one failed poll of /metrics per poll, with its reason
     assert not values(samples, "kvcache_fleet_hit_ratio")  # no data: no ratio, never a made-up 0
+
+
+def test_a_failing_poll_is_counted_and_the_loop_goes_on(tmp_path):
+    aggregator = Aggregator(AggregateSettings(windows=(60.0,), interval=0.05), [])
+    polls = []
+
+    async def broken():
+        polls.append(1)
+        raise ZeroDivisionError("a bug")
+
+    aggregator.poll_once = broken  # the loop, not this poll, is under test
+
+    async def body():
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.3, stop.set)
+        await aggregator.run(stop)
+        return aggregator._own_errors()
+
+    errors = asyncio.run(body())
+    assert len(polls) >= 3
+    assert values(errors, "kvcache_exporter_errors_total") == {
+        (("collector", "derive"), ("reason", "internal_error")): len(polls)
+    }
+
+
+def test_values_outside_their_range_never_reach_metrics():
+    aggregator = Aggregator(AggregateSettings(), [])
+    bad = [
+        Sample("kvcache_fleet_duplicate_blocks_ratio", {}, 1.5),
+        Sample("kvcache_fleet_replicas", {}, -1.0),
+    ]
+    assert aggregator.guard.filter(bad) == []
+    assert aggregator.guard.errors["invalid_value"] == 2

@@ -21,6 +21,7 @@ from ..config import window_label
 from ..derive import fleet_pool
 from ..derive.fleet_residency import FleetResidency, HashRange
 from ..derive.windows import SeriesHistory
+from ..guard import Guard
 from ..samples import Sample
 from ..sources.base import SourceError
 from ..sources.kv_events import Batch, KvEventSubscriber
@@ -71,6 +72,8 @@ class Aggregator:
         self.discovery_health = {d.name: Health() for d in discoveries}
         self.left_out = 0
         self.ready = False
+        self.guard = Guard()  # the last check before exposition, as in serve
+        self.loop_errors = 0
         self.latest: list[Sample] = []
 
     # --- membership -------------------------------------------------------------------------
@@ -176,7 +179,16 @@ class Aggregator:
                 member.fleet_history.append(now, fleet_pool.fleet_counters(view, self.fleet.scale))
         residency = fleet_pool.residency_samples(self.fleet, sizes)
         self.ready = self.ready or any(m.up for m in self.members.values())
-        self.latest = residency + self._pool_samples() + self._health_samples()
+        samples = self.guard.filter(residency + self._pool_samples() + self._health_samples())
+        self.latest = samples + self._own_errors()
+
+    def _own_errors(self) -> list[Sample]:
+        errors = self.guard.errors + Counter(internal_error=self.loop_errors)
+        return [
+            Sample(c.EXPORTER_ERRORS_TOTAL, {"collector": "derive", "reason": reason}, n)
+            for reason, n in errors.items()
+            if n
+        ]
 
     def _pool_samples(self) -> list[Sample]:
         out: list[Sample] = []
@@ -231,7 +243,13 @@ class Aggregator:
         busy pool's events are applied in small slices, never as one long pause of the event loop."""
         while not stop.is_set():
             started = time.monotonic()
-            await self.poll_once()
+            try:
+                await self.poll_once()
+            except Exception:  # a bug must not end the loop: count it, log it, keep the last samples
+                self.loop_errors += 1
+                log.exception(
+                    "aggregator poll failed", extra={"collector": "derive", "reason": "internal_error"}
+                )
             while (delay := self.settings.interval - (time.monotonic() - started)) > 0:
                 try:
                     await asyncio.wait_for(stop.wait(), timeout=min(delay, DRAIN_SECONDS))
