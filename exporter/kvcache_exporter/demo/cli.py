@@ -1,5 +1,6 @@
-"""`kvcache-exporter demo`: the simulator switching normalized -> raw -> normalized prompts, the exporter
-polling it, Prometheus and Alertmanager when installed, and a live view of what the exporter reports."""
+"""`kvcache-exporter demo`: the simulator switching normalized -> raw -> normalized prompts -> more
+templates than the cache holds, the exporter polling it and reading its KV events, Prometheus and
+Alertmanager when installed, and a live view of what the exporter reports (and why the cache misses)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,17 @@ import threading
 import time
 
 from . import stack as stack_mod
-from .view import Phase, alerts_summary, parse_metrics, render_frame, render_line
+from .view import (
+    Phase,
+    _window_seconds,
+    alerts_summary,
+    parse_metrics,
+    recent_misses,
+    render_frame,
+    render_line,
+)
 
-PHASES = ("normalized", "raw", "normalized")
+PHASES = ("normalized", "raw", "normalized", "templates")
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -91,12 +100,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, stack: stack_mod.Stack, stop: threading.Event, tty: bool) -> int:
     sim_phase = f"{args.phase_seconds * args.speed:g}s"
-    schedule = f"normalized:{sim_phase},raw:{sim_phase},normalized"
+    schedule = f"normalized:{sim_phase},raw:{sim_phase},normalized:{sim_phase},templates"
+    kv_events = f"tcp://127.0.0.1:{stack_mod.free_port()}"
     sim_extra = ["--block-size", str(args.block_size), "--num-gpu-blocks", str(args.num_gpu_blocks)]
+    sim_extra += ["--kv-events-endpoint", kv_events]
     sim = stack.start_simulator(schedule, args.speed, args.rate, sim_extra)
     started = time.monotonic()
     windows = args.windows or default_windows(args.phase_seconds)
-    exporter = stack.start_exporter(sim.url, args.collect_interval, windows, args.gpu_hour_price)
+    exporter = stack.start_exporter(sim.url, args.collect_interval, windows, args.gpu_hour_price, kv_events)
     urls = {"simulator": sim.url, "exporter": exporter.url}
     prometheus_bin = stack_mod.which(stack_mod.PROMETHEUS_NAMES)
     alertmanager_bin = stack_mod.which(stack_mod.ALERTMANAGER_NAMES)
@@ -131,6 +142,8 @@ def _run(args: argparse.Namespace, stack: stack_mod.Stack, stop: threading.Event
         print(f"demo: note: {note}")
     print(f"demo: temp dir {stack.workdir}", flush=True)
 
+    recent: list[tuple[float, object]] = []  # (time, snapshot): misses are shown over the short window
+    short = _window_seconds(windows[0]) or 30.0
     while not stop.is_set():
         now = time.monotonic()
         elapsed = now - started
@@ -152,10 +165,15 @@ def _run(args: argparse.Namespace, stack: stack_mod.Stack, stop: threading.Event
             snap = None
         firing, pending = alerts_summary(stack.alerts() if prometheus_running else None, absent)
         phase = phase_at(elapsed, args.phase_seconds, reported)
+        if snap is not None:
+            recent.append((now, snap))
+            while len(recent) > 1 and recent[1][0] <= now - short:
+                recent.pop(0)
+        misses = recent_misses(recent[0][1], snap) if recent else None
         if tty:
-            sys.stdout.write(render_frame(elapsed, phase, snap, firing, pending, urls))
+            sys.stdout.write(render_frame(elapsed, phase, snap, firing, pending, urls, misses))
         else:
-            sys.stdout.write(render_line(elapsed, phase, snap, firing, pending) + "\n")
+            sys.stdout.write(render_line(elapsed, phase, snap, firing, pending, misses) + "\n")
         sys.stdout.flush()
         wait = args.refresh - (time.monotonic() - now)
         if args.duration is not None:

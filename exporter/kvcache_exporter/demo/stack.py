@@ -106,9 +106,13 @@ class Stack:
         self._require(service, service.url + "/health", 20)
         return service
 
-    def start_exporter(self, sim_url: str, interval: str, windows: list[str], price: float) -> Service:
+    def start_exporter(
+        self, sim_url: str, interval: str, windows: list[str], price: float, kv_events: str | None = None
+    ) -> Service:
         port = free_port()
         argv = [sys.executable, "-m", "kvcache_exporter", "serve", "--vllm.url", f"{sim_url}/metrics"]
+        if kv_events:  # the exporter binds; the simulator's PUB connects to it (as vLLM's does)
+            argv += ["--kv-events.endpoint", kv_events, "--kv-events.mode", "bind"]
         argv += ["--collect.interval", interval, "--web.listen-address", f"127.0.0.1:{port}"]
         for window in windows:
             argv += ["--collect.windows", window]

@@ -23,6 +23,50 @@ class Snapshot:
     block_utilization: float | None = None
     cost_per_million_tokens: dict[str, float] = field(default_factory=dict)
     """token kind -> cost per million tokens over the shortest window"""
+    ttft_p99: dict[str, float] = field(default_factory=dict)
+    miss_tokens: dict[str, float] = field(default_factory=dict)
+    """cause -> miss tokens since the exporter started (KV events)"""
+    offset_sum: float = 0.0
+    offset_count: float = 0.0
+    estimate_2x: float | None = None
+
+
+PHASE_TEXT = {
+    "normalized": "static template first, per-request fields last: prompts share their prefix",
+    "raw": "per-request header (user id, timestamp, order no.) first: every prompt differs from token 1",
+    "templates": "40 recurring 1,000-token templates, more than the KV cache holds: evicted before reuse",
+}
+ACTION = {
+    "prefix_diverged": "move per-request fields after the static template; keep that part byte-identical",
+    "evicted": "the cache is too small for this traffic: more KV memory, fewer sequences, shorter contexts",
+    "restart": "vLLM restarted: the cache is warming up",
+    "cold": "new content: nothing to share yet",
+    "other_replica": "route requests sharing a prefix to the same replica",
+}
+
+
+@dataclass(frozen=True)
+class Misses:
+    """Miss attribution between two snapshots: shares by cause, mean divergence offset."""
+
+    shares: dict[str, float]
+    offset: float | None
+
+    @property
+    def top(self) -> str | None:
+        return max(self.shares, key=self.shares.get) if self.shares else None
+
+
+def recent_misses(before: Snapshot | None, now: Snapshot | None) -> Misses | None:
+    if before is None or now is None:
+        return None
+    delta = {c: now.miss_tokens.get(c, 0.0) - before.miss_tokens.get(c, 0.0) for c in now.miss_tokens}
+    total = sum(v for v in delta.values() if v > 0)
+    if total <= 0:
+        return None
+    count = now.offset_count - before.offset_count
+    offset = (now.offset_sum - before.offset_sum) / count if count > 0 else None
+    return Misses({c: v / total for c, v in sorted(delta.items()) if v > 0}, offset)
 
 
 def _mean(values: list[float]) -> float | None:
@@ -50,6 +94,8 @@ def _window_seconds(label: str) -> float:
 def parse_metrics(text: str) -> Snapshot:
     hits: dict[str, list[float]] = {}
     p99: dict[str, list[float]] = {}
+    ttft: dict[str, list[float]] = {}
+    estimates: dict[str, list[float]] = {}
     util: list[float] = []
     cost: dict[str, dict[str, list[float]]] = {}
     snap = Snapshot()
@@ -62,6 +108,16 @@ def parse_metrics(text: str) -> Snapshot:
                 hits.setdefault(labels["window"], []).append(value)
             elif name == c.PREFILL_LATENCY_SECONDS and labels.get("quantile") == "0.99":
                 p99.setdefault(labels.get("window", ""), []).append(value)
+            elif name == c.TIME_TO_FIRST_TOKEN_SECONDS and labels.get("quantile") == "0.99":
+                ttft.setdefault(labels.get("window", ""), []).append(value)
+            elif name == c.PREFIX_CACHE_MISS_TOKENS_TOTAL and "replica" not in labels:
+                snap.miss_tokens[labels["cause"]] = value
+            elif name == c.PREFIX_DIVERGENCE_OFFSET_TOKENS + "_sum":
+                snap.offset_sum = value
+            elif name == c.PREFIX_DIVERGENCE_OFFSET_TOKENS + "_count":
+                snap.offset_count = value
+            elif name == c.PREFIX_CACHE_HIT_RATIO_ESTIMATE and labels.get("capacity_factor") == "2":
+                estimates.setdefault(labels.get("window", ""), []).append(value)
             elif name == c.BLOCK_UTILIZATION_RATIO:
                 util.append(value)
             elif name == c.COST_PER_MILLION_TOKENS:
@@ -70,6 +126,9 @@ def parse_metrics(text: str) -> Snapshot:
     by_window = lambda d: dict(sorted(d.items(), key=lambda kv: _window_seconds(kv[0])))  # noqa: E731
     snap.hit_ratio = {w: m for w, vs in by_window(hits).items() if (m := _mean(vs)) is not None}
     snap.prefill_p99 = {w: m for w, vs in by_window(p99).items() if (m := _mean(vs)) is not None}
+    snap.ttft_p99 = {w: m for w, vs in by_window(ttft).items() if (m := _mean(vs)) is not None}
+    if estimates:
+        snap.estimate_2x = _mean(next(iter(by_window(estimates).values())))
     snap.block_utilization = _mean(util)
     if cost:
         shortest = by_window(cost)
@@ -106,13 +165,26 @@ def alerts_summary(alerts: list[dict] | None, absent: str | None) -> tuple[list[
     return firing, pending
 
 
-def render_line(t: float, phase: Phase, snap: Snapshot | None, firing: list[str], pending: list[str]) -> str:
+def render_line(
+    t: float,
+    phase: Phase,
+    snap: Snapshot | None,
+    firing: list[str],
+    pending: list[str],
+    misses: Misses | None = None,
+) -> str:
     parts = [f"[{t:7.1f}s]", f"phase={phase.name} ({phase.index}/{phase.count}, +{phase.elapsed:.1f}s)"]
     if snap is None:
         parts.append("exporter=unreachable")
     else:
         parts += [f"hit_ratio{{{w}}}={v:.3f}" for w, v in snap.hit_ratio.items()] or ["hit_ratio=n/a"]
         parts += [f"prefill_p99{{{w}}}={v:.3f}s" for w, v in list(snap.prefill_p99.items())[:1]]
+        parts += [f"ttft_p99{{{w}}}={v:.3f}s" for w, v in list(snap.ttft_p99.items())[:1]]
+        if misses is not None:
+            parts.append(f"top_miss={misses.top}")
+            parts += [f"miss{{{cause}}}={share:.2f}" for cause, share in misses.shares.items()]
+            if misses.offset is not None:
+                parts.append(f"offset={misses.offset:.0f}")
         parts.append(f"block_util={_fmt(snap.block_utilization)}")
         cost = snap.cost_per_million_tokens
         parts += [f"cost_per_Mtok{{{k}}}={v:.4f}" for k, v in cost.items()] or ["cost_per_Mtok=n/a"]
@@ -135,6 +207,7 @@ def render_frame(
     firing: list[str],
     pending: list[str],
     urls: dict[str, str],
+    misses: Misses | None = None,
 ) -> str:
     left = "" if phase.left is None else f", {phase.left:.0f}s left"
     lines = [
@@ -143,6 +216,7 @@ def render_frame(
         "",
         f"{BOLD}phase{RESET}           {phase.name}  "
         f"({phase.index}/{phase.count}, +{phase.elapsed:.0f}s{left})",
+        f"                {DIM}{PHASE_TEXT.get(phase.name, '')}{RESET}",
     ]
     if snap is None:
         lines.append(f"{RED}exporter unreachable{RESET}")
@@ -152,7 +226,10 @@ def render_frame(
         for w, v in snap.hit_ratio.items():
             lines.append(f"{BOLD}hit ratio{RESET} {w:>5} {_color_ratio(v)}")
         for w, v in snap.prefill_p99.items():
-            lines.append(f"{BOLD}prefill p99{RESET} {w:>3} {v * 1000:8.1f} ms")
+            ttft = snap.ttft_p99.get(w)
+            ttft_text = "" if ttft is None else f"   TTFT p99 {ttft * 1000:8.1f} ms"
+            lines.append(f"{BOLD}prefill p99{RESET} {w:>3} {v * 1000:8.1f} ms{ttft_text}")
+        lines += _miss_lines(misses, snap.estimate_2x)
         lines.append(f"{BOLD}block util{RESET}      {_fmt(snap.block_utilization, '.1%')}")
         cost = "   ".join(f"{k} {v:.4f}" for k, v in snap.cost_per_million_tokens.items()) or "n/a"
         lines.append(f"{BOLD}cost / 1M tok{RESET}   {cost}")
@@ -164,3 +241,18 @@ def render_frame(
         if pending:
             lines.append(f"{BOLD}pending{RESET}         {YELLOW}{', '.join(pending)}{RESET}")
     return CLEAR + "\n".join(lines) + "\n"
+
+
+def _miss_lines(misses: Misses | None, estimate_2x: float | None) -> list[str]:
+    """Why the cache misses now (KV events), and what to do about it."""
+    if misses is None or misses.top is None:
+        return [f"{BOLD}misses{RESET}          {DIM}n/a (no computed blocks lately){RESET}"]
+    shares = "  ".join(f"{cause} {share:.0%}" for cause, share in misses.shares.items())
+    lines = [f"{BOLD}misses{RESET}          {shares}"]
+    why = f"{BOLD}why{RESET}             {YELLOW}{misses.top}{RESET}"
+    if misses.top == "prefix_diverged" and misses.offset is not None:
+        why += f": shared content starts ~{misses.offset:.0f} tokens into the prompt"
+    if misses.top == "evicted" and estimate_2x is not None:
+        why += f": with 2x the KV cache the hit ratio would be ~{estimate_2x:.0%}"
+    lines += [why, f"{BOLD}action{RESET}          {ACTION.get(misses.top, '')}"]
+    return lines

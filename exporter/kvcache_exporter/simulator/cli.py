@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="schedule",
         default="normalized",
         help="workloads over simulated time, e.g. normalized:60s,raw:60s,normalized "
-        "(each one of raw|normalized|chat|trace|none)",
+        "(each one of raw|normalized|chat|templates|trace|none)",
     )
     add("--trace", dest="trace_path", help="trace.jsonl for the `trace` workload")
     add("--rate", type=float, default=5.0, help="built-in requests per simulated second (Poisson)")

@@ -144,7 +144,27 @@ class TraceReplay(Workload):
         )
 
 
-WORKLOAD_NAMES = ("raw", "normalized", "chat", "trace", "none")
+class ManyTemplates(Workload):
+    """More recurring templates than the KV cache holds: 40 templates of 1,000 tokens (2,500 blocks of 16
+    against the simulator's default 2,048), picked uniformly, each with a short per-request question
+    last. Templates come back after they were evicted: the misses are `evicted`, not `prefix_diverged`."""
+
+    name = "templates"
+
+    def __init__(self, rng: random.Random, max_tokens: int, templates: int = 40, length: int = 1000) -> None:
+        self._rng, self._max_tokens = rng, max_tokens
+        self._templates = [
+            [rng.randint(TOKEN_LOW, TOKEN_HIGH) for _ in range(length)] for _ in range(templates)
+        ]
+        self._next = 0
+
+    def next_request(self) -> RequestSpec:
+        self._next += 1
+        prompt = self._rng.choice(self._templates) + _tokens(self._rng, 10, 30)
+        return RequestSpec(prompt, self._max_tokens, f"tpl-{self._next:05d}")
+
+
+WORKLOAD_NAMES = ("raw", "normalized", "chat", "templates", "trace", "none")
 
 
 class WorkloadFactory:
@@ -159,6 +179,8 @@ class WorkloadFactory:
             return CustomerService(name, self._corpus, self._rng, self._max_tokens)
         if name == "chat":
             return MultiTurnChat(self._corpus, self._rng, self._max_tokens)
+        if name == "templates":
+            return ManyTemplates(self._rng, self._max_tokens)
         if name == "trace":
             if not self._trace_path:
                 raise ValueError("the trace workload needs --trace PATH")
