@@ -100,3 +100,8 @@ def test_demo_stack_scrapes_every_target_and_loads_the_projects_rules(stack):
         ]
 
     assert all(0 <= float(s["value"][1]) <= 1 for s in wait_until(derived))
+    # Every source of the sidecar works in compose: vLLM, the simulated dcgm-exporter, KV events.
+    success = api(prometheus, "query", query='kvcache_exporter_collector_success{job="kvcache-exporter"}')
+    assert {s["metric"]["collector"]: s["value"][1] for s in success["result"]} == {
+        "vllm": "1", "gpu": "1", "kv_events": "1"
+    }  # fmt: skip
