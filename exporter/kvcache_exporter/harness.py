@@ -200,13 +200,7 @@ class Services:
         port = free_port()
         path = self.workdir / f"prometheus-{port}.yml"
         path.write_text(config)
-        argv = [
-            binary("prometheus"),
-            f"--config.file={path}",
-            f"--storage.tsdb.path={self.workdir / f'prometheus-data-{port}'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            *args,
-        ]
+        argv = prometheus_argv(path, self.workdir / f"prometheus-data-{port}", port, *args)
         return self.start("prometheus", argv, port, "/-/ready", timeout)
 
     def alertmanager(self, config: str, *args: str, timeout: float = 30.0) -> Service:
@@ -214,15 +208,32 @@ class Services:
         port = free_port()
         path = self.workdir / f"alertmanager-{port}.yml"
         path.write_text(config)
-        argv = [
-            binary("prometheus-alertmanager", "alertmanager"),
-            f"--config.file={path}",
-            f"--storage.path={self.workdir / f'alertmanager-data-{port}'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",
-            *args,
-        ]
+        argv = alertmanager_argv(path, self.workdir / f"alertmanager-data-{port}", port, *args)
         return self.start("alertmanager", argv, port, "/-/ready", timeout)
+
+
+def prometheus_argv(config: Path, data: Path, port: int, *args: str, command: str | None = None) -> list[str]:
+    """How every run of Prometheus is started (tests, demo, bench): loopback, its own TSDB."""
+    return [
+        command or binary("prometheus"),
+        f"--config.file={config}",
+        f"--storage.tsdb.path={data}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        *args,
+    ]
+
+
+def alertmanager_argv(
+    config: Path, data: Path, port: int, *args: str, command: str | None = None
+) -> list[str]:
+    return [
+        command or binary("prometheus-alertmanager", "alertmanager"),
+        f"--config.file={config}",
+        f"--storage.path={data}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--cluster.listen-address=",  # no gossip port to find or to clash
+        *args,
+    ]
 
 
 def scrape_config(*targets: Service, interval: str = "1s", job: str = "kvcache-exporter") -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from .. import catalog as c
-from ..harness import free_port
+from ..harness import alertmanager_argv, free_port, prometheus_argv
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PROMETHEUS_NAMES = ("prometheus",)
@@ -149,13 +149,7 @@ class Stack:
             config = self.workdir / "alertmanager.yml"
             minimal = {"route": {"receiver": "demo-null"}, "receivers": [{"name": "demo-null"}]}
             config.write_text(yaml.safe_dump(minimal))
-        argv = [
-            binary,
-            f"--config.file={config}",
-            f"--storage.path={self.workdir / 'alertmanager-data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--cluster.listen-address=",
-        ]
+        argv = alertmanager_argv(config, self.workdir / "alertmanager-data", port, command=binary)
         service = self._spawn("alertmanager", argv, f"http://127.0.0.1:{port}")
         self._require(service, service.url + "/-/ready", 30)
         return service
@@ -184,13 +178,9 @@ class Stack:
             config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [target]}]}]}
         path = self.workdir / "prometheus.yml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
-        argv = [
-            binary,
-            f"--config.file={path}",
-            f"--storage.tsdb.path={self.workdir / 'prometheus-data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--storage.tsdb.retention.time=1d",
-        ]
+        argv = prometheus_argv(
+            path, self.workdir / "prometheus-data", port, "--storage.tsdb.retention.time=1d", command=binary
+        )
         service = self._spawn("prometheus", argv, f"http://127.0.0.1:{port}")
         self._require(service, service.url + "/-/ready", 40)
         return service
