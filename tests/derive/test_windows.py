@@ -93,3 +93,17 @@ def test_hit_ratio_is_absent_without_queries_and_never_above_one(hits, queries, 
     from kvcache_exporter.derive.cache import hit_ratio
 
     assert hit_ratio(hits, queries) == expected
+
+
+@pytest.mark.parametrize("interval", [1, 5])
+def test_an_hour_of_polls_is_thinned_with_age_and_windows_stay_within_a_sixtieth(interval):
+    h = SeriesHistory(retention=3600 + 2 * interval)
+    for ts in range(0, 3 * 3600, interval):
+        h.append(ts, sample(ts * 10, ts * 5))
+    assert len(h.points) < {1: 500, 5: 320}[interval]  # 3,602 and 722 polls in the retention
+    times = [p.ts for p in h.points]
+    assert times[-60:] == list(range(3 * 3600 - 60 * interval, 3 * 3600, interval))  # the newest: every poll
+    for window in (60, 300, 900, 3600):
+        delta = h.window(window)
+        assert window <= delta.seconds <= window * (1 + 1 / 60) + interval
+        assert delta.counters["query_tokens"] == delta.seconds * 10  # exact over the span covered

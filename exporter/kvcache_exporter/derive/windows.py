@@ -162,7 +162,8 @@ class SeriesHistory:
         self._times.append(ts)
         self._windows.clear()
         self._last_raw = raw
-        while self.points and self.points[0].ts < ts - self.retention:
+        # keep the newest point at or before the cutoff: a window as long as the retention is covered
+        while len(self.points) > 1 and self.points[1].ts <= ts - self.retention:
             self.points.popleft()
             self._times.popleft()
         self._appended += 1
