@@ -167,6 +167,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         "HF_HOME": str(tmp / "hf"),
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache (AllBlocksCleared), loopback only
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("VIRTUAL_ENV", None)
