@@ -31,6 +31,8 @@ def exporter_image(podman):
     TIMINGS["exporter image MB"] = int(podman("image", "inspect", "--format", "{{.Size}}", tag).stdout) / 1e6
     yield tag
     podman("rmi", "--force", tag, check=False)
+    # Old runs' untagged build stages; a day's worth stays as the build cache.
+    podman("image", "prune", "--force", "--filter", "until=24h", check=False)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import kubernetes_validate
@@ -212,3 +214,13 @@ def test_prometheus_rule_carries_every_rule_group(tmp_path):
     rule = yaml.safe_load((DIR / "base" / "prometheusrule.yaml").read_text())
     assert rule["spec"]["groups"] == groups
     assert generate.prometheus_rule(generate.RELEASE, tmp_path) is None  # no rule files: no PrometheusRule
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_sidecars_arguments_pass_the_exporters_own_check(rendered, overlay):
+    exporter = sidecar(rendered[overlay])
+    env = {e["name"]: "x" for e in exporter["env"]}  # the downward API fills these in the pod
+    args = [re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], a) for a in exporter["args"]]
+    cmd = [sys.executable, "-m", "kvcache_exporter", *args, "--check-config"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+    assert done.returncode == 0 and "configuration OK" in done.stdout, done.stderr
