@@ -112,3 +112,25 @@ def test_dns_resolves_through_the_system_resolver_and_rechecks_on_its_period():
     assert [r.kv_events_endpoint for r in second] == ["tcp://10.0.0.1:5557"]
     assert asked == ["vllm-headless.ns.svc"] * 3
     assert "127.0.0.1" in local  # /etc/hosts through the real resolver, no network
+
+
+def test_a_huge_file_sd_or_a_silent_resolver_is_an_error_not_a_hang(tmp_path, monkeypatch):
+    import kvcache_exporter.aggregator.discovery as discovery
+
+    path = tmp_path / "pool.json"
+    path.write_text("[" + " " * 100 + "]")
+    monkeypatch.setattr(discovery, "MAX_FILE_SD_BYTES", 50)
+    monkeypatch.setattr(discovery, "DNS_TIMEOUT_SECONDS", 0.1)
+
+    async def silent(host):
+        await asyncio.sleep(10)
+
+    async def body():
+        reasons = []
+        for source in (FileSd(str(path), None), DnsSd("vllm:8000", None, 30, resolver=silent)):
+            with pytest.raises(DiscoveryError) as err:
+                await source.refresh()
+            reasons.append(err.value.reason)
+        return reasons
+
+    assert asyncio.run(body()) == ["too_large", "timeout"]

@@ -21,6 +21,8 @@ import yaml
 from ..sources.base import SourceError
 
 DEFAULT_KV_EVENTS_PORT = 5557  # vLLM's default endpoint is tcp://*:5557
+MAX_FILE_SD_BYTES = 4 * 1024 * 1024
+DNS_TIMEOUT_SECONDS = 5.0
 
 
 @dataclass(frozen=True, order=True)
@@ -141,8 +143,10 @@ class FileSd:
             stat = os.stat(self.path)
             stamp = (stat.st_mtime_ns, stat.st_size)
             if stamp != self._stamp:
+                if stat.st_size > MAX_FILE_SD_BYTES:
+                    raise DiscoveryError("too_large", f"file_sd {self.path}: over {MAX_FILE_SD_BYTES} bytes")
                 with open(self.path, encoding="utf-8") as handle:
-                    text = handle.read()
+                    text = handle.read(MAX_FILE_SD_BYTES + 1)
                 self.last = parse_file_sd(text, self.kv_port, self.path.endswith((".yml", ".yaml")))
                 self._stamp = stamp
         except (OSError, UnicodeDecodeError) as err:
@@ -178,7 +182,9 @@ class DnsSd:
             return self.last
         self._due = now + self.every
         try:
-            addresses = await self.resolver(self.host)
+            addresses = await asyncio.wait_for(self.resolver(self.host), DNS_TIMEOUT_SECONDS)
+        except TimeoutError as err:
+            raise DiscoveryError("timeout", f"DNS {self.host}: no answer in {DNS_TIMEOUT_SECONDS}s") from err
         except OSError as err:
             raise DiscoveryError("resolve_error", f"DNS {self.host}: {err}") from err
         self.last = from_addresses(addresses, self.port, self.kv_port)
