@@ -51,7 +51,9 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 
 # Every generated file is committed; `make check` regenerates and fails on drift.
-GENERATED := docs/metrics.md alerts/rules docs/alerts.md dashboards/json deploy/kubernetes
+# MIXIN_DATA: what `kvcache-exporter mixin` ships in the wheel, copies of the repository's sources.
+MIXIN_DATA := exporter/kvcache_exporter/mixin/data
+GENERATED := docs/metrics.md alerts/rules docs/alerts.md dashboards/json deploy/kubernetes $(MIXIN_DATA)
 
 generate: venv
 	$(PY) -m kvcache_exporter docs --output docs/metrics.md
@@ -59,6 +61,10 @@ generate: venv
 	$(PY) -m alerts.quality --write docs/alerts.md
 	$(PY) -m dashboards
 	$(PY) deploy/kubernetes/generate.py
+	rm -rf $(MIXIN_DATA) && mkdir -p $(MIXIN_DATA)/dashboards
+	cp alerts/config.yaml $(MIXIN_DATA)/config.yaml
+	cp -r deploy/alertmanager $(MIXIN_DATA)/alertmanager
+	cp dashboards/json/*.json $(MIXIN_DATA)/dashboards/
 
 check: generate lint
 	git diff --exit-code -- $(GENERATED)

@@ -1,1 +1,1 @@
-"""Grafana dashboards as code: `python -m dashboards` writes dashboards/json/*.json."""
+"""Generated Grafana dashboards (json/); `python -m dashboards` writes them from alerts/config.yaml."""

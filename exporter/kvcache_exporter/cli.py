@@ -68,7 +68,7 @@ SIDECAR_COMMANDS = ("serve", "docs")
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """All subcommands; for `serve` and `docs` only those, so the sidecar never imports the tools
-    (simulator, analyzer, demo, aggregate): tests/core/test_layering.py holds this."""
+    (simulator, analyzer, demo, aggregate, mixin): tests/core/test_layering.py holds this."""
     parser = argparse.ArgumentParser(prog="kvcache-exporter", description=__doc__)
     parser.add_argument("--version", action="version", version=f"kvcache-exporter {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
@@ -85,9 +85,10 @@ def _subcommand_modules() -> list:
     from .aggregator import cli as aggregate
     from .analyzer import cli as analyze
     from .demo import cli as demo
+    from .mixin import cli as mixin
     from .simulator import cli as simulate
 
-    return [simulate, demo, analyze, aggregate]
+    return [simulate, demo, analyze, aggregate, mixin]
 
 
 def main(argv: list[str] | None = None) -> int:

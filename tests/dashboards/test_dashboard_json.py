@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import json
 import re
 import subprocess
 import sys
@@ -29,10 +29,16 @@ VARIABLES = ["datasource", "job", "instance", "model_name", "engine"]
 
 
 def generate(tmp_path, *args: str) -> dict[str, bytes]:
-    env = {k: v for k, v in os.environ.items() if k != "KVCACHE_RUNBOOK_URL"}
     cmd = [sys.executable, "-m", "dashboards", "--out", str(tmp_path), *args]
-    subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True)
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
     return {p.name: p.read_bytes() for p in sorted(tmp_path.glob("*.json"))}
+
+
+def changed_config(tmp_path, change) -> str:
+    cfg = yaml.safe_load((ROOT / "alerts" / "config.yaml").read_text())
+    change(cfg)
+    (path := tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return str(path)
 
 
 def test_committed_json_matches_the_code(tmp_path):
@@ -41,10 +47,40 @@ def test_committed_json_matches_the_code(tmp_path):
 
 
 def test_runbook_base_is_configurable(tmp_path):
-    out = generate(tmp_path, "--runbook-url", "https://runbooks.example/kv.md")
+    config = changed_config(
+        tmp_path, lambda cfg: cfg["urls"].update(runbook="https://runbooks.example/kv.md")
+    )
+    out = generate(tmp_path / "out", "--config", config)
     text = b"".join(out.values()).decode()
     assert "https://runbooks.example/kv.md#kvcachesaturated" in text
     assert "github.com" not in text
+
+
+def _stat(board: dict, title: str) -> dict:
+    return next(p for p in panels(board) if p["title"] == title)
+
+
+def _steps(panel: dict) -> list:
+    return [step["value"] for step in panel["fieldConfig"]["defaults"]["thresholds"]["steps"]]
+
+
+def test_dashboard_thresholds_follow_the_alerts_config(tmp_path):
+    committed = json.loads((JSON_DIR / "kvcache-overview.json").read_text())
+    assert _steps(_stat(committed, "TTFT p99")) == [None, 2.5]  # the alert's SLO threshold
+    assert _steps(_stat(committed, "Prefix-cache hit ratio")) == [None, 0.6]
+
+    def change(cfg):
+        cfg["alerts"]["KVCacheHitRatioBelowFloor"]["threshold"] = 0.75
+        cfg["slo"]["latencies"]["TimeToFirstToken"]["threshold_seconds"] = 5
+
+    out = generate(tmp_path / "out", "--config", changed_config(tmp_path, change))
+    board = json.loads(out["kvcache-overview.json"])
+    assert _steps(_stat(board, "TTFT p99")) == [None, 5]
+    assert _steps(_stat(board, "Prefix-cache hit ratio")) == [None, 0.75]
+    sla = next(v for v in board["templating"]["list"] if v["name"] == "ttft_sla")
+    assert sla["query"] == "5"
+    cache = json.loads(out["kvcache-cache.json"])
+    assert _steps(_stat(cache, "Hit ratio from the token counters")) == [None, 0.75]
 
 
 def test_fixed_uids_and_shared_variables():

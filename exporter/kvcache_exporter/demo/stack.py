@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import shutil
@@ -20,8 +19,9 @@ import yaml
 
 from .. import catalog as c
 from ..harness import alertmanager_argv, free_port, prometheus_argv
+from ..mixin import config as mixin_config
+from ..mixin import rules
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 PROMETHEUS_NAMES = ("prometheus",)
 ALERTMANAGER_NAMES = ("prometheus-alertmanager", "alertmanager")
 
@@ -124,15 +124,9 @@ class Stack:
         return service
 
     def rule_files(self, scale: float) -> list[str]:
-        """The project's rules, generated from alerts/config.yaml with every duration times `scale`
-        (so a drop in a short demo phase can fire), when valid for this Prometheus; else none."""
-        out = self.workdir / "rules"
-        generate = [sys.executable, "-m", "alerts.generate", "--scale", f"{scale:g}", "--out", str(out)]
-        made = subprocess.run(generate, cwd=REPO_ROOT, capture_output=True, text=True)
-        files = sorted(glob.glob(str(out / "*.yaml")))
-        if made.returncode != 0 or not files:
-            self.notes.append("alert rules skipped: alerts.generate failed:\n" + made.stderr[-800:])
-            return []
+        """The packaged mixin's rules, with every duration times `scale` (so a drop in a short demo
+        phase can fire), when valid for this Prometheus; else none."""
+        files = [str(p) for p in rules.write(self.workdir / "rules", mixin_config.defaults(), scale)]
         promtool = shutil.which("promtool")
         if promtool is None:
             return files
@@ -144,11 +138,7 @@ class Stack:
 
     def start_alertmanager(self, binary: str) -> Service:
         port = free_port()
-        config = REPO_ROOT / "deploy" / "alertmanager" / "alertmanager.yml"
-        if not config.is_file():
-            config = self.workdir / "alertmanager.yml"
-            minimal = {"route": {"receiver": "demo-null"}, "receivers": [{"name": "demo-null"}]}
-            config.write_text(yaml.safe_dump(minimal))
+        config = mixin_config.data_path("alertmanager", "alertmanager.yml")
         argv = alertmanager_argv(config, self.workdir / "alertmanager-data", port, command=binary)
         service = self._spawn("alertmanager", argv, f"http://127.0.0.1:{port}")
         self._require(service, service.url + "/-/ready", 30)

@@ -6,7 +6,7 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import units
 
 from . import attribution, fleet
-from .common import HIT_RATIO_FLOOR, Query, below_is_bad, dashboard, graph, grid, rate, ratio, sel
+from .common import Query, below_is_bad, dashboard, graph, grid, limits, rate, ratio, sel
 
 UID = "kvcache-cache"
 HITS, QUERIES = "kvcache_prefix_cache_hit_tokens_total", "kvcache_prefix_cache_query_tokens_total"
@@ -30,7 +30,7 @@ def _prefix_cache():
             "low: prompts stopped sharing prefixes, or blocks are evicted before reuse.",
             alerts=(*HIT_ALERTS, "KVCacheVLLMMetricsMissing", "KVCacheVLLMMetricsDeprecated"),
             unit=units.PercentUnit,
-            thresholds=below_is_bad(HIT_RATIO_FLOOR),
+            thresholds=below_is_bad(limits().hit_ratio_floor),
         ),
         graph(
             "Queried and hit prompt tokens",
@@ -56,7 +56,7 @@ def _prefix_cache():
             "(routing is not prefix-aware).",
             alerts=HIT_ALERTS,
             unit=units.PercentUnit,
-            thresholds=below_is_bad(HIT_RATIO_FLOOR),
+            thresholds=below_is_bad(limits().hit_ratio_floor),
         ),
     ]
 

@@ -6,13 +6,13 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import units
 
 from .common import (
-    HIT_RATIO_FLOOR,
     Query,
     above_is_bad,
     below_is_bad,
     dashboard,
     graph,
     grid,
+    limits,
     rate,
     sel,
     single,
@@ -25,7 +25,6 @@ LATENCY_ALERTS = ("KVCacheTimeToFirstTokenSLOBurn", "KVCachePrefillLatencySLOBur
 HIT_ALERTS = ("KVCacheHitRatioBelowFloor", "KVCacheHitRatioDropped")
 MEMORY_ALERTS = ("KVCacheGPUMemoryOverBudget", "KVCacheGPUMemorySwingLarge")
 UP_ALERTS = ("KVCacheExporterDown", "KVCacheExporterAbsent", "KVCacheVLLMDown", "KVCacheCollectorFailing")
-TTFT_SLA, PREFILL_SLA = 2.0, 1.0  # seconds; defaults of the ttft_sla / prefill_sla boxes
 
 
 def _sla(name: str, label: str, default: float) -> db.TextBoxVariable:
@@ -33,17 +32,18 @@ def _sla(name: str, label: str, default: float) -> db.TextBoxVariable:
 
 
 def _stats():
-    hit = sel("kvcache_prefix_cache_hit_ratio")
+    hit, lim = sel("kvcache_prefix_cache_hit_ratio"), limits()
     return [
         single(
             "Prefix-cache hit ratio",
             Query(f"min by (window) ({hit})", "{{window}}"),
-            shows=f"Lowest hit ratio across the selected models, per window; red below {HIT_RATIO_FLOOR}.",
+            shows="Lowest hit ratio across the selected models, per window; "
+            f"red below {lim.hit_ratio_floor:g}.",
             action="Open KV cache deep dive: a drop with steady traffic means prompts changed (template, "
             "dynamic fields first) or the cache is evicted (see block utilization, preemptions).",
             alerts=HIT_ALERTS,
             unit=units.PercentUnit,
-            thresholds=below_is_bad(HIT_RATIO_FLOOR),
+            thresholds=below_is_bad(lim.hit_ratio_floor),
         ),
         single(
             "TTFT p99",
@@ -52,7 +52,7 @@ def _stats():
             action="Compare with prefill p99: if prefill is fine, requests queue (saturation).",
             alerts=LATENCY_ALERTS[:1],
             unit=units.Seconds,
-            thresholds=above_is_bad(TTFT_SLA),
+            thresholds=above_is_bad(lim.ttft_seconds),
         ),
         single(
             "Prefill p99",
@@ -61,7 +61,7 @@ def _stats():
             action="Prefill grows when the hit ratio falls (more tokens computed): check it first.",
             alerts=LATENCY_ALERTS[1:],
             unit=units.Seconds,
-            thresholds=above_is_bad(PREFILL_SLA),
+            thresholds=above_is_bad(lim.prefill_seconds),
         ),
         single(
             "KV block utilization",
@@ -71,7 +71,7 @@ def _stats():
             "gpu_memory_utilization.",
             alerts=("KVCacheSaturated",),
             unit=units.PercentUnit,
-            thresholds=above_is_bad(0.9),
+            thresholds=above_is_bad(lim.block_utilization),
         ),
         single(
             "GPU memory / budget",
@@ -80,7 +80,7 @@ def _stats():
             action="Above 100 % another process shares the GPU: find it in the GPU & cost dashboard.",
             alerts=MEMORY_ALERTS[:1],
             unit=units.PercentUnit,
-            thresholds=above_is_bad(1.0),
+            thresholds=above_is_bad(lim.memory_budget),
         ),
         single(
             "Targets up",
@@ -105,6 +105,7 @@ def _stats():
 
 
 def _graphs():
+    lim = limits()
     latency = [
         Query(f"max by (model_name) ({sel(metric, P99)})", f"{{{{model_name}}}} {what} p99")
         for metric, what in (
@@ -117,12 +118,12 @@ def _graphs():
             "Hit ratio per window",
             Query(sel("kvcache_prefix_cache_hit_ratio"), "{{model_name}}/{{engine}} {{window}}"),
             shows=f"Share of queried prompt tokens served from the prefix cache over each window; the "
-            f"dashed line is the {HIT_RATIO_FLOOR} floor. Gaps mean the window saw no queries.",
+            f"dashed line is the {lim.hit_ratio_floor:g} floor. Gaps mean the window saw no queries.",
             action="Short windows dip first; act when the long window crosses the floor. Check the deep "
             "dive's computed-vs-cached tokens and the config audit.",
             alerts=HIT_ALERTS,
             unit=units.PercentUnit,
-            thresholds=below_is_bad(HIT_RATIO_FLOOR),
+            thresholds=below_is_bad(lim.hit_ratio_floor),
         ),
         graph(
             "TTFT and prefill p99 against the SLA",
@@ -140,10 +141,11 @@ def _graphs():
             "KV block utilization",
             Query(sel("kvcache_block_utilization_ratio"), "{{model_name}}/{{engine}}"),
             shows="Share of KV blocks held by running requests (evictable cached blocks count as free).",
-            action="Sustained above 90 % evicts the prefix cache and preempts: scale out or cut concurrency.",
+            action=f"Sustained above {lim.block_utilization:.0%} evicts the prefix cache and preempts: "
+            "scale out or cut concurrency.",
             alerts=("KVCacheSaturated",),
             unit=units.PercentUnit,
-            thresholds=above_is_bad(0.9),
+            thresholds=above_is_bad(lim.block_utilization),
         ),
         graph(
             "Preemptions",
@@ -176,6 +178,10 @@ def _graphs():
 
 
 def build() -> db.Dashboard:
-    slas = (_sla("ttft_sla", "TTFT SLA (s)", TTFT_SLA), _sla("prefill_sla", "Prefill SLA (s)", PREFILL_SLA))
+    lim = limits()
+    slas = (
+        _sla("ttft_sla", "TTFT SLA (s)", lim.ttft_seconds),
+        _sla("prefill_sla", "Prefill SLA (s)", lim.prefill_seconds),
+    )
     rows = {"Now": _stats(), "Trends": _graphs()}
     return dashboard(UID, "KV cache / Overview", "On-call view: is vLLM's KV cache healthy now?", rows, slas)

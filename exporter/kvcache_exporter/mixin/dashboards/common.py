@@ -8,8 +8,9 @@ cannot go stale) and links to the runbook sections of the alerts it helps to ans
 
 from __future__ import annotations
 
-import os
 import re
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from grafana_foundation_sdk.builders import common as cb
@@ -22,15 +23,43 @@ from grafana_foundation_sdk.models import units
 
 from kvcache_exporter.catalog import BY_NAME
 
-# Where `docs/runbook.md` is served; `python -m dashboards --runbook-url URL` overrides it.
-RUNBOOK_URL = os.environ.get(
-    "KVCACHE_RUNBOOK_URL", "https://github.com/kvcache-exporter/kvcache-exporter/blob/main/docs/runbook.md"
-)
-HIT_RATIO_FLOOR = 0.6  # KVCacheHitRatioBelowFloor's threshold
 TAGS = ["kvcache", "vllm", "generated"]
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 RATE = "$__rate_interval"
 METRIC_RE = re.compile(r"([A-Za-z_:][\w:]*)\{")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the dashboards take from the mixin's config (the alerts' own thresholds and URLs)."""
+
+    runbook_url: str
+    hit_ratio_floor: float
+    ttft_seconds: float
+    prefill_seconds: float
+    block_utilization: float
+    memory_budget: float
+
+    @classmethod
+    def of(cls, cfg: dict) -> Limits:
+        alerts, latencies = cfg["alerts"], cfg["slo"]["latencies"]
+        return cls(
+            runbook_url=cfg["urls"]["runbook"],
+            hit_ratio_floor=float(alerts["KVCacheHitRatioBelowFloor"]["threshold"]),
+            ttft_seconds=float(latencies["TimeToFirstToken"]["threshold_seconds"]),
+            prefill_seconds=float(latencies["PrefillLatency"]["threshold_seconds"]),
+            block_utilization=float(alerts["KVCacheSaturated"]["threshold"]),
+            memory_budget=float(alerts["KVCacheGPUMemoryOverBudget"]["threshold"]),
+        )
+
+
+# Set by render.render() around each build, as kubernetes-mixin's $._config reaches every panel.
+LIMITS: ContextVar[Limits] = ContextVar("limits")
+
+
+def limits() -> Limits:
+    return LIMITS.get()
+
 
 # Series the exporter serves carry job/instance of the exporter's scrape; vLLM's own series
 # come from another job, so they are filtered by model and engine only.
@@ -68,7 +97,8 @@ def metrics_of(expr: str) -> list[str]:
 
 
 def runbook_link(alert: str | None = None) -> db.DashboardLink:
-    url = f"{RUNBOOK_URL}#{alert.lower()}" if alert else RUNBOOK_URL
+    base = limits().runbook_url
+    url = f"{base}#{alert.lower()}" if alert else base
     return db.DashboardLink(f"Runbook: {alert}" if alert else "Runbook").url(url).target_blank(True)
 
 

@@ -1,0 +1,5 @@
+import sys
+
+from alerts.generate import main
+
+sys.exit(main())

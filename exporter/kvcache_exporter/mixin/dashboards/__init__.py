@@ -1,0 +1,1 @@
+"""Grafana dashboards as code (grafana-foundation-sdk, the `dashboards` extra): render.py writes them."""
