@@ -6,6 +6,9 @@ from kvcache_exporter import catalog
 from tests.conftest import REPO
 
 PACKAGE = REPO / "exporter" / "kvcache_exporter"
+# Rules and dashboards name families inside PromQL text; their tests check every name they reference
+# against the catalog and a real Prometheus, so the mixin is outside this check.
+PROMQL = PACKAGE / "mixin"
 
 
 def test_every_family_has_its_constant_and_back():
@@ -21,7 +24,7 @@ def test_no_module_spells_a_family_name_itself():
     offenders = [
         f"{path.relative_to(REPO)}: {name}"
         for path in PACKAGE.rglob("*.py")
-        if path.name != "catalog.py"
+        if path.name != "catalog.py" and PROMQL not in path.parents
         for name in literal.findall(path.read_text())
         if name in catalog.BY_NAME or any(name.startswith(f) for f in catalog.BY_NAME)
     ]
