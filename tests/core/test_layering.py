@@ -12,6 +12,7 @@ TOOLS = (
     "kvcache_exporter.analyzer",
     "kvcache_exporter.demo",
     "kvcache_exporter.aggregator",
+    "kvcache_exporter.mixin",
     "kvcache_exporter.bench",
     "kvcache_exporter.soak",
     "kvcache_exporter.harness",
