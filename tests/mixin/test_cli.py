@@ -77,7 +77,7 @@ def test_a_users_thresholds_reach_rules_and_dashboards(tmp_path, capsys):
         ("alerts: {KVCacheSaturated: {treshold: 1}}", "alerts.KVCacheSaturated.treshold: unknown key"),
         (
             "slo: {latencies: {TimeToFirstToken: {threshold_seconds: 3}}}",
-            "threshold is not one of vLLM's buckets",
+            "slo.latencies.TimeToFirstToken.threshold_seconds: 3 is not one of vllm:time_to_first_token",
         ),
         ("evaluation_interval: soon", "evaluation_interval: expected a duration"),
     ],

@@ -105,9 +105,12 @@ class Generator:
             key=seconds,
         )
         latency = []
-        for lat in slo["latencies"].values():
+        for name, lat in slo["latencies"].items():
             if float(lat["threshold_seconds"]) not in map(float, lat["buckets"]):
-                raise ValueError(f"{lat['histogram']}: threshold is not one of vLLM's buckets")
+                where = f"slo.latencies.{name}.threshold_seconds"
+                raise ValueError(
+                    f"{where}: {lat['threshold_seconds']} is not one of {lat['histogram']}'s buckets"
+                )
             h, slug = lat["histogram"], metric_slug(lat["histogram"])
             le = le_regex(lat["threshold_seconds"])
             for w in windows:
