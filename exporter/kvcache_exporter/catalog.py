@@ -108,6 +108,12 @@ EXPORTER_LAST_SUCCESS_TIMESTAMP_SECONDS = "kvcache_exporter_last_success_timesta
 EXPORTER_ERRORS_TOTAL = "kvcache_exporter_errors_total"
 EXPORTER_BUILD_INFO = "kvcache_exporter_build_info"
 PREFIX_CACHE_MISS_TOKENS_TOTAL = "kvcache_prefix_cache_miss_tokens_total"
+KV_BLOCK_LIFETIME_SECONDS = "kvcache_kv_block_lifetime_seconds"
+KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS = "kvcache_kv_block_idle_before_evict_seconds"
+KV_BLOCK_REUSE_GAP_SECONDS = "kvcache_kv_block_reuse_gap_seconds"
+PREFILL_COMPUTED_TOKENS = "kvcache_prefill_computed_tokens"
+EXTERNAL_PREFIX_CACHE_QUERY_TOKENS_TOTAL = "kvcache_external_prefix_cache_query_tokens_total"
+EXTERNAL_PREFIX_CACHE_HIT_TOKENS_TOTAL = "kvcache_external_prefix_cache_hit_tokens_total"
 KV_EVENTS_DECODE_TOKENS_TOTAL = "kvcache_kv_events_decode_tokens_total"
 PREFIX_DIVERGENCE_OFFSET_TOKENS = "kvcache_prefix_divergence_offset_tokens"
 PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO = "kvcache_prefix_cache_miss_attribution_coverage_ratio"
@@ -342,6 +348,70 @@ CATALOG: tuple[Metric, ...] = (
             ),
             (QUEUE_TIME_SECONDS, "Queue time", "vllm:request_queue_time_seconds"),
             (E2E_LATENCY_SECONDS, "End-to-end request latency", "vllm:e2e_request_latency_seconds"),
+        )
+    ),
+    # --- block residency (vLLM --kv-cache-metrics, sampled) ---------------------------------
+    *(
+        _m(
+            name,
+            "summary",
+            f"{what} over the window (vLLM samples blocks: --kv-cache-metrics-sample): quantiles from "
+            "histogram bucket deltas; _count and _sum are the blocks and seconds observed in the window. "
+            "Absent without --kv-cache-metrics.",
+            (*ME, "quantile", "window"),
+            "seconds",
+            "blocks",
+            src,
+            "histogram_quantile(q, increase(buckets over window))",
+        )
+        for name, what, src in (
+            (
+                KV_BLOCK_LIFETIME_SECONDS,
+                "KV block lifetime, allocation to eviction",
+                "vllm:kv_block_lifetime_seconds",
+            ),
+            (
+                KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS,
+                "Idle time of KV blocks before their eviction",
+                "vllm:kv_block_idle_before_evict_seconds",
+            ),
+            (
+                KV_BLOCK_REUSE_GAP_SECONDS,
+                "Time between consecutive accesses of a KV block",
+                "vllm:kv_block_reuse_gap_seconds",
+            ),
+        )
+    ),
+    _m(
+        PREFILL_COMPUTED_TOKENS,
+        "summary",
+        "New KV tokens each finished request computed during prefill (its prompt minus cached tokens), over "
+        "the window: quantiles from histogram bucket deltas; _count is requests, _sum tokens.",
+        (*ME, "quantile", "window"),
+        "tokens",
+        "cache",
+        "vllm:request_prefill_kv_computed_tokens",
+        "histogram_quantile(q, increase(buckets over window))",
+    ),
+    *(
+        _m(
+            name,
+            "counter",
+            f"Prompt tokens {what} a KV connector's cross-instance cache (0 without a connector); their "
+            "ratio over a window is the connector's hit ratio.",
+            ME,
+            "tokens",
+            "cache",
+            src,
+            "copied; since vLLM PR #30522 queries count only the tokens asked of the connector",
+        )
+        for name, what, src in (
+            (
+                EXTERNAL_PREFIX_CACHE_QUERY_TOKENS_TOTAL,
+                "looked up in",
+                "vllm:external_prefix_cache_queries_total",
+            ),
+            (EXTERNAL_PREFIX_CACHE_HIT_TOKENS_TOTAL, "served from", "vllm:external_prefix_cache_hits_total"),
         )
     ),
     # --- GPU --------------------------------------------------------------------------

@@ -15,6 +15,8 @@ COUNTERS = {
     c.PREFIX_CACHE_HIT_TOKENS_TOTAL: "hit_tokens",
     c.GENERATION_TOKENS_TOTAL: "generation_tokens",
     c.PREEMPTIONS_TOTAL: "preemptions",
+    c.EXTERNAL_PREFIX_CACHE_QUERY_TOKENS_TOTAL: "external_query_tokens",
+    c.EXTERNAL_PREFIX_CACHE_HIT_TOKENS_TOTAL: "external_hit_tokens",
 }
 PROMPT_SOURCES = {"computed": "computed_prompt_tokens", "cached": "cached_prompt_tokens"}
 GAUGES = {c.REQUESTS_RUNNING: "running", c.REQUESTS_WAITING: "waiting"}
@@ -27,6 +29,10 @@ LATENCIES = {
     c.TIME_TO_FIRST_TOKEN_SECONDS: "ttft",
     c.QUEUE_TIME_SECONDS: "queue",
     c.E2E_LATENCY_SECONDS: "e2e",
+    c.KV_BLOCK_LIFETIME_SECONDS: "block_lifetime",
+    c.KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS: "block_idle_before_evict",
+    c.KV_BLOCK_REUSE_GAP_SECONDS: "block_reuse_gap",
+    c.PREFILL_COMPUTED_TOKENS: "prefill_kv_computed",
 }
 # cache_config_info labels re-exported on kvcache_vllm_config_info (after model_name, engine).
 CONFIG_LABELS = c.get(c.VLLM_CONFIG_INFO).labels[2:]
@@ -92,6 +98,11 @@ def windowed(labels: dict[str, str], window: str, delta: Delta, quantiles: tuple
     ratio = hit_ratio(delta.counters.get("hit_tokens"), delta.counters.get("query_tokens"))
     if ratio is not None:
         out.append(Sample(c.PREFIX_CACHE_HIT_RATIO, labels, ratio))
+    external = hit_ratio(
+        delta.counters.get("external_hit_tokens"), delta.counters.get("external_query_tokens")
+    )
+    if external is not None:
+        out.append(Sample(c.EXTERNAL_PREFIX_CACHE_HIT_RATIO, labels, external))
     for source, key in PROMPT_SOURCES.items():
         if key in delta.counters:
             rate = delta.counters[key] / delta.seconds

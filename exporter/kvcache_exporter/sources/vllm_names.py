@@ -13,6 +13,8 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "prompt_tokens": ("vllm:prompt_tokens_total",),
     "generation_tokens": ("vllm:generation_tokens_total",),
     "preemptions": ("vllm:num_preemptions_total",),
+    "external_query_tokens": ("vllm:external_prefix_cache_queries_total",),
+    "external_hit_tokens": ("vllm:external_prefix_cache_hits_total",),
 }
 
 # prompt_tokens_by_source{source="local_compute"}: the prompt tokens that were really prefilled.
@@ -35,6 +37,11 @@ HISTOGRAMS: dict[str, str] = {
     "decode": "vllm:request_decode_time_seconds",
     "queue": "vllm:request_queue_time_seconds",
     "e2e": "vllm:e2e_request_latency_seconds",
+    # optional (vLLM 0.32 with --kv-cache-metrics; prefill_kv_computed always): never "missing"
+    "block_lifetime": "vllm:kv_block_lifetime_seconds",
+    "block_idle_before_evict": "vllm:kv_block_idle_before_evict_seconds",
+    "block_reuse_gap": "vllm:kv_block_reuse_gap_seconds",
+    "prefill_kv_computed": "vllm:request_prefill_kv_computed_tokens",
 }
 
 CACHE_CONFIG = "vllm:cache_config_info"
