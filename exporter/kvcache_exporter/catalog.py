@@ -320,6 +320,7 @@ CATALOG: tuple[Metric, ...] = (
             "gpu_memory_utilization",
             "cache_dtype",
             "prefix_caching_hash_algo",
+            "prefix_cache_retention_interval",
         ),
         source="vllm:cache_config_info",
         formula="labels copied; model_name joined from the engine's other series",

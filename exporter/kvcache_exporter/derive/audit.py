@@ -12,6 +12,11 @@ Each check passes (1), fails (0), or is absent when its inputs are unknown. The 
 - block_size_consistent, hash_algo_consistent: identical across the model's targets and engines
   (prefix-cache hits and routing assume one block size and one hash).
 - no_deprecated_metrics: the targets expose no deprecated vLLM metric names the exporter reads.
+- kv_events_received: the exporter receives vLLM's KV events (miss attribution needs them): fails
+  when no stream is configured, or when prompt tokens flowed over the longest window but no batch
+  ever arrived (vLLM's --kv-events-config off, or pointed elsewhere).
+- kv_cache_metrics_enabled: vLLM exposes its block residency histograms (`--kv-cache-metrics`),
+  which KVCacheEvictionThrashing and the residency quantiles read; checked on V1 targets only.
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ def config_checks(
     typical_request_tokens: float | None = None,
     deprecated_metrics: Collection[str] | None = None,
     gpu_memory_utilization_ceiling: float = DEFAULT_GPU_MEMORY_UTILIZATION_CEILING,
+    kv_events_received: bool | None = None,
+    kv_cache_metrics_enabled: bool | None = None,
 ) -> list[Sample]:
     """configs: the cache_config_info labels of every engine serving model_name, on every target."""
 
@@ -81,6 +88,8 @@ def config_checks(
         "block_size_consistent": _consistent(configs, "block_size"),
         "hash_algo_consistent": _consistent(configs, "prefix_caching_hash_algo"),
         "no_deprecated_metrics": None if deprecated_metrics is None else not deprecated_metrics,
+        "kv_events_received": kv_events_received,
+        "kv_cache_metrics_enabled": kv_cache_metrics_enabled,
     }
     return [
         Sample(c.CONFIG_CHECK, {"model_name": model_name, "check": check}, float(passed))
@@ -93,6 +102,7 @@ def audit_samples(state: PollState, ceiling: float, windows: Sequence[float]) ->
     """config_checks for every model served by a target that is up."""
     configs: dict[str, list[CacheConfig]] = {}
     deprecated: dict[str, set[str]] = {}
+    residency: dict[str, bool] = {}
     for target in state.targets:
         snap = target.snapshot
         if snap is None or not target.up:
@@ -101,6 +111,10 @@ def audit_samples(state: PollState, ceiling: float, windows: Sequence[float]) ->
             model = snap.model_of(engine)
             configs.setdefault(model, []).append(config)
             deprecated.setdefault(model, set()).update(snap.deprecated)
+        if snap.schema == "v1":
+            for (model, _), sample in snap.engines.items():
+                residency[model] = residency.get(model, True) and "block_lifetime" in sample.histograms
+    events = kv_events_received(state, max(windows))
     out = []
     for model, model_configs in configs.items():
         peak = max((loads.get(model, 0.0) for _, loads in state.load_peaks), default=None)
@@ -111,8 +125,24 @@ def audit_samples(state: PollState, ceiling: float, windows: Sequence[float]) ->
             typical_request_tokens=typical_request_tokens(state, model, max(windows)),
             deprecated_metrics=deprecated.get(model, set()),
             gpu_memory_utilization_ceiling=ceiling,
+            kv_events_received=events,
+            kv_cache_metrics_enabled=residency.get(model),
         )
     return out
+
+
+def kv_events_received(state: PollState, seconds: float) -> bool | None:
+    """False without a KV-event stream, or when prompts flowed but no batch ever came; None while idle."""
+    if not state.kv_events:
+        return False
+    if any(part.events.batches > 0 for part in state.kv_events):
+        return True
+    prompts = 0.0
+    for target in state.targets:
+        for history in target.histories.values():
+            delta = history.window(seconds)
+            prompts += delta.counters.get("query_tokens", 0.0) if delta is not None else 0.0
+    return False if prompts > 0 else None
 
 
 def typical_request_tokens(state: PollState, model: str, seconds: float) -> float | None:

