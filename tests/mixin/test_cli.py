@@ -45,6 +45,11 @@ def test_defaults_are_the_committed_files(tmp_path, capsys):
         ).read_bytes()
     committed = yaml.safe_load((REPO / "alerts" / "rules" / "alerts.yaml").read_text())
     assert yaml.safe_load((tmp_path / "rules" / "alerts.yaml").read_text()) == committed
+    amtool = shutil.which("amtool")
+    assert amtool, "amtool (Debian's prometheus-alertmanager) is needed: make system-deps"
+    checked = subprocess.run([amtool, "check-config", tmp_path / "alertmanager" / "alertmanager.yml"],
+                             capture_output=True, text=True)  # fmt: skip
+    assert checked.returncode == 0 and " - 1 templates" in checked.stdout, checked.stdout + checked.stderr
 
 
 def test_a_users_thresholds_reach_rules_and_dashboards(tmp_path, capsys):
