@@ -169,7 +169,7 @@ def fill_history(targets: int, interval: float, hours: float = 1.0) -> dict[str,
 
 def history_rows(targets: int = 20) -> list[tuple[str, str]]:
     rows = []
-    for interval in (5.0, 1.0):
+    for interval in (5.0,):  # the default; 1 s polls are in docs/memory.md (a 1 h fill takes minutes)
         out = subprocess.run(
             [sys.executable, "-m", __name__, "fill-history", str(targets), str(interval)],
             capture_output=True, text=True, check=True,

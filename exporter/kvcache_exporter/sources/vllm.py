@@ -14,6 +14,8 @@ from .http import fetch_text, new_session
 from .vllm_parse import Limits, Memory, parse
 from .vllm_snapshot import EngineKey, EngineSample, Histogram, VllmSnapshot
 
+INLINE_PARSE_CHARS = 256 * 1024  # vLLM's body is ~60 KiB per engine
+
 __all__ = [
     "EngineKey",
     "EngineSample",
@@ -59,6 +61,8 @@ class VllmSource:
             max_bytes=self.max_body_bytes,
             headers=self._headers(),
         )
+        if len(text) <= INLINE_PARSE_CHARS:  # a few ms at most: not worth a thread hop
+            return parse(text, None, self.limits, self._memory)
         # In a worker thread: a long parse (8 MiB of series) must not hold up scrapes of /metrics.
         return await asyncio.to_thread(parse, text, None, self.limits, self._memory)
 
