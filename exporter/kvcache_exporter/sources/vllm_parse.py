@@ -31,10 +31,10 @@ class Limits:
 class Series:
     """What a sample line the exporter reads means, without its value."""
 
-    __slots__ = ("bound", "config", "key", "kind", "labels", "logical", "name")
+    __slots__ = ("bound", "config", "key", "kind", "logical", "name")  # not the labels: memory
 
     def __init__(self, name: str, labels: dict[str, str]):
-        self.name, self.labels = name, labels
+        self.name = name
         self.key: EngineKey = (labels.get("model_name", ""), labels.get("engine", "0"))
         self.kind, self.logical = _kind(name, labels)
         self.bound = _bound(name, labels) if self.kind == "bucket" else 0.0
