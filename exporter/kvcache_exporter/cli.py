@@ -24,33 +24,32 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
         "--check-config", action="store_true", help="validate the configuration and exit (0 or 1)"
     )
     for option in OPTIONS:
-        default_text = option.default if option.default not in (None, [], {}) else "unset"
         serve.add_argument(
             option.flag,
             dest=option.attr,
             action="append" if option.multiple else "store",
             metavar=option.key.rsplit(".", 1)[-1].upper(),
-            help=f"{option.help} (env {option.env}; default {default_text})",
+            help=f"{option.help} (env {option.env}; default {config.default_text(option)})",
         )
     serve.set_defaults(func=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
     from .server import serve
+    from .web import load_web_config
 
     flags = {o.key: getattr(args, o.attr) for o in OPTIONS}
     try:
+        # One check for --check-config and start-up alike: serve() loads the web config again itself.
         settings = config.resolve(flags, dict(os.environ), args.config_file)
+        load_web_config(settings.web_config_file)
         if args.check_config:
-            from .web import load_web_config
-
-            load_web_config(settings.web_config_file)
             print("configuration OK")
             return 0
-    except ConfigError as err:
+        return asyncio.run(serve(settings))
+    except ConfigError as err:  # also what only start-up can find, e.g. the port is taken
         print(f"kvcache-exporter: {err}", file=sys.stderr)
         return 1
-    return asyncio.run(serve(settings))
 
 
 def _docs(args: argparse.Namespace) -> int:

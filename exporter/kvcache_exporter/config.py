@@ -11,11 +11,12 @@ import difflib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
+
+from .settings import Settings
 
 ENV_PREFIX = "KVCACHE_EXPORTER_"
 DEFAULT_PORT = 18090
@@ -171,6 +172,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("gpu.source", choice("auto", "nvml", "dcgm", "none"), "auto", "GPU telemetry source"),
     Option("gpu.devices", str, [], "NVML devices to watch, by index or UUID (default: all visible)", True),
     Option("gpu.dcgm_url", http_url, None, "dcgm-exporter /metrics URL (gpu.source=dcgm)"),
+    Option("gpu.dcgm_timeout", duration, 5.0, "timeout of one poll of dcgm-exporter"),
     Option("gpu.pod", str, None, "keep the DCGM series of this pod (default: $POD_NAME)"),
     Option("gpu.namespace", str, None, "namespace of that pod (default: $POD_NAMESPACE)"),
     Option("gpu.uuids", str, [], "keep the DCGM series of these GPU UUIDs", True),
@@ -259,12 +261,14 @@ def load_file(path: str) -> dict[str, Any]:
             data = yaml.safe_load(f) or {}
     except OSError as err:
         raise ConfigError(f"{path}: {err.strerror}") from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from err
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: invalid YAML: {err}") from err
     return {key: _parse(BY_KEY[key], v, f"{path}:{key}") for key, v in _flatten(data, "", path).items()}
 
 
-def resolve(flags: dict[str, Any], environ: dict[str, str], config_file: str | None) -> SimpleNamespace:
+def resolve(flags: dict[str, Any], environ: dict[str, str], config_file: str | None) -> Settings:
     """Merge defaults, file, environment and flags (`flags` maps keys to raw strings or lists)."""
     values = {o.key: o.default for o in OPTIONS}
     if config_file:
@@ -274,20 +278,52 @@ def resolve(flags: dict[str, Any], environ: dict[str, str], config_file: str | N
             values[o.key] = _parse(o, environ[o.env], o.env)
         if flags.get(o.key) is not None:
             values[o.key] = _parse(o, flags[o.key], o.flag)
-    settings = SimpleNamespace(**{BY_KEY[k].attr: v for k, v in values.items()})
+    values["gpu.pod"] = values["gpu.pod"] or environ.get("POD_NAME")
+    values["gpu.namespace"] = values["gpu.namespace"] or environ.get("POD_NAMESPACE")
+    settings = Settings(**{BY_KEY[k].attr: v for k, v in values.items()})
     validate(settings)
     return settings
 
 
-def validate(s: SimpleNamespace) -> None:
+_RESERVED_PATHS = ("/", "/healthz", "/readyz")
+
+
+def validate(s: Settings) -> None:
+    """What start-up would reject, found before it: --check-config runs exactly this."""
     if not s.vllm_url:
         raise ConfigError("--vllm.url: at least one vLLM URL is needed")
+    if not s.collect_windows:
+        raise ConfigError("--collect.windows: at least one window is needed")
     if any(w < s.collect_interval for w in s.collect_windows):
         raise ConfigError("--collect.windows: every window must be at least --collect.interval")
     if s.gpu_source == "dcgm" and not s.gpu_dcgm_url:
         raise ConfigError("--gpu.dcgm-url: needed with --gpu.source=dcgm")
+    dcgm = s.gpu_source == "dcgm" or (s.gpu_source == "auto" and s.gpu_dcgm_url)
+    if dcgm and not s.gpu_pod and not s.gpu_uuids:
+        raise ConfigError("--gpu.pod: the dcgm GPU source needs this pod's name ($POD_NAME) or --gpu.uuids")
     if not s.web_telemetry_path.startswith("/"):
         raise ConfigError("--web.telemetry-path: must start with /")
+    if s.web_telemetry_path in _RESERVED_PATHS:
+        raise ConfigError(f"--web.telemetry-path: {s.web_telemetry_path} is taken by the exporter itself")
+
+
+def size_text(n: int) -> str:
+    """8388608 -> 8MiB: the largest binary unit that divides it."""
+    for unit in ("GiB", "MiB", "KiB"):
+        if n and n % _SIZES[unit] == 0:
+            return f"{n // _SIZES[unit]}{unit}"
+    return f"{n}B"
+
+
+def default_text(option: Option) -> str:
+    """The default as the README and a flag write it: 5s, 8MiB, 1m,5m; "unset" when there is none."""
+    value = option.default
+    if value in (None, [], {}):
+        return "unset"
+    show = {duration: window_label, size: size_text}.get(option.parse, str)
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    return ",".join(show(v) for v in value) if isinstance(value, list) else show(value)
 
 
 def window_label(seconds: float) -> str:

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from . import logs
 from .collector import Exporter, Poll, target_polls
+from .config import ConfigError
 from .derive.attribution import Attribution
 from .derive.cost import Pricing
 from .derive.exporter import DeriveOptions
@@ -46,7 +47,7 @@ def build_exporter(s: SimpleNamespace, clock: Callable[[], float] = time.time) -
         pod_name=s.gpu_pod or os.environ.get("POD_NAME"),
         pod_namespace=s.gpu_namespace or os.environ.get("POD_NAMESPACE"),
         gpu_uuids=s.gpu_uuids or None,
-        timeout_seconds=s.vllm_timeout,
+        timeout_seconds=s.gpu_dcgm_timeout,
     )
     # No GPU source at all (switched off, or `auto` found none): no collector, so nothing reads as failing.
     if isinstance(gpu, NoGpuSource):
@@ -73,7 +74,8 @@ def build_exporter(s: SimpleNamespace, clock: Callable[[], float] = time.time) -
         gpu_count=s.cost_gpu_count,
         gpu_memory_utilization_ceiling=s.audit_gpu_memory_utilization_ceiling,
     )
-    deadline = max(2 * s.collect_interval, s.vllm_timeout + 1, 10.0)  # past every source's own timeout
+    # past every source's own timeout
+    deadline = max(2 * s.collect_interval, s.vllm_timeout + 1, s.gpu_dcgm_timeout + 1, 10.0)
     return Exporter(polls, state, options, interval=s.collect_interval, clock=clock, deadline=deadline)
 
 
@@ -103,7 +105,14 @@ async def serve(s: SimpleNamespace) -> int:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host or None, int(port), ssl_context=web_config.ssl_context)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as err:  # e.g. the port is taken: said as a config error, not a traceback
+        await exporter.close()
+        await runner.cleanup()
+        raise ConfigError(
+            f"--web.listen-address: cannot listen on {s.web_listen_address}: {err.strerror}"
+        ) from err
     log.info(
         "listening",
         extra={

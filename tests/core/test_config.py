@@ -75,3 +75,30 @@ def test_the_shipped_example_config_is_valid():
     assert s.cost_gpu_hour_prices == {"NVIDIA H100 80GB HBM3": 2.5, "default": 1.8}
     assert s.collect_windows == [60, 300, 900, 3600]
     assert s.vllm_max_body_bytes == 8 * 1024 * 1024
+
+
+def test_settings_are_frozen_and_have_one_field_per_option():
+    import dataclasses
+
+    from kvcache_exporter.config import OPTIONS
+    from kvcache_exporter.settings import Settings
+
+    s = resolve({}, {}, None)
+    assert isinstance(s, Settings)
+    assert [f.name for f in dataclasses.fields(Settings)] == [o.attr for o in OPTIONS]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.vllm_timeout = 1.0
+
+
+def test_dcgm_timeout_is_its_own_option_and_pod_comes_from_the_environment():
+    s = resolve({"gpu.dcgm_timeout": "2s", "vllm.timeout": "9s"}, {"POD_NAME": "vllm-0"}, None)
+    assert (s.gpu_dcgm_timeout, s.vllm_timeout, s.gpu_pod) == (2, 9, "vllm-0")
+
+
+def test_help_shows_durations_and_sizes_as_the_readme_writes_them():
+    out = subprocess.run([*CLI, "--help"], capture_output=True, text=True, check=True).stdout
+    flat = " ".join(out.split())
+    assert "KVCACHE_EXPORTER_VLLM_MAX_BODY_BYTES; default 8MiB)" in flat
+    assert "KVCACHE_EXPORTER_GPU_DCGM_TIMEOUT; default 5s)" in flat
+    assert "KVCACHE_EXPORTER_COLLECT_WINDOWS; default 1m,5m,15m,1h)" in flat
+    assert "8388608" not in flat and "5.0" not in flat

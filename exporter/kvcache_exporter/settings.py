@@ -1,0 +1,43 @@
+"""The resolved settings of `serve`: frozen and typed, one field per option in config.OPTIONS."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    vllm_url: list[str]
+    vllm_timeout: float
+    vllm_bearer_token_file: str | None
+    vllm_max_body_bytes: int
+    collect_interval: float
+    collect_windows: list[float]
+    collect_quantiles: list[float]
+    web_listen_address: str
+    web_telemetry_path: str
+    web_config_file: str | None
+    log_level: str
+    log_format: str
+    gpu_source: str
+    gpu_devices: list[str]
+    gpu_dcgm_url: str | None
+    gpu_dcgm_timeout: float
+    gpu_pod: str | None
+    gpu_namespace: str | None
+    gpu_uuids: list[str]
+    gpu_max_processes: int
+    cost_gpu_hour_price: float | None
+    cost_gpu_hour_prices: dict[str, float]
+    cost_gpu_count: int
+    cost_currency: str
+    cost_energy_price_per_kwh: float | None
+    cost_hit_ratio_floor: float
+    kv_events_endpoint: str | None
+    kv_events_mode: str
+    kv_events_replay_endpoint: str | None
+    kv_events_topic: str
+    kv_events_max_batches_per_second: int
+    kv_events_max_tracked_blocks: int
+    kv_events_max_fingerprints: int
+    audit_gpu_memory_utilization_ceiling: float
