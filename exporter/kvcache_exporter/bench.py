@@ -217,6 +217,10 @@ How to read it:
   every second, in one run. Each figure is the process's CPU (/proc/<pid>/stat) over the requests
   the targets counted from it, so both are CPU per fetch of the same payload; the ratio is the
   goal (at most 1.0). The box is shared, so both move together from run to run; read the ratio.
+  Where the exporter's time goes (cProfile, 20 targets x 30 polls in one process, after the
+  Memory of line heads and the packed history): parsing 56 % (per line one rpartition, one dict
+  lookup, one float() and the accumulation), derivations 16 %, history append 11 %, the HTTP GET
+  11 %, the event loop and poll wrapper the rest.
 - RSS with 1 h of history: a child process imports what `serve` imports and polls 20 replayed
   targets (the real seed snapshots, histograms changing) through the real poll loop on a virtual
   clock until the 1 h window is full. History is thinned with age (docs/memory.md), so the points

@@ -224,6 +224,10 @@ class SeriesHistory:
         if latest.ts <= self.points[start].ts:
             return None
 
+        first = self.points[start]
+        if first.layout is latest.layout:  # the usual case: the same series all along
+            return _whole_delta(latest, first)
+
         def candidates():  # usually the first one has every series: stay lazy
             return itertools.islice(self.points, start, len(self.points) - 1)
 
@@ -242,6 +246,18 @@ class SeriesHistory:
                     hist.sum - before.sum,
                 )
         return Delta(latest.ts - self.points[start].ts, counters, histograms)
+
+
+def _whole_delta(latest: Point, base: Point) -> Delta:
+    """The delta of two points with one layout: one subtraction over the values array."""
+    diff = [a - b for a, b in zip(latest.values, base.values, strict=True)]
+    layout = latest.layout
+    counters = {name: diff[i] for name, i in layout.counters.items()}
+    histograms = {
+        name: Histogram(bounds, tuple(diff[at : at + len(bounds)]), diff[at + len(bounds)])
+        for name, (at, bounds) in layout.histograms.items()
+    }
+    return Delta(latest.ts - base.ts, counters, histograms)
 
 
 def _bounds(point: Point, histogram: str) -> tuple[float, ...] | None:
