@@ -16,7 +16,6 @@ TOOLS = (
     "kvcache_exporter.bench",
     "kvcache_exporter.soak",
     "kvcache_exporter.harness",
-    "kvcache_exporter.mixin",
 )
 
 # What `kvcache-exporter serve` imports: the CLI, parsing a serve command line, the server wiring.
