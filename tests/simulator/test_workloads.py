@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from kvcache_exporter.simulator.dcgm import GpuState
@@ -51,3 +53,19 @@ def test_memory_swing_moves_between_12_and_20_gb():
         used.append(gpu.values()["DCGM_FI_DEV_FB_USED"])
     assert 11400 <= min(used) < 11500 and 19000 < max(used) <= 19074
     assert gpu.values()["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"] > 0
+
+
+def test_trace_workload_loops_and_keeps_null_sessions_apart(tmp_path):
+    lines = [
+        {"i": 0, "send_ts": 10.0, "prompt_token_ids": [1, 2, 3], "session": None},
+        {"i": 1, "send_ts": 10.5, "prompt_token_ids": [4, 5], "session": "alice"},
+        {"i": 2, "send_ts": 11.5, "prompt_token_ids": [6], "max_tokens": 4},
+    ]
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    workload = WorkloadFactory(seed=1, trace_path=str(path)).make("trace")
+    specs = [workload.next_request() for _ in range(3 * len(lines) + 1)]  # three loops and a bit
+    assert [s.prompt_token_ids for s in specs] == [[1, 2, 3], [4, 5], [6]] * 3 + [[1, 2, 3]]
+    assert [s.gap_s for s in specs[:4]] == [0.0, 0.5, 1.0, 0.0]
+    assert specs[0].session == "trace-0" and specs[1].session == "alice" and specs[2].session == "trace-2"
+    assert "None" not in {s.session for s in specs}

@@ -131,14 +131,16 @@ class TraceReplay(Workload):
         self._index = 0
 
     def next_request(self) -> RequestSpec:
-        line = self._lines[self._index % len(self._lines)]
-        previous = self._lines[self._index - 1] if self._index % len(self._lines) else None
+        position = self._index % len(self._lines)
+        line = self._lines[position]
+        previous = self._lines[position - 1] if position else None
         self._index += 1
         gap = line["send_ts"] - previous["send_ts"] if previous and "send_ts" in line else 0.0
+        session = line.get("session")
         return RequestSpec(
             list(line["prompt_token_ids"]),
             int(line.get("max_tokens") or 16),
-            str(line.get("session", f"trace-{line.get('i', self._index)}")),
+            f"trace-{line.get('i', self._index)}" if session is None else str(session),
             forced_output=line.get("completion_token_ids"),
             gap_s=max(gap, 0.0),
         )
