@@ -102,3 +102,13 @@ def test_output_is_required_and_defaults_can_be_printed(capsys):
     assert code == 0 and yaml.safe_load(printed) == yaml.safe_load(
         (REPO / "alerts" / "config.yaml").read_text()
     )
+
+
+def test_dashboards_depend_on_the_config_only_through_its_limits(tmp_path, capsys):
+    """Why the pre-rendered JSON may stand in without the SDK when the limits are the defaults."""
+    (mine := tmp_path / "mine.yaml").write_text(
+        "urls: {grafana: http://g}\nevaluation_interval: 30s\nalerts: {KVCacheSaturated: {for: 20m}}\n"
+    )
+    assert mixin(capsys, "--output", str(tmp_path / "out"), "--config", str(mine))[0] == 0
+    for path in (REPO / "dashboards" / "json").glob("*.json"):
+        assert (tmp_path / "out" / "dashboards" / path.name).read_bytes() == path.read_bytes()

@@ -72,6 +72,17 @@ def test_mixin_from_the_wheel(installed, tmp_path):
     committed = yaml.safe_load((REPO / "alerts/rules/alerts.yaml").read_text())
     assert yaml.safe_load((tmp_path / "out/rules/alerts.yaml").read_text()) == committed
 
+    (same := tmp_path / "same.yaml").write_text(
+        "alerts: {KVCacheSaturated: {for: 20m}}\nurls: {grafana: http://g}\n"
+    )
+    fits = _cli(installed, "mixin", "--output", tmp_path / "same", "--config", same, cwd=tmp_path)
+    assert fits.returncode == 0, fits.stderr  # nothing a dashboard shows changed: the shipped JSON fits
+    assert "for: 20m" in (tmp_path / "same/rules/alerts.yaml").read_text()
+    overview = "dashboards/kvcache-overview.json"
+    assert (tmp_path / "same" / overview).read_bytes() == (
+        REPO / "dashboards/json/kvcache-overview.json"
+    ).read_bytes()
+
     (mine := tmp_path / "mine.yaml").write_text("alerts: {KVCacheSaturated: {threshold: 0.8}}\n")
     refused = _cli(installed, "mixin", "--output", tmp_path / "mine", "--config", mine, cwd=tmp_path)
     assert refused.returncode == 1 and "kvcache-exporter[dashboards]" in refused.stderr

@@ -5,8 +5,9 @@
 DIR/rules/{recording,alerts}.yaml, DIR/alertmanager/ (alertmanager.yml, templates/) and
 DIR/dashboards/*.json. The config file overrides any part of the defaults (`--print-defaults`
 shows them); unknown keys are rejected. Dashboards are rendered with the `dashboards` extra
-(pip install 'kvcache-exporter[dashboards]'); without it the pre-rendered default dashboards
-are copied when no --config is given, and a --config asks for the extra (or --no-dashboards).
+(pip install 'kvcache-exporter[dashboards]'); without it the pre-rendered dashboards are copied
+when the config leaves what they show (thresholds, runbook URL) at the defaults, and otherwise
+the extra is asked for (or --no-dashboards).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import sys
 from pathlib import Path
 
 from . import config, rules
+from .limits import Limits
 
 NEED_EXTRA = (
-    "dashboards with your thresholds need the `dashboards` extra: "
+    "dashboards with your thresholds or runbook URL need the `dashboards` extra: "
     "pip install 'kvcache-exporter[dashboards]' (or pass --no-dashboards)"
 )
 
@@ -48,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = config.load(args.config)
         rules.render(cfg)  # checks what the schema cannot (a latency threshold on a bucket bound)
-        dashboards = None if args.no_dashboards else _dashboards(cfg, custom=args.config is not None)
+        dashboards = None if args.no_dashboards else _dashboards(cfg)
     except (config.ConfigError, ValueError, KeyError) as err:
         where = f"{args.config}: " if args.config and not isinstance(err, config.ConfigError) else ""
         return _fail(f"{where}{err}")
@@ -72,13 +74,13 @@ def write(out: Path, cfg: dict, dashboards: dict[str, str] | None, source: tuple
     return paths
 
 
-def _dashboards(cfg: dict, custom: bool) -> dict[str, str]:
+def _dashboards(cfg: dict) -> dict[str, str]:
     try:
         from .dashboards import render
     except ImportError as err:
         if not (err.name or "").startswith("grafana_foundation_sdk"):
             raise
-        if custom:
+        if Limits.of(cfg) != Limits.of(config.defaults()):  # all a dashboard reads of the config
             raise ValueError(NEED_EXTRA) from None
         shipped = sorted(config.data_path("dashboards").glob("*.json"))
         return {p.name: p.read_text() for p in shipped}

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from grafana_foundation_sdk.builders import common as cb
@@ -22,35 +21,12 @@ from grafana_foundation_sdk.models import prometheus as pm
 from grafana_foundation_sdk.models import units
 
 from kvcache_exporter.catalog import BY_NAME
+from kvcache_exporter.mixin.limits import Limits
 
 TAGS = ["kvcache", "vllm", "generated"]
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 RATE = "$__rate_interval"
 METRIC_RE = re.compile(r"([A-Za-z_:][\w:]*)\{")
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What the dashboards take from the mixin's config (the alerts' own thresholds and URLs)."""
-
-    runbook_url: str
-    hit_ratio_floor: float
-    ttft_seconds: float
-    prefill_seconds: float
-    block_utilization: float
-    memory_budget: float
-
-    @classmethod
-    def of(cls, cfg: dict) -> Limits:
-        alerts, latencies = cfg["alerts"], cfg["slo"]["latencies"]
-        return cls(
-            runbook_url=cfg["urls"]["runbook"],
-            hit_ratio_floor=float(alerts["KVCacheHitRatioBelowFloor"]["threshold"]),
-            ttft_seconds=float(latencies["TimeToFirstToken"]["threshold_seconds"]),
-            prefill_seconds=float(latencies["PrefillLatency"]["threshold_seconds"]),
-            block_utilization=float(alerts["KVCacheSaturated"]["threshold"]),
-            memory_budget=float(alerts["KVCacheGPUMemoryOverBudget"]["threshold"]),
-        )
 
 
 # Set by render.render() around each build, as kubernetes-mixin's $._config reaches every panel.

@@ -6,8 +6,9 @@ from pathlib import Path
 
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
+from ..limits import Limits
 from . import cache, gpu_cost, overview
-from .common import LIMITS, Limits
+from .common import LIMITS
 
 MODULES = (overview, cache, gpu_cost)
 
