@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -99,11 +98,19 @@ def fill(attribution: Attribution, blocks: int, resident: int = 100_000, block_s
         seq, next_hash = seq + 1, next_hash + per_event
 
 
+def _status_kib(field: str) -> int:
+    """VmRSS / VmHWM of this process (ru_maxrss would carry the parent's peak across exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
 def _memory_child() -> None:
     max_blocks, max_prints = 1_000_000, 2_000_000  # the defaults of --kv-events.max-*
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = _status_kib("VmRSS")
     fill(Attribution(max_blocks, max_prints), blocks=int(2.5 * max_blocks))  # both bounds fill, rotate
-    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024  # peak, in bytes
+    grown = (_status_kib("VmHWM") - before) * 1024  # the peak, in bytes
     print(
         json.dumps(
             {

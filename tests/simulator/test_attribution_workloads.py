@@ -1,0 +1,66 @@
+"""One simulator workload per miss cause, each with varying-length dynamic fields, through the
+simulator's block pool and its real KV-event wire encoding into the classifier."""
+
+from kvcache_exporter.derive.attribution import Attribution
+from kvcache_exporter.simulator.engine import Engine, EngineConfig, Request
+from kvcache_exporter.simulator.kv_events import encode_batch
+from kvcache_exporter.simulator.workloads import WorkloadFactory
+from kvcache_exporter.sources.kv_events_decode import decode_message
+
+
+class Publisher:
+    """An engine whose every step's events go through the wire format, seq counting from 0."""
+
+    def __init__(self, attribution: Attribution, blocks: int = 2048):
+        self.engine = Engine(EngineConfig(16, blocks, max_model_len=4096, max_num_batched_tokens=8192), 0)
+        self.attribution, self.seq, self.clock = attribution, 0, 0.0
+
+    def run(self, workload, requests: int) -> None:
+        for i in range(requests):
+            spec = workload.next_request()
+            self.engine.add_request(Request(str(i), spec.prompt_token_ids, 1, self.clock))
+            while self.engine.has_work:
+                step = self.engine.step(self.clock)
+                self.clock += step.duration
+                frames = [b"kv", self.seq.to_bytes(8, "big"), encode_batch(step.events, 0, self.clock)]
+                self.attribution.apply(decode_message(frames, with_tokens=True))
+                self.seq += 1
+
+
+def shares(before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
+    delta = {cause: after[cause] - before.get(cause, 0) for cause in after}
+    total = sum(delta.values())
+    return {cause: n / total for cause, n in delta.items() if n}
+
+
+def test_header_first_prompts_are_prefix_diverged():
+    factory, attribution = WorkloadFactory(seed=3), Attribution()
+    Publisher(attribution).run(factory.make("raw"), 150)
+    assert shares({}, attribution.totals.tokens)["prefix_diverged"] > 0.75  # 0.84: 16-token blocks
+
+
+def test_header_last_prompts_hit_and_their_misses_are_cold():
+    factory, attribution = WorkloadFactory(seed=3), Attribution()
+    Publisher(attribution).run(factory.make("normalized"), 150)
+    got = shares({}, attribution.totals.tokens)
+    assert got["cold"] > 0.8 and got.get("prefix_diverged", 0) < 0.2, got
+
+
+def test_more_templates_than_the_cache_holds_are_evicted():
+    factory, attribution = WorkloadFactory(seed=3), Attribution()
+    publisher = Publisher(attribution)
+    workload = factory.make("templates")
+    publisher.run(workload, 60)  # the first pass over the 40 templates is cold
+    before = dict(attribution.totals.tokens)
+    publisher.run(workload, 120)
+    got = shares(before, attribution.totals.tokens)
+    assert got["evicted"] > 0.6, got
+
+
+def test_a_restarted_publisher_recomputes_restart_blocks():
+    factory, attribution = WorkloadFactory(seed=3), Attribution()
+    Publisher(attribution).run(factory.make("normalized"), 40)
+    before = dict(attribution.totals.tokens)
+    Publisher(attribution).run(factory.make("normalized"), 40)  # a new process: seq from 0, empty cache
+    got = shares(before, attribution.totals.tokens)
+    assert attribution.totals.restarts == 1 and got["restart"] == max(got.values()), got  # headers: cold
