@@ -8,7 +8,6 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -22,6 +21,7 @@ from .derive.exporter import DeriveOptions
 from .derive.kv_events import EventState
 from .derive.state import PollState
 from .exposition import registry_for
+from .settings import Settings
 from .sources.gpu import NoGpuSource
 from .sources.gpu_factory import make_gpu_source
 from .sources.kv_events import KvEventSubscriber
@@ -31,7 +31,7 @@ from .web import load_web_config, make_app
 log = logging.getLogger("kvcache_exporter")
 
 
-def build_exporter(s: SimpleNamespace, clock: Callable[[], float] = time.time) -> Exporter:
+def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Exporter:
     """Every source as one Poll into one PollState: a new source is one more line here."""
     state = PollState(retention=max(s.collect_windows) + 2 * s.collect_interval)
     vllm = {
@@ -79,7 +79,7 @@ def build_exporter(s: SimpleNamespace, clock: Callable[[], float] = time.time) -
     return Exporter(polls, state, options, interval=s.collect_interval, clock=clock, deadline=deadline)
 
 
-def pricing_from(settings: SimpleNamespace) -> Pricing:
+def pricing_from(settings: Settings) -> Pricing:
     table: dict[str, float] = dict(settings.cost_gpu_hour_prices)
     if table and settings.cost_gpu_hour_price is not None:
         table.setdefault("default", settings.cost_gpu_hour_price)
@@ -91,7 +91,7 @@ def pricing_from(settings: SimpleNamespace) -> Pricing:
     )
 
 
-async def serve(s: SimpleNamespace) -> int:
+async def serve(s: Settings) -> int:
     logs.setup(s.log_level, s.log_format)
     web_config = load_web_config(s.web_config_file)
     exporter = build_exporter(s)
