@@ -53,3 +53,26 @@ def test_stdin_text_prompts_and_bad_input():
     assert bad.returncode == 2 and "needs prompt_token_ids" in bad.stderr
     missing = analyze("/nonexistent/trace.jsonl")
     assert missing.returncode == 2
+
+
+def test_mooncake_trace_with_bad_lines(tmp_path):
+    from .traces import mooncake_lines
+
+    path = tmp_path / "day.jsonl"
+    lines = mooncake_lines(200, instances=2)
+    lines.insert(5, '{"hash_ids": "oops"}')
+    path.write_text("\n".join(lines) + "\n")
+    out = analyze(str(path), "--num-gpu-blocks", "1500", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    assert f"{path}:6: hash_ids must be a non-empty list" in out.stderr
+    assert "analyze: 1 bad lines skipped" in out.stderr and "Traceback" not in out.stderr
+    report = json.loads(out.stdout)
+    assert report["settings"]["format"] == "mooncake" and report["settings"]["requests"] == 200
+    assert 0 < report["observed"]["hit_ratio"] <= report["unbounded"]["hit_ratio"] < 1
+    points = report["curve"]["points"]
+    assert [p["num_gpu_blocks"] for p in points if p["num_gpu_blocks"] == 1500] == [1500]
+    assert report["curve"]["restarts"] == 1 and report["curve"]["misses_by_cause"]["restart"] > 0
+    text = analyze(str(path), "--num-gpu-blocks", "1500")
+    assert "miss-ratio curve" in text.stdout and "*     1500" in text.stdout
+    wrong = analyze(str(path), "--block-size", "24")
+    assert wrong.returncode == 2 and "must divide --trace-block-size 512" in wrong.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from .curvereport import render_curve
 from .replay import Replay, blocks_needed_unbounded, replay
 from .structure import Structure, _template_offsets, structure
 from .trace import TraceRequest
@@ -46,6 +47,8 @@ class Report:
     structure: Structure
     diagnoses: list[Diagnosis]
     notes: list[str]
+    curve: dict | None = None
+    """the miss-ratio curve and misses by cause (mrc.Curve.to_dict), filled in by the caller"""
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -92,13 +95,14 @@ def analyze(
     replicas: int = 1,
     routing: str = "round-robin",
     max_model_len: int | None = None,
+    restarts: frozenset[int] = frozenset(),
 ) -> Report:
     if not requests:
         raise ValueError("empty trace")
     bs = block_size
     unbounded_blocks = blocks_needed_unbounded(requests, bs)
-    observed = replay(requests, bs, num_gpu_blocks, replicas, routing, max_model_len)
-    unbounded = replay(requests, bs, unbounded_blocks, replicas, routing, max_model_len)
+    observed = replay(requests, bs, num_gpu_blocks, replicas, routing, max_model_len, restarts)
+    unbounded = replay(requests, bs, unbounded_blocks, replicas, routing, max_model_len, restarts)
     one = replay(requests, bs, unbounded_blocks, 1, routing, max_model_len) if replicas > 1 else None
     by_session = None
     if replicas > 1 and routing == "round-robin" and any(r.session for r in requests):
@@ -269,5 +273,7 @@ def render_text(report: Report) -> str:
         lines.append(f"  {n}. [{d.kind}] {d.title} (+{d.gain:.3f} hit ratio)")
         lines.append(f"     {d.evidence}")
         lines += [f"     - {r}" for r in d.remedies]
+    if report.curve is not None:
+        lines += render_curve(report.curve, s["num_gpu_blocks"], s["block_size"])
     lines += ["", *[f"note: {n}" for n in report.notes]]
     return "\n".join(lines) + "\n"

@@ -1,9 +1,11 @@
 """`kvcache-exporter analyze TRACE`: why does this prompt workload miss the prefix cache?
 
 Replays the trace (JSON lines: `prompt_token_ids` or `prompt` text or `messages`, optional `session`,
-`max_tokens`, `send_ts`) through the simulator's model of vLLM's block pool and scheduler, compares the hit
-ratio with an unbounded cache and with one replica, inspects the prompts' prefix structure and prints a
-ranked diagnosis with remedies (see docs/analyzer.md)."""
+`max_tokens`, `send_ts`, `server_instance`) through the simulator's model of vLLM's block pool and
+scheduler, compares the hit ratio with an unbounded cache and with one replica, inspects the prompts' prefix
+structure and prints a ranked diagnosis with remedies, the miss-ratio curve and misses by cause. Block-hash
+traces (Mooncake: `hash_ids`, `input_length`, `output_length`, `timestamp` in ms; Qwen: also `chat_id`,
+`parent_chat_id`) are detected and replayed as block ids (see docs/analyzer.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import analysis, trace
+from . import analysis, blocktrace, curvereport, mrc, trace
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -41,6 +43,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--requests", metavar="FIRST-LAST", help="only these request positions (0-based, inclusive)")
     add("--phase", help="only lines whose `phase` field has this value")
     add("--format", choices=("text", "json"), default="text")
+    add(
+        "--trace-block-size",
+        type=int,
+        help="tokens per hash id of a block-hash trace (default 512 Mooncake, 16 Qwen)",
+    )
+    add(
+        "--restart-at",
+        type=int,
+        action="append",
+        default=[],
+        metavar="N",
+        help="empty every cache before request N (0-based; repeatable), as a restart does",
+    )
 
 
 def _select(lines: list[str], args: argparse.Namespace) -> list[str]:
@@ -56,20 +71,62 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.block_size < 1 or args.num_gpu_blocks < 2 or args.replicas < 1:
             raise ValueError("--block-size >= 1, --num-gpu-blocks >= 2 and --replicas >= 1 are required")
+        name = "<stdin>" if args.trace == "-" else args.trace
         text = sys.stdin.read() if args.trace == "-" else Path(args.trace).read_text(encoding="utf-8")
-        requests = trace.parse_trace(_select(text.splitlines(), args), args.max_tokens)
-        report = analysis.analyze(
-            requests, args.block_size, args.num_gpu_blocks, args.replicas, args.routing, args.max_model_len
+        parsed = blocktrace.parse_lines(
+            _select(text.splitlines(), args), name, args.block_size, args.trace_block_size, args.max_tokens
         )
+        _report_skipped(parsed.skipped)
+        if not parsed.requests:
+            raise ValueError(f"{name}: no usable request")
+        report = _report(parsed, args)
     except (OSError, ValueError) as err:
         print(f"analyze: {err}", file=sys.stderr)
         return 2
     if args.format == "json":
-        json.dump(report.to_dict(), sys.stdout, indent=2)
+        json.dump(report if isinstance(report, dict) else report.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
+    elif isinstance(report, dict):
+        sys.stdout.write(curvereport.render_block_text(report))
     else:
         sys.stdout.write(analysis.render_text(report))
     return 0
+
+
+def _report(parsed: blocktrace.Parsed, args: argparse.Namespace):
+    bs = args.block_size
+    curve = mrc.stack_curve(
+        parsed.requests, bs, args.num_gpu_blocks, None, args.replicas, args.routing, args.restart_at
+    )
+    if parsed.kind == "tokens":
+        restarts = frozenset(mrc.restart_points(parsed.requests, args.restart_at))
+        report = analysis.analyze(
+            parsed.traces, bs, args.num_gpu_blocks, args.replicas, args.routing, args.max_model_len, restarts
+        )
+        report.curve = curve.to_dict()
+        report.notes += [f"{len(parsed.skipped)} bad lines skipped"] if parsed.skipped else []
+        return report
+    tbs = args.trace_block_size or (
+        blocktrace.QWEN_BLOCK if parsed.kind == "qwen" else blocktrace.MOONCAKE_BLOCK
+    )
+    blocktrace.check_block_sizes(bs, tbs)
+    settings = {
+        "block_size": bs,
+        "trace_block_size": tbs,
+        "num_gpu_blocks": args.num_gpu_blocks,
+        "replicas": args.replicas,
+        "routing": args.routing,
+        "replay": "sequential per replica",
+    }
+    return curvereport.block_report(parsed, curve, settings)
+
+
+def _report_skipped(skipped: list[str], shown: int = 20) -> None:
+    for message in skipped[:shown]:
+        print(message, file=sys.stderr)
+    if skipped:
+        more = f" ({len(skipped) - shown} more not shown)" if len(skipped) > shown else ""
+        print(f"analyze: {len(skipped)} bad lines skipped{more}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,7 +46,9 @@ def replay(
     replicas: int = 1,
     routing: str = "round-robin",
     max_model_len: int | None = None,
+    restarts: frozenset[int] = frozenset(),
 ) -> Replay:
+    """`restarts`: request positions before which every replica restarts with an empty cache."""
     if replicas < 1:
         raise ValueError("replicas must be at least 1")
     longest = max((len(r.prompt_token_ids) + r.max_tokens for r in requests), default=1)
@@ -59,7 +61,11 @@ def replay(
     engines = [Engine(config, i) for i in range(replicas)]
     clocks = [0.0] * replicas
     hits, prompt_tokens, rejected = [], 0, 0
-    for request, replica in zip(requests, route(requests, replicas, routing), strict=True):
+    preempted = 0
+    for n, (request, replica) in enumerate(zip(requests, route(requests, replicas, routing), strict=True)):
+        if n in restarts:
+            preempted += sum(e.stats.num_preemptions for e in engines)
+            engines = [Engine(config, i) for i in range(replicas)]
         engine = engines[replica]
         sim = Request(
             str(request.index),
@@ -85,6 +91,6 @@ def replay(
         total_hits,
         len(requests),
         rejected,
-        sum(e.stats.num_preemptions for e in engines),
+        preempted + sum(e.stats.num_preemptions for e in engines),
         hits,
     )

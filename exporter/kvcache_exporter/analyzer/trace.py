@@ -20,6 +20,8 @@ class TraceRequest:
     send_ts: float | None = None
     forced_output: list[int] | None = None
     index: int = 0
+    instance: str | None = None
+    """server_instance: a change empties the cache (a restart)"""
 
 
 def parse_trace_line(obj: dict, index: int, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> TraceRequest:
@@ -43,6 +45,7 @@ def parse_trace_line(obj: dict, index: int, default_max_tokens: int = DEFAULT_MA
         obj.get("send_ts"),
         obj.get("completion_token_ids"),
         int(obj.get("i", index)),
+        None if obj.get("server_instance") is None else str(obj["server_instance"]),
     )
 
 

@@ -1,0 +1,166 @@
+"""Traces as chains of block ids: Mooncake / Alibaba-Qwen block-hash traces and token-id traces.
+
+A request is its prompt's chain of *groups*: a group is one trace block (Mooncake: 512 tokens, Qwen: 16)
+or one vLLM block (token-id traces), `width` vLLM blocks wide. Equal group ids mean equal prefixes, so no
+token list is ever built for a hash trace (a 145M-token day is a few hundred thousand ints).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .trace import TraceRequest
+
+MOONCAKE_BLOCK = 512
+QWEN_BLOCK = 16
+
+
+@dataclass(slots=True)
+class BlockRequest:
+    groups: list[int]
+    widths: list[int]
+    """full vLLM blocks in each group"""
+    prompt_tokens: int
+    max_tokens: int
+    session: str | None = None
+    timestamp: float | None = None
+    """seconds"""
+    instance: str | None = None
+    """server_instance: a change empties the cache (a restart)"""
+    contents: list[int] | None = None
+    """per group, an id of its tokens alone (not chained); token-id traces only"""
+
+
+@dataclass
+class Parsed:
+    requests: list[BlockRequest]
+    kind: str
+    """mooncake | qwen | tokens"""
+    skipped: list[str]
+    """`file:line: message` for each line left out"""
+    traces: list[TraceRequest]
+    """token-id traces: the requests themselves (for the engine replay and the structure)"""
+
+
+class Interner(dict):
+    def id(self, key) -> int:
+        value = self.get(key)
+        if value is None:
+            value = self[key] = len(self)
+        return value
+
+
+def is_hash_trace(obj: dict) -> bool:
+    return "hash_ids" in obj
+
+
+def from_hash_line(
+    obj: dict, trace_block: int, block_size: int, ids: Interner, sessions: dict
+) -> BlockRequest:
+    hash_ids = obj["hash_ids"]
+    if not isinstance(hash_ids, list) or not hash_ids:
+        raise ValueError("hash_ids must be a non-empty list")
+    length = int(obj.get("input_length") or len(hash_ids) * trace_block)
+    if not (len(hash_ids) - 1) * trace_block < length <= len(hash_ids) * trace_block:
+        raise ValueError(f"input_length {length} does not match {len(hash_ids)} blocks of {trace_block}")
+    groups = [ids.id(int(h)) for h in hash_ids]
+    widths = [trace_block // block_size] * len(groups)
+    widths[-1] = (length - (len(groups) - 1) * trace_block) // block_size
+    output = max(int(obj.get("output_length") or 1), 1)
+    ts = obj.get("timestamp")
+    session = obj.get("session", obj.get("user"))
+    if "chat_id" in obj:  # Qwen: a turn belongs to its first turn's conversation
+        chat, parent = str(obj["chat_id"]), obj.get("parent_chat_id")
+        session = sessions.get(str(parent), chat) if parent not in (None, -1, "-1") else chat
+        sessions[chat] = session
+        seconds = None if ts is None else float(ts)
+    else:
+        seconds = None if ts is None else float(ts) / 1000.0  # Mooncake: milliseconds
+    instance = obj.get("server_instance")
+    return BlockRequest(
+        groups,
+        widths,
+        length,
+        output,
+        None if session is None else str(session),
+        seconds,
+        None if instance is None else str(instance),
+    )
+
+
+def from_tokens(request: TraceRequest, block_size: int, ids: Interner, contents: Interner) -> BlockRequest:
+    tokens = request.prompt_token_ids
+    groups, content_ids, parent = [], [], -1
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        block = tuple(tokens[start : start + block_size])
+        parent = ids.id((parent, block))
+        groups.append(parent)
+        content_ids.append(contents.id(block))
+    return BlockRequest(
+        groups,
+        [1] * len(groups),
+        len(tokens),
+        request.max_tokens,
+        request.session,
+        request.send_ts,
+        request.instance,
+        content_ids,
+    )
+
+
+def parse_lines(
+    lines: Iterable[str],
+    name: str,
+    block_size: int,
+    trace_block_size: int | None = None,
+    default_max_tokens: int = 16,
+    parse_tokens=None,
+) -> Parsed:
+    """Every good line of a trace as a BlockRequest; bad ones become `name:line: message`."""
+    ids, contents, sessions = Interner(), Interner(), {}
+    out: list[BlockRequest] = []
+    skipped: list[str] = []
+    traces: list[TraceRequest] = []
+    kind = None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            if not isinstance(obj, dict):
+                raise ValueError("not a JSON object")
+            if kind is None:
+                kind = ("qwen" if "chat_id" in obj else "mooncake") if is_hash_trace(obj) else "tokens"
+            if kind == "tokens":
+                request = (parse_tokens or _parse_token_line)(obj, number - 1, default_max_tokens)
+                out.append(from_tokens(request, block_size, ids, contents))
+                traces.append(request)
+            else:
+                tbs = trace_block_size or (QWEN_BLOCK if kind == "qwen" else MOONCAKE_BLOCK)
+                out.append(from_hash_line(obj, tbs, block_size, ids, sessions))
+        except (ValueError, TypeError, KeyError) as err:
+            message = str(err).removeprefix(f"line {number}: ")
+            skipped.append(f"{name}:{number}: {message}")
+    return Parsed(out, kind or "tokens", skipped, traces)
+
+
+def _parse_token_line(obj: dict, index: int, default_max_tokens: int) -> TraceRequest:
+    from .trace import parse_trace_line
+
+    return parse_trace_line(obj, index, default_max_tokens)
+
+
+def check_block_sizes(block_size: int, trace_block_size: int) -> None:
+    if block_size < 1 or trace_block_size % block_size:
+        raise ValueError(f"--block-size {block_size} must divide --trace-block-size {trace_block_size}")
+
+
+def total_blocks(request: BlockRequest, block_size: int) -> int:
+    """KV blocks the request holds at its end (prompt + max_tokens - 1 computed tokens)."""
+    return -(-(request.prompt_tokens + request.max_tokens - 1) // block_size)
+
+
+def longest(requests: Sequence[BlockRequest], block_size: int) -> int:
+    return max((total_blocks(r, block_size) for r in requests), default=1)

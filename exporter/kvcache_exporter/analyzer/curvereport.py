@@ -1,0 +1,68 @@
+"""The report of a block-hash trace (observed, unbounded, curve, misses by cause) and the curve's text."""
+
+from __future__ import annotations
+
+from .blocktrace import Parsed
+from .mrc import Curve
+
+
+def needed_for(curve: dict, target: float) -> int | None:
+    """The smallest measured pool size reaching `target` hit ratio."""
+    for point in curve["points"]:
+        if point["fits"] and point["hit_ratio"] >= target:
+            return point["num_gpu_blocks"]
+    return None
+
+
+def block_report(parsed: Parsed, curve: Curve, settings: dict) -> dict:
+    def replay_dict(hit_tokens: int) -> dict:
+        return {
+            "hit_ratio": round(curve.ratio(hit_tokens), 6),
+            "prompt_tokens": curve.prompt_tokens,
+            "hit_tokens": hit_tokens,
+            "requests": len(parsed.requests),
+        }
+
+    return {
+        "settings": {**settings, "requests": len(parsed.requests), "format": parsed.kind},
+        "observed": replay_dict(curve.observed_hit_tokens),
+        "unbounded": replay_dict(curve.unbounded_hit_tokens),
+        "curve": curve.to_dict(),
+        "skipped_lines": len(parsed.skipped),
+    }
+
+
+def render_curve(curve: dict, num_gpu_blocks: int, block_size: int) -> list[str]:
+    lines = ["", f"miss-ratio curve (blocks of {block_size} tokens per replica; * = this pool)"]
+    for point in curve["points"]:
+        mark = "*" if point["num_gpu_blocks"] == num_gpu_blocks else " "
+        fits = "" if point["fits"] else "  (the longest request does not fit)"
+        bar = "#" * round(point["hit_ratio"] * 40)
+        lines.append(f" {mark}{point['num_gpu_blocks']:9d}  {point['hit_ratio']:6.3f}  {bar}{fits}")
+    for target in (0.5, 0.6, 0.8):
+        if target <= curve["unbounded_hit_ratio"]:
+            size = needed_for(curve, target)
+            answer = f"{size} blocks" if size else "more than the largest size measured"
+            lines.append(f"  hit ratio {target:.0%} needs about {answer}")
+    misses = curve["misses_by_cause"]
+    total = sum(misses.values()) or 1
+    lines += ["", "computed prompt tokens by cause (at this pool)"]
+    lines += [f"  {cause:16s} {tokens:12d}  {tokens / total:6.1%}" for cause, tokens in misses.items()]
+    if curve["restarts"]:
+        lines.append(f"  restarts replayed: {curve['restarts']}")
+    return lines
+
+
+def render_block_text(report: dict) -> str:
+    s = report["settings"]
+    lines = [
+        f"trace: {s['requests']} requests ({s['format']}, {s['trace_block_size']}-token trace blocks); "
+        f"block size {s['block_size']}, {s['num_gpu_blocks']} blocks per replica, {s['replicas']} "
+        f"replica(s), {s['routing']} routing (sequential per replica)",
+        "",
+        "hit ratio (prompt tokens served from the prefix cache)",
+        f"  observed (this cache)           {report['observed']['hit_ratio']:6.3f}",
+        f"  unbounded cache                 {report['unbounded']['hit_ratio']:6.3f}",
+    ]
+    lines += render_curve(report["curve"], s["num_gpu_blocks"], s["block_size"])
+    return "\n".join(lines) + "\n"
