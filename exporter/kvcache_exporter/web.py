@@ -1,76 +1,20 @@
-"""The HTTP side: landing page, /metrics, /healthz, /readyz; TLS and basic auth from a web-config file.
-
-The web-config file uses the Prometheus exporter-toolkit format (tls_server_config,
-basic_auth_users with bcrypt hashes), so one file serves Prometheus and this exporter alike.
-"""
+"""The HTTP side: landing page, /metrics, /healthz, /readyz; TLS and basic auth from webconfig.py."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import functools
-import ssl
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import bcrypt
-import yaml
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
-from .config import ConfigError
 from .exposition import render
+from .webconfig import WebConfig, load_web_config
 
-_TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version"}
-_CLIENT_AUTH = {
-    "NoClientCert": ssl.CERT_NONE,
-    "RequestClientCert": ssl.CERT_OPTIONAL,
-    "RequireAnyClientCert": ssl.CERT_REQUIRED,
-    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
-    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
-}
-_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
-
-
-@dataclass
-class WebConfig:
-    ssl_context: ssl.SSLContext | None = None
-    users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
-
-
-def load_web_config(path: str | None) -> WebConfig:
-    if not path:
-        return WebConfig()
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(f"{path}: {err}") from err
-    unknown = set(data) - {"tls_server_config", "basic_auth_users", "http_server_config"}
-    if unknown:
-        raise ConfigError(f"{path}:{sorted(unknown)[0]}: unknown key")
-    users = {str(u): str(h).encode() for u, h in (data.get("basic_auth_users") or {}).items()}
-    tls = data.get("tls_server_config")
-    return WebConfig(_ssl_context(path, tls) if tls else None, users)
-
-
-def _ssl_context(path: str, tls: dict) -> ssl.SSLContext:
-    unknown = set(tls) - _TLS_KEYS
-    if unknown:
-        raise ConfigError(f"{path}:tls_server_config.{sorted(unknown)[0]}: unknown key")
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = _VERSIONS.get(tls.get("min_version", "TLS12"), ssl.TLSVersion.TLSv1_2)
-    try:
-        context.load_cert_chain(tls["cert_file"], tls["key_file"])
-        auth = tls.get("client_auth_type", "NoClientCert")
-        context.verify_mode = _CLIENT_AUTH[auth]
-        if tls.get("client_ca_file"):
-            context.load_verify_locations(tls["client_ca_file"])
-    except KeyError as err:
-        raise ConfigError(f"{path}:tls_server_config: missing or invalid {err}") from err
-    except (OSError, ssl.SSLError) as err:
-        raise ConfigError(f"{path}:tls_server_config: {err}") from err
-    return context
+__all__ = ["WebConfig", "load_web_config", "make_app"]
 
 
 @functools.lru_cache(maxsize=256)

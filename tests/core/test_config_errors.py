@@ -1,0 +1,79 @@
+"""Every configuration the exporter would reject is rejected by --check-config too, and both say
+`location: message` (exit 1), never a traceback: through the real CLI."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+CLI = [sys.executable, "-m", "kvcache_exporter", "serve", "--gpu.source", "none"]
+
+
+def run(*args, env=None):
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def assert_config_error(result, location):
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert f"kvcache-exporter: {location}" in result.stderr, result.stderr
+
+
+def file_with(tmp_path, name, body):
+    path = tmp_path / name
+    path.write_bytes(body if isinstance(body, bytes) else body.encode())
+    return str(path)
+
+
+CASES = {
+    "empty windows flag": (["--collect.windows", ","], "--collect.windows: at least one window"),
+    "empty windows in YAML": ({"c.yaml": "collect:\n  windows: []\n"}, "--collect.windows: at least one"),
+    "telemetry path /healthz": (["--web.telemetry-path", "/healthz"], "--web.telemetry-path: /healthz is"),
+    "telemetry path /": (["--web.telemetry-path", "/"], "--web.telemetry-path:"),
+    "dcgm without a pod": (
+        ["--gpu.source", "dcgm", "--gpu.dcgm-url", "http://127.0.0.1:1/metrics"],
+        "--gpu.pod: the dcgm GPU source needs",
+    ),
+    "non-UTF-8 YAML": ({"c.yaml": b"vllm:\n  url: [http://\xff/metrics]\n"}, "FILE: not UTF-8 text"),
+    "users as a list": ({"web.yaml": "basic_auth_users: [alice]\n"}, "FILE:basic_auth_users: must be"),
+    "users as a scalar file": ({"web.yaml": "alice\n"}, "FILE: top level: must be a mapping"),
+    "tls as a word": (
+        {"web.yaml": "tls_server_config: yes-please\n"},
+        "FILE:tls_server_config: must be a mapping",
+    ),
+    "missing web-config file": ({"web.yaml": None}, "FILE: No such file or directory"),
+    "missing cert file": (
+        {"web.yaml": "tls_server_config:\n  cert_file: /nope.pem\n  key_file: /nope.pem\n"},
+        "FILE:tls_server_config: No such file or directory",
+    ),
+    "invalid bcrypt hash": ({"web.yaml": "basic_auth_users:\n  a: x\n"}, "FILE:basic_auth_users.a: not"),
+}
+
+
+def arguments(tmp_path, spec):
+    if isinstance(spec, list):
+        return spec, {}
+    ((name, body),) = spec.items()
+    path = str(tmp_path / name) if body is None else file_with(tmp_path, name, body)
+    flag = "--web.config.file" if name == "web.yaml" else "--config.file"
+    return [flag, path], {"FILE": path}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_check_config_and_start_reject_alike(tmp_path, case):
+    spec, location = CASES[case]
+    args, paths = arguments(tmp_path, spec)
+    location = location.replace("FILE", paths.get("FILE", ""))
+    assert_config_error(run(*args, "--check-config"), location)
+    port = ["--web.listen-address", "127.0.0.1:0"]
+    assert_config_error(run(*args, *port, "--vllm.url", "http://127.0.0.1:1/metrics"), location)
+
+
+def test_port_in_use_is_a_config_error():
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        result = run("--web.listen-address", address, "--vllm.url", "http://127.0.0.1:1/metrics")
+    assert_config_error(result, f"--web.listen-address: cannot listen on {address}: ")
