@@ -112,6 +112,8 @@ KV_BLOCK_LIFETIME_SECONDS = "kvcache_kv_block_lifetime_seconds"
 KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS = "kvcache_kv_block_idle_before_evict_seconds"
 KV_BLOCK_REUSE_GAP_SECONDS = "kvcache_kv_block_reuse_gap_seconds"
 PREFILL_COMPUTED_TOKENS = "kvcache_prefill_computed_tokens"
+PROMPT_TOKENS_CACHED_BY_TIER_TOTAL = "kvcache_prompt_tokens_cached_by_tier_total"
+REQUESTS_WAITING_BY_REASON = "kvcache_requests_waiting_by_reason"
 EXTERNAL_PREFIX_CACHE_QUERY_TOKENS_TOTAL = "kvcache_external_prefix_cache_query_tokens_total"
 EXTERNAL_PREFIX_CACHE_HIT_TOKENS_TOTAL = "kvcache_external_prefix_cache_hit_tokens_total"
 KV_EVENTS_DECODE_TOKENS_TOTAL = "kvcache_kv_events_decode_tokens_total"
@@ -350,6 +352,28 @@ CATALOG: tuple[Metric, ...] = (
             (QUEUE_TIME_SECONDS, "Queue time", "vllm:request_queue_time_seconds"),
             (E2E_LATENCY_SECONDS, "End-to-end request latency", "vllm:e2e_request_latency_seconds"),
         )
+    ),
+    _m(
+        PROMPT_TOKENS_CACHED_BY_TIER_TOTAL,
+        "counter",
+        "Prompt tokens served from a cache, by the tier that supplied them: device (HBM), host (DRAM), "
+        "disk, p2p (another vLLM instance), external_unspecified.",
+        (*ME, "tier"),
+        "tokens",
+        "cache",
+        "vllm:prompt_tokens_cached_by_source_total{source}",
+        "copied; tier = vLLM's source label (known values only)",
+    ),
+    _m(
+        REQUESTS_WAITING_BY_REASON,
+        "gauge",
+        "Waiting requests by why they wait: capacity (no KV blocks or batch slot), deferred (LoRA budget, "
+        "KV transfer, blocked). They sum to kvcache_requests_waiting.",
+        (*ME, "reason"),
+        "requests",
+        "cache",
+        "vllm:num_requests_waiting_by_reason",
+        "copied",
     ),
     # --- block residency (vLLM --kv-cache-metrics, sampled) ---------------------------------
     *(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .. import catalog as c
 from ..samples import Sample
 from ..sources.vllm import EngineSample
+from ..sources.vllm_names import TIERS, WAITING_REASONS
 from .cache_config import capacity_tokens, config_number
 from .fragmentation import fragmentation_estimate_ratio
 from .quantiles import histogram_quantile
@@ -56,6 +57,16 @@ def current(labels: dict[str, str], sample: EngineSample, config: dict[str, str]
         if key in sample.counters
     ]
     out += [Sample(name, labels, sample.gauges[key]) for name, key in GAUGES.items() if key in sample.gauges]
+    out += [
+        Sample(c.PROMPT_TOKENS_CACHED_BY_TIER_TOTAL, {**labels, "tier": tier}, sample.counters[key])
+        for tier in TIERS
+        if (key := f"cached_tier_{tier}") in sample.counters
+    ]
+    out += [
+        Sample(c.REQUESTS_WAITING_BY_REASON, {**labels, "reason": reason}, sample.gauges[key])
+        for reason in WAITING_REASONS
+        if (key := f"waiting_{reason}") in sample.gauges
+    ]
     v0_rate = sample.gauges.get("v0_block_hit_rate")
     if v0_rate is not None and 0 <= v0_rate <= 1:
         out.append(Sample(c.VLLM_V0_PREFIX_CACHE_BLOCK_HIT_RATIO, labels, v0_rate))

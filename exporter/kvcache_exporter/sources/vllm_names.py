@@ -17,6 +17,13 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "external_hit_tokens": ("vllm:external_prefix_cache_hits_total",),
 }
 
+# Labelled families read per label value, for a fixed set of values only (no unbounded labels):
+# logical key = prefix + value.
+CACHED_BY_TIER = "vllm:prompt_tokens_cached_by_source_total"  # hits by the tier that supplied them
+TIERS = ("device", "host", "disk", "p2p", "external_unspecified")
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+WAITING_REASONS = ("capacity", "deferred")
+
 # prompt_tokens_by_source{source="local_compute"}: the prompt tokens that were really prefilled.
 PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 COMPUTED_SOURCE = "local_compute"

@@ -109,7 +109,7 @@ _HIST_OF = {
 _WANTED_BASES = {
     _base(n)
     for n in (*_COUNTER_OF, *_GAUGE_OF, *_HIST_OF, names.PROMPT_BY_SOURCE, names.CACHE_CONFIG, names.CREATED,
-              names.PROCESS_START)
+              names.PROCESS_START, names.CACHED_BY_TIER, names.WAITING_BY_REASON)
 }  # fmt: skip
 
 
@@ -122,6 +122,12 @@ def _kind(name: str, labels: dict[str, str]) -> tuple[str | None, str | None]:
             if labels.get("source") == names.COMPUTED_SOURCE
             else (None, None)
         )
+    if name == names.CACHED_BY_TIER:
+        tier = labels.get("source")
+        return ("counter", f"cached_tier_{tier}") if tier in names.TIERS else (None, None)
+    if name == names.WAITING_BY_REASON:
+        reason = labels.get("reason")
+        return ("gauge", f"waiting_{reason}") if reason in names.WAITING_REASONS else (None, None)
     if name in _GAUGE_OF:
         return "gauge", _GAUGE_OF[name]
     if name in _HIST_OF:
