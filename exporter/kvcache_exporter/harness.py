@@ -163,8 +163,8 @@ class Services:
         needle: bytes = b"",
         env: dict[str, str] | None = None,
     ) -> Service:
-        """Run `argv` (which listens on `port`) and wait until GET `ready` answers 200."""
-        log_path = self.workdir / f"{name}-{port}.log"
+        """Run `argv` (which listens on `port`) and wait until GET `ready` answers 200 (None: no wait)."""
+        log_path = self.workdir / f"{name}-{len(self.started)}.log"
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
                 list(argv),

@@ -32,22 +32,13 @@ def wait_for(url, timeout=20.0, context=None, headers=None):
 
 
 @pytest.fixture
-def processes():
-    started = []
-    yield started
-    for p in started:
-        p.terminate()
-    for p in started:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
+def processes(services):
+    return services  # tests/conftest.py: every process stops (its whole group) after the test
 
 
 def start(processes, *args):
-    p = subprocess.Popen([*CLI, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    processes.append(p)
-    return p
+    """`kvcache-exporter <args>`; each test waits for what it needs itself."""
+    return processes.start(args[0], [*CLI, *args], port=0, ready=None).proc
 
 
 def test_serves_landing_health_ready_and_metrics(processes):
@@ -137,7 +128,8 @@ def test_simulator_faults_restart_and_malformed_body(processes):
         found = [v for (n, _), v in scrape(metrics).items() if n == "kvcache_prefix_cache_query_tokens_total"]
         return found[0] if found else None
 
-    before = until(lambda: (q := queries()) and q > 5000 and q, "traffic to build up")
+    # well past what the simulator computes between two polls, so the reset is seen before it is outgrown
+    before = until(lambda: (q := queries()) and q > 30000 and q, "traffic to build up")
     assert post(f"{sim}/control/restart", "{}") == 200
     until(lambda: (q := queries()) is not None and q < before, "the exporter to see the counter reset")
     for _ in range(6):  # through and after the restart: every ratio stays a ratio
