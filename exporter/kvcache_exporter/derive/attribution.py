@@ -170,8 +170,8 @@ class Attribution:
 
     def _content_known(self, tokens: Sequence[int], size: int, count: int) -> tuple[list[bool], int]:
         """Per block: is its content known (half of its anchors seen before)? And the token position
-        in the event where the known content starts: halfway back from the first known anchor
-        towards the unknown anchor before it, at most ANCHOR_SPACING / 2 tokens back.
+        in the event where the known content starts: ANCHOR_SPACING / 4 tokens before the first known
+        anchor, never at or before the unknown anchor preceding it.
         The event's own fingerprints are added afterwards, so a block never matches itself."""
         found = anchored_prints(tokens)
         new, old = self._content.new, self._content.old
