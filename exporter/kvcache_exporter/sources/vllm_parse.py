@@ -31,12 +31,13 @@ class Limits:
 class Series:
     """What a sample line the exporter reads means, without its value."""
 
-    __slots__ = ("bound", "config", "key", "kind", "logical", "name")  # not the labels: memory
+    __slots__ = ("bound", "config", "hkey", "key", "kind", "logical", "name")  # not the labels: memory
 
     def __init__(self, name: str, labels: dict[str, str]):
         self.name = name
         self.key: EngineKey = (labels.get("model_name", ""), labels.get("engine", "0"))
         self.kind, self.logical = _kind(name, labels)
+        self.hkey = (self.key, self.logical)  # where a bucket, sum or gauge part accumulates
         self.bound = _bound(name, labels) if self.kind == "bucket" else 0.0
         self.config = _config(labels) if self.kind == "config" else None
 
@@ -197,23 +198,24 @@ class _Accumulator:
         """Add one sample. ValueError (-> parse_error) where a count is impossible: windows over a
         NaN, infinite or negative counter would be wrong for as long as they hold it."""
         kind = s.kind
-        if kind == "counter":
+        if kind == "bucket":  # most of the lines read: kept short
+            if s.key not in self.engines:
+                self.engine(s.key)
+            self.buckets[s.hkey][s.bound] += value if 0 <= value < math.inf else _count(s.name, value)
+        elif kind == "counter":
             if self.chosen.setdefault(s.logical, s.name) == s.name:
                 counters = self.engine(s.key).counters
                 counters[s.logical] = counters.get(s.logical, 0.0) + _count(s.name, value)
-        elif kind == "bucket":
-            self.engine(s.key)
-            self.buckets[(s.key, s.logical)][s.bound] += _count(s.name, value)
         elif kind == "sum":
             self.engine(s.key)
-            self.sums[(s.key, s.logical)] += _count(s.name, value)
+            self.sums[s.hkey] += _count(s.name, value)
         elif kind == "gauge":
             # A gauge that is no number, or a negative count, is dropped: it then reads as missing.
             # (V0's hit-rate gauge says -1 for "no data"; derive/cache.py drops that at export.)
             usable = math.isfinite(value) and (value >= 0 or s.logical == "v0_block_hit_rate")
             if usable and self.chosen.setdefault(s.logical, s.name) == s.name:
                 self.engine(s.key)
-                self.gauge_parts[(s.key, s.logical)].append(value)
+                self.gauge_parts[s.hkey].append(value)
         elif kind == "config":
             self.cache_configs[s.key[1]] = s.config
         elif kind == "created" and math.isfinite(value):
