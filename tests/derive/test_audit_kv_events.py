@@ -57,3 +57,12 @@ def test_checks_are_exported_only_when_known():
 def test_the_real_032_capture_has_its_residency_histograms():
     engines = parse(CAPTURE.read_text()).engines.values()
     assert all("block_lifetime" in sample.histograms for sample in engines)
+
+
+def test_optional_032_families_are_never_counted_missing():
+    """A V1 capture from before --kv-cache-metrics existed lacks them: schema drift stays 0."""
+    older = parse(
+        (SHARED_FIXTURES / "vllm-metrics" / "inferstack-vllm_metrics_real-651cd619.txt").read_text()
+    )
+    assert older.schema == "v1" and older.missing == ()
+    assert not any("block_lifetime" in e.histograms for e in older.engines.values())
