@@ -109,11 +109,6 @@ def windowed(labels: dict[str, str], window: str, delta: Delta, quantiles: tuple
     ratio = hit_ratio(delta.counters.get("hit_tokens"), delta.counters.get("query_tokens"))
     if ratio is not None:
         out.append(Sample(c.PREFIX_CACHE_HIT_RATIO, labels, ratio))
-    external = hit_ratio(
-        delta.counters.get("external_hit_tokens"), delta.counters.get("external_query_tokens")
-    )
-    if external is not None:
-        out.append(Sample(c.EXTERNAL_PREFIX_CACHE_HIT_RATIO, labels, external))
     for source, key in PROMPT_SOURCES.items():
         if key in delta.counters:
             rate = delta.counters[key] / delta.seconds
