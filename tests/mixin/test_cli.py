@@ -96,6 +96,14 @@ def test_a_bad_config_is_one_line_and_exit_1(tmp_path, capsys, text, message):
     assert not (tmp_path / "out").exists()
 
 
+def test_an_unwritable_output_is_one_line_and_exit_1(tmp_path, capsys):
+    (blocker := tmp_path / "file").write_text("")
+    code, printed, err = mixin(capsys, "--output", str(blocker / "out"))
+    assert (code, printed) == (1, "")
+    assert err.startswith(f"kvcache-exporter mixin: {blocker / 'out'}") and "cannot write" in err
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+
+
 def test_output_is_required_and_defaults_can_be_printed(capsys):
     assert mixin(capsys)[0] == 1
     code, printed, _ = mixin(capsys, "--print-defaults")

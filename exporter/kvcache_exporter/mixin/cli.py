@@ -55,14 +55,18 @@ def run(args: argparse.Namespace) -> int:
         where = f"{args.config}: " if args.config and not isinstance(err, config.ConfigError) else ""
         return _fail(f"{where}{err}")
     source = (str(args.config), "rerun `kvcache-exporter mixin`") if args.config else None
-    for path in write(args.output, cfg, dashboards, source):
+    try:
+        paths = write(args.output, cfg, dashboards, source)
+    except OSError as err:
+        return _fail(f"{err.filename or args.output}: cannot write: {err.strerror}")
+    for path in paths:
         print(path)
     return 0
 
 
 def write(out: Path, cfg: dict, dashboards: dict[str, str] | None, source: tuple[str, str] | None) -> list:
     """Every file of the mixin under `out`; returns their paths."""
-    source = source or ("kvcache-exporter's default config", "rerun `kvcache-exporter mixin`")
+    source = source or ("`kvcache-exporter mixin --print-defaults`", "render again with --config FILE")
     paths = rules.write(out / "rules", cfg, source=source)
     alertmanager = out / "alertmanager"
     shutil.copytree(config.data_path("alertmanager"), alertmanager, dirs_exist_ok=True)
