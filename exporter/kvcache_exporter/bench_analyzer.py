@@ -27,9 +27,7 @@ def production_day(requests: int = DAY_REQUESTS, seed: int = 12) -> list[str]:
         ids = shared + [rng.randrange(1 << 40) for _ in range(length - len(shared))]
         tokens = length * 512 - rng.randint(0, 511)
         lines.append(
-            json.dumps(
-                {"timestamp": i * 7200, "input_length": tokens, "output_length": 200, "hash_ids": ids}
-            )
+            json.dumps({"timestamp": i * 7200, "input_length": tokens, "output_length": 200, "hash_ids": ids})
         )
     return lines
 
