@@ -123,3 +123,23 @@ def test_unrelated_prompts_share_nothing():
     report = analysis.analyze(requests, block_size=16, num_gpu_blocks=1024)
     assert [d.kind for d in report.diagnoses] == ["nothing_shared"]
     assert report.structure.dynamic_field is None
+
+
+def test_concurrent_replays_against_the_sequential_seed(seed_lines):
+    from kvcache_exporter.analyzer.replay import concurrent_replay
+
+    requests = requests_of(seed_lines)
+    sequential = replay(requests, 32, 96)
+    one_client = concurrent_replay(requests, 32, 96, concurrency=1)
+    assert one_client.per_request_hits == sequential.per_request_hits  # the seed was sent one at a time
+    real = sum(line["usage"]["prompt_tokens_details"]["cached_tokens"] for line in seed_lines)
+    assert sequential.hit_tokens == real
+    crowded = concurrent_replay(requests, 32, 96, concurrency=64)
+    assert crowded.preemptions > 0 and crowded.hit_ratio < sequential.hit_ratio
+    assert crowded.rejected == 0 and crowded.prompt_tokens == sequential.prompt_tokens
+    slow = concurrent_replay(requests, 32, 96, speed=0.01)  # gaps 100x longer: nothing overlaps
+    assert slow.per_request_hits == sequential.per_request_hits and slow.preemptions == 0
+    burst = concurrent_replay(requests, 32, 96, speed=1e6)
+    assert burst.preemptions > 0
+    with pytest.raises(ValueError):
+        concurrent_replay(requests, 32, 96, concurrency=0)

@@ -76,3 +76,21 @@ def test_mooncake_trace_with_bad_lines(tmp_path):
     assert "miss-ratio curve" in text.stdout and "*     1500" in text.stdout
     wrong = analyze(str(path), "--block-size", "24")
     assert wrong.returncode == 2 and "must divide --trace-block-size 512" in wrong.stderr
+
+
+def test_closed_loop_replay_on_the_seed(seed_trace_path):
+    out = analyze(
+        str(seed_trace_path),
+        "--block-size",
+        "32",
+        "--num-gpu-blocks",
+        "96",
+        "--concurrency",
+        "64",
+        "--format",
+        "json",
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["settings"]["replay"] == "closed loop, 64 clients"
+    assert report["observed"]["preemptions"] > 0

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from .curvereport import render_curve
-from .replay import Replay, blocks_needed_unbounded, replay
+from .replay import Replay, blocks_needed_unbounded, concurrent_replay, replay
 from .structure import Structure, _template_offsets, structure
 from .trace import TraceRequest
 
@@ -70,14 +70,14 @@ def move_dynamic_last(requests: Sequence[TraceRequest], block_size: int) -> list
 
 
 def _blocks_for(
-    requests: Sequence[TraceRequest], target: float, bs: int, start: int, replicas: int, routing: str
+    requests: Sequence[TraceRequest], target: float, bs: int, start: int, replicas: int, routing: str, run
 ) -> int:
     """About the fewest blocks per replica whose hit ratio is within 1 point of `target` (doubling `start`,
     then bisecting to within 5%)."""
     limit = blocks_needed_unbounded(requests, bs)
 
     def enough(blocks: int) -> bool:
-        return replay(requests, bs, blocks, replicas, routing).hit_ratio >= target - 0.01
+        return run(requests, bs, blocks, replicas, routing).hit_ratio >= target - 0.01
 
     low, high = start, start
     while high < limit and not enough(high):
@@ -96,17 +96,28 @@ def analyze(
     routing: str = "round-robin",
     max_model_len: int | None = None,
     restarts: frozenset[int] = frozenset(),
+    concurrency: int | None = None,
+    speed: float | None = None,
 ) -> Report:
+    """Sequential replays unless `concurrency` (closed loop) or `speed` (open loop at the trace's send_ts)
+    is given; then every replay runs that way (restarts apply to sequential replays only)."""
     if not requests:
         raise ValueError("empty trace")
     bs = block_size
+    overlapping = concurrency is not None or speed is not None
+
+    def run(reqs, bs, blocks, replicas, routing, max_model_len=None, restarts=frozenset()):
+        if overlapping:
+            return concurrent_replay(reqs, bs, blocks, replicas, routing, max_model_len, concurrency, speed)
+        return replay(reqs, bs, blocks, replicas, routing, max_model_len, restarts)
+
     unbounded_blocks = blocks_needed_unbounded(requests, bs)
-    observed = replay(requests, bs, num_gpu_blocks, replicas, routing, max_model_len, restarts)
-    unbounded = replay(requests, bs, unbounded_blocks, replicas, routing, max_model_len, restarts)
-    one = replay(requests, bs, unbounded_blocks, 1, routing, max_model_len) if replicas > 1 else None
+    observed = run(requests, bs, num_gpu_blocks, replicas, routing, max_model_len, restarts)
+    unbounded = run(requests, bs, unbounded_blocks, replicas, routing, max_model_len, restarts)
+    one = run(requests, bs, unbounded_blocks, 1, routing, max_model_len) if replicas > 1 else None
     by_session = None
     if replicas > 1 and routing == "round-robin" and any(r.session for r in requests):
-        by_session = replay(requests, bs, num_gpu_blocks, replicas, "session", max_model_len)
+        by_session = run(requests, bs, num_gpu_blocks, replicas, "session", max_model_len)
     shape = structure(requests, bs)
     diagnoses: list[Diagnosis] = []
     notes: list[str] = []
@@ -114,7 +125,7 @@ def analyze(
 
     dyn = shape.dynamic_field
     if dyn is not None and shape.first_block_unique_share >= 0.5:
-        moved = replay(move_dynamic_last(requests, bs), bs, num_gpu_blocks, replicas, routing, max_model_len)
+        moved = run(move_dynamic_last(requests, bs), bs, num_gpu_blocks, replicas, routing, max_model_len)
         diagnoses.append(
             Diagnosis(
                 "dynamic_prefix",
@@ -153,7 +164,7 @@ def analyze(
     capacity_loss = unbounded.hit_ratio - observed.hit_ratio
     needed = None
     if capacity_loss >= SIGNIFICANT:
-        needed = _blocks_for(requests, unbounded.hit_ratio, bs, num_gpu_blocks, replicas, routing)
+        needed = _blocks_for(requests, unbounded.hit_ratio, bs, num_gpu_blocks, replicas, routing, run)
         diagnoses.append(
             Diagnosis(
                 "capacity",
@@ -229,9 +240,17 @@ def analyze(
         "replicas": replicas,
         "routing": routing,
         "requests": len(requests),
-        "replay": "sequential per replica",
+        "replay": _mode(concurrency, speed),
     }
     return Report(settings, observed, unbounded, one, by_session, moved, needed, shape, diagnoses, notes)
+
+
+def _mode(concurrency: int | None, speed: float | None) -> str:
+    if concurrency is not None:
+        return f"closed loop, {concurrency} clients"
+    if speed is not None:
+        return f"open loop at the trace's arrivals x{speed:g}"
+    return "sequential per replica"
 
 
 def render_text(report: Report) -> str:

@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="tokens per hash id of a block-hash trace (default 512 Mooncake, 16 Qwen)",
     )
+    add("--concurrency", type=int, metavar="N", help="replay with N clients in a closed loop")
+    add("--arrivals", action="store_true", help="replay in an open loop at the trace's send_ts")
+    add("--speed", type=float, default=1.0, help="with --arrivals: divide the trace's gaps by this")
     add(
         "--restart-at",
         type=int,
@@ -101,7 +104,15 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace):
     if parsed.kind == "tokens":
         restarts = frozenset(mrc.restart_points(parsed.requests, args.restart_at))
         report = analysis.analyze(
-            parsed.traces, bs, args.num_gpu_blocks, args.replicas, args.routing, args.max_model_len, restarts
+            parsed.traces,
+            bs,
+            args.num_gpu_blocks,
+            args.replicas,
+            args.routing,
+            args.max_model_len,
+            restarts,
+            args.concurrency,
+            args.speed if args.arrivals else None,
         )
         report.curve = curve.to_dict()
         report.notes += [f"{len(parsed.skipped)} bad lines skipped"] if parsed.skipped else []
@@ -110,6 +121,8 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace):
         blocktrace.QWEN_BLOCK if parsed.kind == "qwen" else blocktrace.MOONCAKE_BLOCK
     )
     blocktrace.check_block_sizes(bs, tbs)
+    if args.concurrency is not None or args.arrivals:
+        raise ValueError("--concurrency and --arrivals replay token ids: not available for block-hash traces")
     settings = {
         "block_size": bs,
         "trace_block_size": tbs,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -94,3 +95,95 @@ def replay(
         preempted + sum(e.stats.num_preemptions for e in engines),
         hits,
     )
+
+
+def concurrent_replay(
+    requests: Sequence[TraceRequest],
+    block_size: int,
+    num_gpu_blocks: int,
+    replicas: int = 1,
+    routing: str = "round-robin",
+    max_model_len: int | None = None,
+    concurrency: int | None = None,
+    speed: float | None = None,
+) -> Replay:
+    """Requests overlap: `concurrency` clients in a closed loop (each sends its next request when its last
+    one finished), or (`speed`) an open loop at the trace's `send_ts` gaps divided by `speed`. Every replica
+    runs the engine's scheduler on one virtual clock, so queueing, batching and preemptions happen."""
+    bad = (concurrency is not None and concurrency < 1) or (speed is not None and speed <= 0)
+    if (concurrency is None) == (speed is None) or bad:
+        raise ValueError("give one of concurrency >= 1 or speed > 0")
+    config = _config(requests, block_size, num_gpu_blocks, max_model_len)
+    engines = [Engine(config, i) for i in range(replicas)]
+    clocks = [0.0] * replicas
+    targets = route(requests, replicas, routing)
+    pending = _arrivals(requests, concurrency, speed)
+    sims: dict[int, Request] = {}
+    rejected, cursor = 0, len(pending)
+    while pending or any(e.has_work for e in engines):
+        busy = [i for i, e in enumerate(engines) if e.has_work]
+        step_at = min((clocks[i] for i in busy), default=float("inf"))
+        if pending and pending[0][0] <= step_at:
+            arrival, n = heapq.heappop(pending)
+            replica = targets[n]
+            clocks[replica] = max(clocks[replica], arrival)
+            sim = Request(
+                str(n),
+                list(requests[n].prompt_token_ids),
+                requests[n].max_tokens,
+                arrival,
+                forced_output=requests[n].forced_output,
+            )
+            try:
+                engines[replica].add_request(sim)
+                sims[n] = sim
+            except ValueError:
+                rejected += 1
+                cursor = _next_client(requests, pending, cursor, arrival, concurrency)
+            continue
+        replica = min(busy, key=lambda i: clocks[i])
+        result = engines[replica].step(clocks[replica])
+        clocks[replica] += max(result.duration, 1e-6)
+        for _ in result.finished:
+            cursor = _next_client(requests, pending, cursor, clocks[replica], concurrency)
+    hits = [max(sims[n].num_cached_tokens, 0) if n in sims else 0 for n in range(len(requests))]
+    prompt_tokens = sum(len(requests[n].prompt_token_ids) for n in sims)
+    return Replay(
+        sum(hits) / prompt_tokens if prompt_tokens else 0.0,
+        prompt_tokens,
+        sum(hits),
+        len(requests),
+        rejected,
+        sum(e.stats.num_preemptions for e in engines),
+        hits,
+    )
+
+
+def _config(requests, block_size, num_gpu_blocks, max_model_len) -> EngineConfig:
+    longest = max((len(r.prompt_token_ids) + r.max_tokens for r in requests), default=1)
+    return EngineConfig(
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        max_model_len=max(max_model_len or 0, longest),
+        max_num_batched_tokens=max(8192, longest),
+    )
+
+
+def _arrivals(requests, concurrency, speed) -> list[tuple[float, int]]:
+    if concurrency is not None:
+        return [(0.0, n) for n in range(min(concurrency, len(requests)))]
+    first = next((r.send_ts for r in requests if r.send_ts is not None), 0.0)
+    times, last = [], 0.0
+    for r in requests:
+        last = max(last, (r.send_ts - first) / speed) if r.send_ts is not None else last
+        times.append((last, len(times)))
+    heapq.heapify(times)
+    return times
+
+
+def _next_client(requests, pending, cursor, now, concurrency) -> int:
+    """Closed loop: a client that got its answer sends the next request of the trace."""
+    if concurrency is not None and cursor < len(requests):
+        heapq.heappush(pending, (now, cursor))
+        return cursor + 1
+    return cursor
