@@ -108,6 +108,29 @@ class Process:
 class VLLMServer(Process):
     kv_events_port: int
     start_seconds: float
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
+
+    def spawn(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                vllm_command(self.port, self.kv_events_port),
+                cwd=self.cwd,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def restart(self) -> float:
+        """Stop vLLM and start it again on the same ports (a new KV-event publisher: seq from 0);
+        the session's later tests see the fresh server. Returns the seconds it took."""
+        started = time.monotonic()
+        stop_process_group(self.proc)
+        self.spawn()
+        self.wait_answering("/health", VLLM_START_TIMEOUT_S, "vLLM (restarted)")
+        return time.monotonic() - started
 
     @property
     def metrics_url(self) -> str:
@@ -176,24 +199,15 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         kv_port = free_port()
     log_path = tmp / "vllm.log"
     started = time.monotonic()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            vllm_command(port, kv_port),
-            cwd=tmp,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    server = VLLMServer(port, log_path, proc, kv_events_port=kv_port, start_seconds=0.0)
+    server = VLLMServer(port, log_path, None, kv_events_port=kv_port, start_seconds=0.0, env=env, cwd=tmp)
+    server.spawn()
     try:
         server.wait_answering("/health", VLLM_START_TIMEOUT_S, "vLLM")
         server.start_seconds = time.monotonic() - started
         print(f"\nvLLM started in {server.start_seconds:.1f} s (log: {log_path})", file=sys.stderr)
         yield server
     finally:
-        stop_process_group(proc)
+        stop_process_group(server.proc)  # the one running now (a test may have restarted it)
 
 
 def exporter_command() -> list[str]:

@@ -4,7 +4,8 @@ The exporter binds the endpoint vLLM's PUB connects to. Three workloads, each ch
 exporter's `kvcache_prefix_cache_miss_tokens_total{cause}` deltas:
 a shared template behind a varying-length front field (prefix_diverged), four long prompts cycled
 through a 64-block cache (evicted), and a prompt sent again after vLLM's /reset_prefix_cache
-(AllBlocksCleared: restart). Coverage is checked against vLLM's own /metrics over the whole run.
+(AllBlocksCleared: restart), then a real restart of the server (a new publisher, seq from 0) and a
+prompt known from before it (restart). Coverage is checked against vLLM's own /metrics.
 """
 
 from __future__ import annotations
@@ -110,3 +111,16 @@ def test_causes_and_coverage_on_real_vllm(vllm_server, start_exporter) -> None:
         assert abs(attributed / vllm_computed - 1) < 0.05  # long prompts: the unstored tails are ~2%
         events = {n: v for n, labels, v in scrape(exporter) if n == "kvcache_kv_events_missed_batches_total"}
         assert events == {"kvcache_kv_events_missed_batches_total": 0.0}
+
+        # A real restart: the new process publishes from seq 0 with an empty cache.
+        print(f"vLLM restarted in {vllm_server.restart():.1f} s")
+        for prompt in (again, long_prompts[3], long_prompts[2]):  # resident when the old server stopped
+            send(vllm_server, prompt)
+            after = settle(exporter, vllm_server)
+            if delta(after, restarted).get("restart", 0) > 0:
+                break  # (a first batch lost before the PUB reconnected would leave its blocks cached)
+        got = delta(after, restarted)
+        assert got["restart"] >= 9 * BLOCK and got.get("evicted", 0) == 0, got
+        assert {
+            n: v for n, _, v in scrape(exporter) if n == "kvcache_kv_events_missed_batches_total"
+        } == events
