@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
-APT_PACKAGES := prometheus prometheus-alertmanager docker-compose
+APT_PACKAGES := prometheus prometheus-alertmanager docker-compose chromium
 
 .PHONY: demo test lint generate check bench soak fuzz venv system-deps container-deps image-test vllm-venv clean
 
@@ -15,10 +15,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 venv: $(VENV)/.installed
 
-# Debian's Prometheus, Alertmanager and docker-compose: promtool, the end-to-end tests, `docker-compose config`.
+# Debian's Prometheus, Alertmanager, docker-compose and chromium: promtool, the end-to-end tests,
+# `docker-compose config`, the analyzer's HTML page rendered headless.
 system-deps:
 	@if ! command -v promtool >/dev/null || ! command -v prometheus-alertmanager >/dev/null \
-	   || ! command -v docker-compose >/dev/null; then \
+	   || ! command -v docker-compose >/dev/null || ! command -v chromium >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \
 	  else echo "install as root: apt-get install $(APT_PACKAGES)"; exit 1; fi; \

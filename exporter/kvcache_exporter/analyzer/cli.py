@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import analysis, blocktrace, curvereport, mrc, trace
+from . import analysis, blocktrace, curvereport, html, mrc, trace
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -48,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="tokens per hash id of a block-hash trace (default 512 Mooncake, 16 Qwen)",
     )
+    add("--html", metavar="FILE", help="also write a self-contained HTML page with the plots")
     add("--concurrency", type=int, metavar="N", help="replay with N clients in a closed loop")
     add("--arrivals", action="store_true", help="replay in an open loop at the trace's send_ts")
     add("--speed", type=float, default=1.0, help="with --arrivals: divide the trace's gaps by this")
@@ -82,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
         _report_skipped(parsed.skipped)
         if not parsed.requests:
             raise ValueError(f"{name}: no usable request")
-        report = _report(parsed, args)
+        report, curve = _report(parsed, args)
+        if args.html:
+            _write_html(args.html, parsed, curve, report)
     except (OSError, ValueError) as err:
         print(f"analyze: {err}", file=sys.stderr)
         return 2
@@ -116,7 +119,7 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace):
         )
         report.curve = curve.to_dict()
         report.notes += [f"{len(parsed.skipped)} bad lines skipped"] if parsed.skipped else []
-        return report
+        return report, curve
     tbs = args.trace_block_size or (
         blocktrace.QWEN_BLOCK if parsed.kind == "qwen" else blocktrace.MOONCAKE_BLOCK
     )
@@ -131,7 +134,20 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace):
         "routing": args.routing,
         "replay": "sequential per replica",
     }
-    return curvereport.block_report(parsed, curve, settings)
+    return curvereport.block_report(parsed, curve, settings), curve
+
+
+def _write_html(path: str, parsed: blocktrace.Parsed, curve: mrc.Curve, report) -> None:
+    data = report if isinstance(report, dict) else report.to_dict()
+    s = data["settings"]
+    summary = [
+        ("trace", f"{len(parsed.requests)} requests ({parsed.kind}), {curve.prompt_tokens:,} prompt tokens"),
+        ("pool", f"{s['num_gpu_blocks']} blocks of {s['block_size']} tokens x {s['replicas']} replica(s)"),
+        ("replay", f"{s['replay']}, {s['routing']} routing"),
+        ("observed hit ratio", f"{data['observed']['hit_ratio']:.3f}"),
+        ("unbounded hit ratio", f"{data['unbounded']['hit_ratio']:.3f}"),
+    ]
+    Path(path).write_text(html.render(parsed.requests, curve, s, summary), encoding="utf-8")
 
 
 def _report_skipped(skipped: list[str], shown: int = 20) -> None:
