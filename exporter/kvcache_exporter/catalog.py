@@ -106,6 +106,7 @@ EXPORTER_COLLECTOR_SUCCESS = "kvcache_exporter_collector_success"
 EXPORTER_COLLECTOR_DURATION_SECONDS = "kvcache_exporter_collector_duration_seconds"
 EXPORTER_LAST_SUCCESS_TIMESTAMP_SECONDS = "kvcache_exporter_last_success_timestamp_seconds"
 EXPORTER_ERRORS_TOTAL = "kvcache_exporter_errors_total"
+EXPORTER_HTTP_REJECTED_TOTAL = "kvcache_exporter_http_rejected_total"
 EXPORTER_BUILD_INFO = "kvcache_exporter_build_info"
 PREFIX_CACHE_MISS_TOKENS_TOTAL = "kvcache_prefix_cache_miss_tokens_total"
 KV_BLOCK_LIFETIME_SECONDS = "kvcache_kv_block_lifetime_seconds"
@@ -926,6 +927,16 @@ CATALOG: tuple[Metric, ...] = (
         ("collector", "reason"),
         "",
         "health",
+    ),
+    _m(
+        EXPORTER_HTTP_REJECTED_TOTAL,
+        "counter",
+        "Connections and requests our endpoint refused, by reason: too_many_connections, tls_handshake "
+        "(failed or timed out), header_too_large, bad_request, auth_busy (too many password checks queued).",
+        ("reason",),
+        "",
+        "health",
+        per_target=False,
     ),
     _m(
         EXPORTER_BUILD_INFO,

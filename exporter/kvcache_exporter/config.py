@@ -167,6 +167,11 @@ OPTIONS: tuple[Option, ...] = (
         False,
         "--web.config.file",
     ),
+    Option("web.max_connections", int, 256, "open connections at most, TLS handshakes included"),
+    Option(
+        "web.idle_timeout", duration, 60.0, "an idle connection (or one that sends nothing) is closed after"
+    ),
+    Option("web.tls_handshake_timeout", duration, 10.0, "a TLS handshake must finish within"),
     Option("log.level", choice("debug", "info", "warn", "error"), "info", "log level"),
     Option("log.format", choice("logfmt", "json"), "logfmt", "log format"),
     Option("gpu.source", choice("auto", "nvml", "dcgm", "none"), "auto", "GPU telemetry source"),
@@ -292,6 +297,8 @@ def validate(s: Settings) -> None:
     """What start-up would reject, found before it: --check-config runs exactly this."""
     if not s.vllm_url:
         raise ConfigError("--vllm.url: at least one vLLM URL is needed")
+    if s.web_max_connections < 1:
+        raise ConfigError("--web.max-connections: at least 1")
     if not s.collect_windows:
         raise ConfigError("--collect.windows: at least one window is needed")
     if any(w < s.collect_interval for w in s.collect_windows):

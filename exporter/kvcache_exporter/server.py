@@ -10,8 +10,6 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from aiohttp import web
-
 from . import logs
 from .collector import Exporter, Poll, target_polls
 from .config import ConfigError
@@ -26,7 +24,7 @@ from .sources.gpu import NoGpuSource
 from .sources.gpu_factory import make_gpu_source
 from .sources.kv_events import KvEventSubscriber
 from .sources.vllm import VllmSource
-from .web import load_web_config, make_app
+from .web import Limits, listen, load_web_config, make_app
 
 log = logging.getLogger("kvcache_exporter")
 
@@ -100,19 +98,14 @@ async def serve(s: Settings) -> int:
         telemetry_path=s.web_telemetry_path,
         ready=lambda: exporter.ready,
         users=web_config.users,
+        headers=web_config.headers,
     )
-    host, _, port = s.web_listen_address.rpartition(":")
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host or None, int(port), ssl_context=web_config.ssl_context)
+    limits = Limits(s.web_max_connections, s.web_idle_timeout, s.web_tls_handshake_timeout)
     try:
-        await site.start()
-    except OSError as err:  # e.g. the port is taken: said as a config error, not a traceback
+        listener = await listen(app, s.web_listen_address, web_config.ssl_context, limits)
+    except ConfigError:
         await exporter.close()
-        await runner.cleanup()
-        raise ConfigError(
-            f"--web.listen-address: cannot listen on {s.web_listen_address}: {err.strerror}"
-        ) from err
+        raise
     log.info(
         "listening",
         extra={
@@ -129,6 +122,6 @@ async def serve(s: Settings) -> int:
         await exporter.run(stop)
     finally:
         await exporter.close()
-        await runner.cleanup()
+        await listener.close()
         log.info("stopped")
     return 0

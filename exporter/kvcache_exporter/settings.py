@@ -17,6 +17,9 @@ class Settings:
     web_listen_address: str
     web_telemetry_path: str
     web_config_file: str | None
+    web_max_connections: int
+    web_idle_timeout: float
+    web_tls_handshake_timeout: float
     log_level: str
     log_format: str
     gpu_source: str

@@ -2,45 +2,23 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
-import bcrypt
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
-from .exposition import render
+from .auth import Authenticator
+from .exposition import families, render
+from .listener import REJECTIONS, Limits, Rejections, listen
 from .webconfig import WebConfig, load_web_config
 
-__all__ = ["WebConfig", "load_web_config", "make_app"]
+__all__ = ["AUTH_EXEMPT", "Limits", "WebConfig", "listen", "load_web_config", "make_app"]
 
-
-@functools.lru_cache(maxsize=256)
-def _bcrypt_ok(password: bytes, hashed: bytes) -> bool:
-    # bcrypt is slow on purpose; Prometheus scrapes every few seconds with the same credentials.
-    try:
-        return bcrypt.checkpw(password, hashed)
-    except ValueError:
-        return False
-
-
-def _authorized(request: web.Request, users: dict[str, bytes]) -> bool:
-    header = request.headers.get("Authorization", "")
-    if not header.startswith("Basic "):
-        return False
-    try:
-        user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
-    except (binascii.Error, UnicodeDecodeError):
-        return False
-    hashed = users.get(user)
-    return _bcrypt_ok(password.encode(), hashed or _DUMMY) and hashed is not None
-
-
-_DUMMY = bcrypt.hashpw(b"dummy", bcrypt.gensalt(rounds=4))  # equal work for unknown users
 # Kubelet probes carry no credentials; these two answer ok/ready and reveal nothing else.
 AUTH_EXEMPT = frozenset({"/healthz", "/readyz"})
+_CHALLENGE = {"WWW-Authenticate": 'Basic realm="kvcache-exporter"'}
 
 LANDING = """<!doctype html><html><head><title>kvcache-exporter</title></head><body>
 <h1>kvcache-exporter</h1><p>Prometheus sidecar for vLLM's KV (prefix) cache.</p>
@@ -48,14 +26,39 @@ LANDING = """<!doctype html><html><head><title>kvcache-exporter</title></head><b
 <li><a href="/readyz">Readiness</a></li></ul></body></html>"""
 
 
+class _RejectionCollector(Collector):
+    def __init__(self, rejections: Rejections):
+        self.rejections = rejections
+
+    def collect(self) -> Iterable[Metric]:
+        return families(self.rejections.samples())
+
+
 def make_app(
-    registry: CollectorRegistry, *, telemetry_path: str, ready: Callable[[], bool], users: dict[str, bytes]
+    registry: CollectorRegistry,
+    *,
+    telemetry_path: str,
+    ready: Callable[[], bool],
+    users: Mapping[str, bytes],
+    headers: Mapping[str, str] | None = None,
+    authenticator: Authenticator | None = None,
 ) -> web.Application:
+    rejections = Rejections()
+    registry.register(_RejectionCollector(rejections))
+    checker = authenticator or (Authenticator(users) if users else None)
+
     @web.middleware
     async def auth(request: web.Request, handler):
-        if users and request.path not in AUTH_EXEMPT and not _authorized(request, users):
-            return web.Response(status=401, headers={"WWW-Authenticate": 'Basic realm="kvcache-exporter"'})
-        return await handler(request)
+        if checker and request.path not in AUTH_EXEMPT:
+            verdict = await checker.check(request.headers.get("Authorization", ""))
+            if verdict == "busy":
+                rejections.count("auth_busy")
+                return web.Response(status=429, headers={"Retry-After": "1"})
+            if verdict != "ok":
+                return web.Response(status=401, headers=_CHALLENGE)
+        response = await handler(request)
+        response.headers.update(headers or {})
+        return response
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(body=render(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -72,8 +75,15 @@ def make_app(
         return web.Response(status=503, text="no successful poll of vLLM yet\n")
 
     app = web.Application(middlewares=[auth], client_max_size=64 * 1024)
+    app[REJECTIONS] = rejections
+    if checker:
+        app.on_cleanup.append(lambda _: _close(checker))
     app.router.add_get("/", landing)
     app.router.add_get(telemetry_path, metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     return app
+
+
+async def _close(checker: Authenticator) -> None:
+    checker.close()

