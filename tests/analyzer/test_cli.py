@@ -94,3 +94,31 @@ def test_closed_loop_replay_on_the_seed(seed_trace_path):
     report = json.loads(out.stdout)
     assert report["settings"]["replay"] == "closed loop, 64 clients"
     assert report["observed"]["preemptions"] > 0
+
+
+def test_progress_bar_only_on_a_terminal(tmp_path):
+    import os
+    import pty
+
+    from .traces import mooncake_lines
+
+    path = tmp_path / "day.jsonl"
+    path.write_text("\n".join(mooncake_lines(3000)) + "\n")
+    quiet = analyze(str(path), "--format", "json")
+    assert quiet.returncode == 0 and "analyze: parse" not in quiet.stderr and quiet.stderr == ""
+    leader, follower = pty.openpty()
+    argv = [sys.executable, "-m", "kvcache_exporter.analyzer", str(path), "--format", "json"]
+    proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=follower, timeout=60)
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert proc.returncode == 0
+    assert b"analyze: parse  [" in seen and b"3,000/3,000" in seen and b"analyze: curve" in seen

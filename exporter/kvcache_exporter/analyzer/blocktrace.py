@@ -117,6 +117,7 @@ def parse_lines(
     trace_block_size: int | None = None,
     default_max_tokens: int = 16,
     parse_tokens=None,
+    progress=None,
 ) -> Parsed:
     """Every good line of a trace as a BlockRequest; bad ones become `name:line: message`."""
     ids, contents, sessions = Interner(), Interner(), {}
@@ -125,6 +126,8 @@ def parse_lines(
     traces: list[TraceRequest] = []
     kind = None
     for number, line in enumerate(lines, 1):
+        if progress is not None:
+            progress("parse", number)
         if not line.strip():
             continue
         try:

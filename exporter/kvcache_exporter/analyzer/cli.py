@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import analysis, blocktrace, curvereport, html, mrc, trace
+from . import analysis, blocktrace, curvereport, html, mrc, progress, trace
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -77,9 +77,14 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--block-size >= 1, --num-gpu-blocks >= 2 and --replicas >= 1 are required")
         name = "<stdin>" if args.trace == "-" else args.trace
         text = sys.stdin.read() if args.trace == "-" else Path(args.trace).read_text(encoding="utf-8")
+        lines = _select(text.splitlines(), args)
+        bar = progress.Progress(len(lines))
         parsed = blocktrace.parse_lines(
-            _select(text.splitlines(), args), name, args.block_size, args.trace_block_size, args.max_tokens
+            lines, name, args.block_size, args.trace_block_size, args.max_tokens, progress=bar
         )
+        bar.close()
+        bar.total = len(parsed.requests)
+        args.progress = bar
         _report_skipped(parsed.skipped)
         if not parsed.requests:
             raise ValueError(f"{name}: no usable request")
@@ -102,8 +107,17 @@ def run(args: argparse.Namespace) -> int:
 def _report(parsed: blocktrace.Parsed, args: argparse.Namespace):
     bs = args.block_size
     curve = mrc.stack_curve(
-        parsed.requests, bs, args.num_gpu_blocks, None, args.replicas, args.routing, args.restart_at
+        parsed.requests,
+        bs,
+        args.num_gpu_blocks,
+        None,
+        args.replicas,
+        args.routing,
+        args.restart_at,
+        getattr(args, "progress", None),
     )
+    if getattr(args, "progress", None) is not None:
+        args.progress.close()
     if parsed.kind == "tokens":
         restarts = frozenset(mrc.restart_points(parsed.requests, args.restart_at))
         report = analysis.analyze(

@@ -185,6 +185,7 @@ def stack_curve(
     replicas: int = 1,
     routing: str = "round-robin",
     restart_at: Sequence[int] = (),
+    progress=None,
 ) -> Curve:
     sizes = sorted(sizes or curve_sizes(num_gpu_blocks))
     bs = block_size
@@ -197,6 +198,8 @@ def stack_curve(
     causes = dict.fromkeys((*CAUSES, "partial_block"), 0)
     per_request, prompt_tokens = [], 0
     for n, (r, replica) in enumerate(zip(requests, route_blocks(requests, replicas, routing), strict=True)):
+        if progress is not None:
+            progress("curve", n + 1)
         if n in restarts:
             for i, stack in enumerate(stacks):
                 before_restart[i].update(stack.last)
