@@ -54,11 +54,14 @@ class Memory:
         self.max_entries = max_entries
         self.heads: dict[str, Series | str] = {}
         self.bounds: dict[tuple[float, ...], tuple[float, ...]] = {}  # one tuple per bucket layout
+        self.values: dict[str, float] = {}  # value texts already read ("0.0", "42.0": most buckets)
 
     def bound(self) -> None:
         if len(self.heads) >= self.max_entries or len(self.bounds) > 1000:
             self.heads.clear()
             self.bounds.clear()
+        if len(self.values) > 2000:  # counters make new ones every poll
+            self.values.clear()
 
     def read(self, line: str, limits: Limits) -> tuple[Series | str, float]:
         """The line's Series and value, or its name (value NaN) when its family is not read."""
@@ -66,11 +69,16 @@ class Memory:
         known = self.heads.get(head) if space else None
         if type(known) is str:
             return known, math.nan
-        if known is not None and "\t" not in tail:
-            try:
-                return known, textformat.parse_value(tail)
-            except ValueError:
-                pass  # the full parse says what is wrong
+        if known is not None:
+            value = self.values.get(tail)
+            if value is not None:
+                return known, value
+            if "\t" not in tail:
+                try:
+                    value = self.values[tail] = textformat.parse_value(tail)
+                    return known, value
+                except ValueError:
+                    pass  # the full parse says what is wrong
         name = _normal((head if space else line).split("{", 1)[0].split(" ", 1)[0].split("\t", 1)[0])
         if _base(name) not in _WANTED_BASES:
             if space:
@@ -237,6 +245,7 @@ def parse(
     prefix = _RAY if _RAY in text else "vllm:"
     memory = memory or Memory()
     memory.bound()
+    heads, values = memory.heads, memory.values
     acc = _Accumulator(limits)
     seen: set[str] = set()
     block_counted: set[str] = set()  # early-V1 prefix-cache counters whose HELP says they count blocks
@@ -251,10 +260,18 @@ def parse(
                     if name in _BLOCK_COUNTABLE:
                         block_counted.add(name)
                 continue
-            series, value = memory.read(line, limits)
+            # Memory.read's two commonest cases, inline: a family not read, a value already seen.
+            head, space, tail = line.rpartition(" ")
+            series = heads.get(head) if space else None
             if type(series) is str:
                 seen.add(series)
                 continue
+            value = values.get(tail) if series is not None else None
+            if value is None:
+                series, value = memory.read(line, limits)
+                if type(series) is str:
+                    seen.add(series)
+                    continue
             seen.add(series.name)
             read += 1
             if read > limits.max_samples:
