@@ -83,11 +83,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def _subcommand_modules() -> list:
     from .aggregator import cli as aggregate
     from .analyzer import cli as analyze
+    from .analyzer import warmup
     from .demo import cli as demo
     from .mixin import cli as mixin
     from .simulator import cli as simulate
 
-    return [simulate, demo, analyze, aggregate, mixin]
+    return [simulate, demo, analyze, warmup, aggregate, mixin]
 
 
 def main(argv: list[str] | None = None) -> int:
