@@ -104,6 +104,20 @@ def price_table(value: Any) -> dict[str, float]:
     return table
 
 
+def at_least(minimum: int) -> Callable[[Any], int]:
+    def parse(text: Any) -> int:
+        try:
+            value = int(str(text))
+        except ValueError:
+            raise ValueError(f'"{text}" is not a whole number') from None
+        if value < minimum:
+            raise ValueError(f"{value} is below {minimum}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
 def choice(*allowed: str) -> Callable[[Any], str]:
     def parse(text: Any) -> str:
         if str(text) not in allowed:
@@ -167,7 +181,7 @@ OPTIONS: tuple[Option, ...] = (
         False,
         "--web.config.file",
     ),
-    Option("web.max_connections", int, 256, "open connections at most, TLS handshakes included"),
+    Option("web.max_connections", at_least(1), 256, "open connections at most, TLS handshakes included"),
     Option(
         "web.idle_timeout", duration, 60.0, "an idle connection (or one that sends nothing) is closed after"
     ),
@@ -181,11 +195,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("gpu.pod", str, None, "keep the DCGM series of this pod (default: $POD_NAME)"),
     Option("gpu.namespace", str, None, "namespace of that pod (default: $POD_NAMESPACE)"),
     Option("gpu.uuids", str, [], "keep the DCGM series of these GPU UUIDs", True),
-    Option("gpu.max_processes", int, 8, "per-process GPU memory series per GPU, at most"),
+    Option("gpu.max_processes", at_least(0), 8, "per-process GPU memory series per GPU, at most"),
     Option("cost.gpu_hour_price", price, None, "price of one GPU-hour (any GPU model)"),
     Option("cost.gpu_hour_prices", price_table, {}, "price per GPU-hour by GPU model name: NAME=PRICE", True),
     Option(
-        "cost.gpu_count", int, 1, "GPUs this vLLM uses: prices the cost when no GPU telemetry is available"
+        "cost.gpu_count",
+        at_least(1),
+        1,
+        "GPUs this vLLM uses: prices the cost when no GPU telemetry is available",
     ),
     Option("cost.currency", str, "USD", "currency of the prices"),
     Option("cost.energy_price_per_kwh", price, None, "price of a kWh, for energy cost per token"),
@@ -200,17 +217,20 @@ OPTIONS: tuple[Option, ...] = (
     Option("kv_events.replay_endpoint", str, None, "vLLM's replay ROUTER endpoint, to fill sequence gaps"),
     Option("kv_events.topic", str, "", "ZMQ topic to subscribe to"),
     Option(
-        "kv_events.max_batches_per_second", int, 20000, "event batches accepted per second, more are dropped"
+        "kv_events.max_batches_per_second",
+        at_least(1),
+        20000,
+        "event batches accepted per second, more are dropped",
     ),
     Option(
         "kv_events.max_tracked_blocks",
-        int,
+        at_least(1),
         1_000_000,
         "block hashes miss attribution remembers (keep >= 10x num_gpu_blocks; ~100 bytes each)",
     ),
     Option(
         "kv_events.max_fingerprints",
-        int,
+        at_least(1),
         2_000_000,
         "content fingerprints miss attribution remembers (~2 per 32 tokens stored; ~70 bytes each)",
     ),
@@ -297,8 +317,6 @@ def validate(s: Settings) -> None:
     """What start-up would reject, found before it: --check-config runs exactly this."""
     if not s.vllm_url:
         raise ConfigError("--vllm.url: at least one vLLM URL is needed")
-    if s.web_max_connections < 1:
-        raise ConfigError("--web.max-connections: at least 1")
     if not s.collect_windows:
         raise ConfigError("--collect.windows: at least one window is needed")
     if any(w < s.collect_interval for w in s.collect_windows):

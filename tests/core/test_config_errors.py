@@ -49,6 +49,12 @@ CASES = {
         {"web.yaml": "tls_server_config:\n  cert_file: /nope.pem\n  key_file: /nope.pem\n"},
         "FILE:tls_server_config: No such file or directory",
     ),
+    "negative count": (["--gpu.max-processes", "-1"], "--gpu.max-processes: -1 is below 0"),
+    "zero event rate": (
+        ["--kv-events.max-batches-per-second", "0"],
+        "--kv-events.max-batches-per-second: 0 is",
+    ),
+    "fractional count": (["--web.max-connections", "2.5"], '--web.max-connections: "2.5" is not a whole'),
     "invalid bcrypt hash": ({"web.yaml": "basic_auth_users:\n  a: x\n"}, "FILE:basic_auth_users.a: not"),
 }
 
