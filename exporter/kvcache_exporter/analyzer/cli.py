@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
-from . import analysis, blocktrace, curvereport, html, mrc, progress, trace
+from . import analysis, blocktrace, curvereport, html, mrc, progress, tokenize, trace
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -48,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="tokens per hash id of a block-hash trace (default 512 Mooncake, 16 Qwen)",
     )
+    add("--tokenizer", metavar="PATH", help="the model's tokenizer.json (or its folder) for text prompts")
     add("--html", metavar="FILE", help="also write a self-contained HTML page with the plots")
     add("--concurrency", type=int, metavar="N", help="replay with N clients in a closed loop")
     add("--arrivals", action="store_true", help="replay in an open loop at the trace's send_ts")
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         lines = _select(text.splitlines(), args)
         bar = progress.Progress(len(lines))
         parsed = blocktrace.parse_lines(
-            lines, name, args.block_size, args.trace_block_size, args.max_tokens, progress=bar
+            lines, name, args.block_size, args.trace_block_size, args.max_tokens, _encoder(args, lines), bar
         )
         bar.close()
         bar.total = len(parsed.requests)
@@ -102,6 +104,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(analysis.render_text(report))
     return 0
+
+
+TEXT_PROMPT = re.compile(r'"prompt"\s*:\s*"|"messages"\s*:')
+
+
+def _encoder(args: argparse.Namespace, lines: list[str]):
+    """A line parser with the model's tokenizer, or the default one (with a warning if text is present)."""
+    if args.tokenizer:
+        model = tokenize.ModelTokenizer(args.tokenizer)
+        return lambda obj, index, max_tokens: trace.parse_trace_line(obj, index, max_tokens, model)
+    if any(TEXT_PROMPT.search(line) for line in lines[:1000]):
+        print(tokenize.APPROXIMATE_WARNING, file=sys.stderr)
+    return None
 
 
 def _report(parsed: blocktrace.Parsed, args: argparse.Namespace):

@@ -24,25 +24,30 @@ class TraceRequest:
     """server_instance: a change empties the cache (a restart)"""
 
 
-def parse_trace_line(obj: dict, index: int, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> TraceRequest:
+def parse_trace_line(
+    obj: dict, index: int, default_max_tokens: int = DEFAULT_MAX_TOKENS, encoder=None
+) -> TraceRequest:
+    """`encoder`: the model's tokenizer (analyzer.tokenize.ModelTokenizer) for text; else the simulator's."""
+    encoder = encoder or tokenizer
     if "prompt_token_ids" in obj:
         tokens = [int(t) for t in obj["prompt_token_ids"]]
     elif isinstance(obj.get("prompt"), list):
         tokens = [int(t) for t in obj["prompt"]]
     elif isinstance(obj.get("prompt"), str):
-        tokens = tokenizer.encode(obj["prompt"])
+        tokens = encoder.encode(obj["prompt"])
     elif isinstance(obj.get("messages"), list):
-        tokens = tokenizer.encode_chat(obj["messages"])
+        tokens = encoder.encode_chat(obj["messages"])
     else:
         raise ValueError(f"line {index + 1}: needs prompt_token_ids, prompt or messages")
     if not tokens:
         raise ValueError(f"line {index + 1}: empty prompt")
     session = obj.get("session", obj.get("user"))
+    ts = obj.get("send_ts", obj.get("timestamp"))
     return TraceRequest(
         tokens,
         int(obj.get("max_tokens") or default_max_tokens),
         None if session is None else str(session),
-        obj.get("send_ts"),
+        _seconds(ts),
         obj.get("completion_token_ids"),
         int(obj.get("i", index)),
         None if obj.get("server_instance") is None else str(obj["server_instance"]),
@@ -59,3 +64,8 @@ def parse_trace(lines: Iterable[str], default_max_tokens: int = DEFAULT_MAX_TOKE
         if line.strip():
             out.append(parse_trace_line(json.loads(line), n, default_max_tokens))
     return out
+
+
+def _seconds(value) -> float | None:
+    """A numeric send time in seconds; other forms (ISO strings in some logs) are not used for timing."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
