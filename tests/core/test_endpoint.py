@@ -171,3 +171,24 @@ def test_oversized_headers_get_400_a_count_and_one_log_line(caplog):
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert warnings == ["HTTP request refused"]
     assert not any(r.exc_info for r in caplog.records)
+
+
+def test_an_established_scrape_connection_survives_a_half_open_tls_flood(tls_context):
+    async def main():
+        listener, port = await serve(Limits(max_connections=8, handshake_timeout=30), tls=tls_context)
+        url = f"https://127.0.0.1:{port}/healthz"
+        connector = aiohttp.TCPConnector(ssl=False, limit=1)  # one kept-alive connection, as Prometheus
+        async with aiohttp.ClientSession(connector=connector) as session:
+            async with session.get(url) as response:
+                first = response.status
+            flood = [await asyncio.open_connection("127.0.0.1", port) for _ in range(20)]  # no ClientHello
+            while listener.open < 8:
+                await asyncio.sleep(0.01)
+            async with session.get(url) as response:
+                during = response.status
+        for _, writer in flood:
+            writer.close()
+        await listener.close()
+        return first, during, listener.rejections.counts["too_many_connections"]
+
+    assert asyncio.run(main()) == (200, 200, 13)  # 8 held: ours and 7 half-open; 13 refused
