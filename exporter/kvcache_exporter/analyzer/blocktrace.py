@@ -29,8 +29,8 @@ class BlockRequest:
     """seconds"""
     instance: str | None = None
     """server_instance: a change empties the cache (a restart)"""
-    contents: list[int] | None = None
-    """per group, an id of its tokens alone (not chained); token-id traces only"""
+    tokens: list[int] | None = None
+    """the prompt's token ids (token-id traces only): content matching for prefix_diverged"""
 
 
 @dataclass
@@ -90,14 +90,12 @@ def from_hash_line(
     )
 
 
-def from_tokens(request: TraceRequest, block_size: int, ids: Interner, contents: Interner) -> BlockRequest:
+def from_tokens(request: TraceRequest, block_size: int, ids: Interner) -> BlockRequest:
     tokens = request.prompt_token_ids
-    groups, content_ids, parent = [], [], -1
+    groups, parent = [], -1
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        block = tuple(tokens[start : start + block_size])
-        parent = ids.id((parent, block))
+        parent = ids.id((parent, tuple(tokens[start : start + block_size])))
         groups.append(parent)
-        content_ids.append(contents.id(block))
     return BlockRequest(
         groups,
         [1] * len(groups),
@@ -106,7 +104,7 @@ def from_tokens(request: TraceRequest, block_size: int, ids: Interner, contents:
         request.session,
         request.send_ts,
         request.instance,
-        content_ids,
+        tokens,
     )
 
 
@@ -120,7 +118,7 @@ def parse_lines(
     progress=None,
 ) -> Parsed:
     """Every good line of a trace as a BlockRequest; bad ones become `name:line: message`."""
-    ids, contents, sessions = Interner(), Interner(), {}
+    ids, sessions = Interner(), {}
     out: list[BlockRequest] = []
     skipped: list[str] = []
     traces: list[TraceRequest] = []
@@ -138,7 +136,7 @@ def parse_lines(
                 kind = ("qwen" if "chat_id" in obj else "mooncake") if is_hash_trace(obj) else "tokens"
             if kind == "tokens":
                 request = (parse_tokens or _parse_token_line)(obj, number - 1, default_max_tokens)
-                out.append(from_tokens(request, block_size, ids, contents))
+                out.append(from_tokens(request, block_size, ids))
                 traces.append(request)
             else:
                 tbs = trace_block_size or (QWEN_BLOCK if kind == "qwen" else MOONCAKE_BLOCK)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
+from ..derive.fingerprints import anchored_prints
 from ..simulator.blocks import BlockPool
 from .blocktrace import BlockRequest, total_blocks
 
@@ -193,7 +194,7 @@ def stack_curve(
     entries = sum(len(r.groups) + 1 for r in requests) + 1
     stacks = [Stack(entries) for _ in range(replicas)]
     before_restart: list[set[int]] = [set() for _ in range(replicas)]
-    contents_seen: set[int] = set()
+    prints: set[int] = set()
     restarts = restart_points(requests, restart_at)
     causes = dict.fromkeys((*CAUSES, "partial_block"), 0)
     per_request, prompt_tokens = [], 0
@@ -208,10 +209,9 @@ def stack_curve(
         hits = _lookup(r, stack, tally, bs)
         per_request.append(hits * bs)
         prompt_tokens += r.prompt_tokens
-        _classify(r, replica, hits, stacks, before_restart[replica], contents_seen, causes, bs)
+        known = _content_known(r, hits, prints, bs)
+        _classify(r, replica, hits, stacks, before_restart[replica], known, causes, bs)
         _use(r, stack, bs)
-        if r.contents:
-            contents_seen.update(r.contents)
     below = tally.hits_below()
     return Curve(
         bs,
@@ -257,31 +257,50 @@ def _lookup(r: BlockRequest, stack: Stack, tally: _Tally, bs: int) -> int:
     return hits
 
 
-def _classify(r, replica, hits, stacks, before_restart, contents_seen, causes, bs) -> None:
-    """Blame each computed prompt token on one cause, by what its block was (the live definitions)."""
+def _content_known(r: BlockRequest, hits: int, prints: set[int], bs: int) -> list[bool]:
+    """Per computed prompt block (from `hits` on): was its content computed before, wherever it sat? The
+    live rule (derive/attribution.py): at least half of the block's anchored fingerprints were seen; a
+    block without anchors reads like the one before. The computed blocks' prints are then remembered."""
+    if r.tokens is None:
+        return []
+    full = r.prompt_tokens // bs
+    found = anchored_prints(r.tokens[hits * bs : full * bs])
+    seen, total = [0] * (full - hits), [0] * (full - hits)
+    for position, print_ in found:
+        total[position // bs] += 1
+        seen[position // bs] += print_ in prints
+    verdicts, previous = [], False
+    for s, t in zip(seen, total, strict=True):
+        previous = 2 * s >= t if t else previous
+        verdicts.append(previous)
+    prints.update(print_ for _, print_ in found)
+    return verdicts
+
+
+def _classify(r, replica, hits, stacks, before_restart, known, causes, bs) -> None:
+    """Blame each computed prompt token on one cause, by what its block was (the live rules' order)."""
     hittable = (r.prompt_tokens - 1) // bs
     causes["partial_block"] += r.prompt_tokens - hittable * bs
     index = 0
     own = stacks[replica].last
-    for n, (group, width) in enumerate(zip(r.groups, r.widths, strict=True)):
+    for group, width in zip(r.groups, r.widths, strict=True):
         for j in range(max(index, hits), min(index + width, hittable)):
-            causes[_cause(group, j - index, own, stacks, replica, before_restart, r, n, contents_seen)] += bs
+            diverged = bool(known) and known[j - hits]
+            causes[_cause(group, j - index, own, stacks, replica, before_restart, diverged)] += bs
         index += width
         if index >= hittable:
             break
 
 
-def _cause(group, j, own, stacks, replica, before_restart, r, n, contents_seen) -> str:
+def _cause(group, j, own, stacks, replica, before_restart, diverged) -> str:
     entry = own.get(group)
     if entry is not None and j < entry[1]:
         return "evicted"
-    if any(i != replica and (e := s.last.get(group)) and j < e[1] for i, s in enumerate(stacks)):
-        return "other_replica"
     if group in before_restart:
         return "restart"
-    if r.contents and r.contents[n] in contents_seen:
-        return "prefix_diverged"
-    return "cold"
+    if any(i != replica and (e := s.last.get(group)) and j < e[1] for i, s in enumerate(stacks)):
+        return "other_replica"
+    return "prefix_diverged" if diverged else "cold"
 
 
 def _use(r: BlockRequest, stack: Stack, bs: int) -> None:

@@ -31,12 +31,12 @@ class Prefix:
 
 def top_prefixes(requests: Sequence[TraceRequest], block_size: int, top: int) -> list[Prefix]:
     """The K prefix-tree branch points (whole blocks, where requests diverge) with the most reuse x length."""
-    ids, contents = blocktrace.Interner(), blocktrace.Interner()
+    ids = blocktrace.Interner()
     users: dict[int, int] = defaultdict(int)
     widest_child: dict[int, int] = defaultdict(int)
     example: dict[int, tuple[int, int]] = {}
     for n, r in enumerate(requests):
-        chain = blocktrace.from_tokens(r, block_size, ids, contents).groups
+        chain = blocktrace.from_tokens(r, block_size, ids).groups
         for depth, group in enumerate(chain[: (len(r.prompt_token_ids) - 1) // block_size], 1):
             users[group] += 1
             example.setdefault(group, (n, depth))
