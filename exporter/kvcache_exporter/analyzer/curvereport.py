@@ -42,8 +42,9 @@ def render_curve(curve: dict, num_gpu_blocks: int, block_size: int) -> list[str]
     for target in (0.5, 0.6, 0.8):
         if target <= curve["unbounded_hit_ratio"]:
             size = needed_for(curve, target)
-            answer = f"{size} blocks" if size else "more than the largest size measured"
-            lines.append(f"  hit ratio {target:.0%} needs about {answer}")
+            largest = curve["points"][-1]["num_gpu_blocks"]
+            answer = f"about {size} blocks" if size else f"more than the {largest} blocks measured"
+            lines.append(f"  hit ratio {target:.0%} needs {answer}")
     misses = curve["misses_by_cause"]
     total = sum(misses.values()) or 1
     lines += ["", "computed prompt tokens by cause (at this pool)"]

@@ -82,7 +82,8 @@ def curve_plot(curve: Curve) -> str:
         f'<text x="{x + 4:.1f}" y="24" font-size="11">this pool: {curve.num_gpu_blocks}</text>'
     )
     ticks = "".join(
-        f'<text x="{_xy(fx(s), 0)[0]:.1f}" y="{H - PAD + 14}" text-anchor="middle" font-size="10">{s}</text>'
+        f'<text x="{_xy(fx(s), 0)[0]:.1f}" y="{H - PAD + 14}" font-size="10" '
+        f'text-anchor="{"end" if s == sizes[-1] else "middle"}">{s}</text>'
         for s in sizes[::3]
     )
     body = _polyline(points, COLORS["curve"]) + marker + ticks + _y_ticks()
@@ -135,7 +136,7 @@ def prefix_plot(requests: Sequence[BlockRequest], block_size: int, top: int = 10
     shared.sort(reverse=True)
     best = shared[0][0] if shared else 1
     rows = [
-        (f"{depth * block_size} tokens", score / best, f"shared by {count} requests; they diverge after it")
+        (f"{depth * block_size} tokens", score / best, f"{count} requests, then they diverge")
         for score, depth, count in shared[:top]
     ]
     return bars("Most shared prefixes (requests x length)", rows or [("none", 0, "")], COLORS["prefixes"])
