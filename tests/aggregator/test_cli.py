@@ -1,5 +1,6 @@
 """`kvcache-exporter simulate --replicas` and `kvcache-exporter aggregate` as the processes users run."""
 
+import socket
 import subprocess
 import sys
 import time
@@ -75,3 +76,23 @@ def test_every_flag_has_an_environment_twin(monkeypatch):
     assert (args.dns, args.interval, args.replica) == ("vllm-headless:8000", 3.0, ["a:1", "b:2"])
     settings, discoveries = cli.settings_from(parser.parse_args(["aggregate"]))
     assert settings.interval == 2.0 and [d.name for d in discoveries] == ["discovery_static", "discovery_dns"]
+
+
+def test_a_bad_web_config_or_a_taken_port_is_a_message_not_a_traceback(tmp_path):
+    web_config = tmp_path / "web.yaml"
+    web_config.write_text("basic_auth_users: [alice]\n")
+    sd = tmp_path / "sd.json"
+    sd.write_text('[{"targets": ["127.0.0.1:1"]}]')
+    base = [sys.executable, "-m", "kvcache_exporter", "aggregate", "--discovery.file-sd", str(sd)]
+    bad = subprocess.run(
+        [*base, "--web.config.file", str(web_config)], capture_output=True, text=True, timeout=30
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert f"{web_config}:basic_auth_users: must be a mapping" in bad.stdout
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        busy = subprocess.run(
+            [*base, "--web.listen-address", address], capture_output=True, text=True, timeout=30
+        )
+    assert busy.returncode == 2 and "Traceback" not in busy.stderr
+    assert f"--web.listen-address: cannot listen on {address}" in busy.stdout

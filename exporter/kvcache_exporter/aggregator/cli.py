@@ -10,13 +10,11 @@ import os
 import signal
 from collections.abc import Mapping
 
-from aiohttp import web
-
 from .. import logs
-from ..config import duration, listen_address, window_label
+from ..config import ConfigError, duration, listen_address, window_label
 from ..derive.fleet_residency import HashRange
 from ..exposition import registry_for
-from ..web import load_web_config, make_app
+from ..web import Limits, listen, load_web_config, make_app
 from .discovery import DEFAULT_KV_EVENTS_PORT, DnsSd, FileSd, StaticSd, parse_flag
 from .pool import AggregateSettings, Aggregator
 
@@ -97,7 +95,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"aggregate: {err}")
         return 2
     logs.setup(args.log_level, args.log_format)
-    return asyncio.run(serve(args, settings, discoveries))
+    try:
+        return asyncio.run(serve(args, settings, discoveries))
+    except ConfigError as err:  # the web-config file, or the port is taken
+        print(f"aggregate: {err}")
+        return 2
 
 
 async def serve(args: argparse.Namespace, settings: AggregateSettings, discoveries: list) -> int:
@@ -108,12 +110,13 @@ async def serve(args: argparse.Namespace, settings: AggregateSettings, discoveri
         telemetry_path=args.telemetry_path,
         ready=lambda: aggregator.ready,
         users=web_config.users,
+        headers=web_config.headers,
     )
-    host, _, port = args.listen.rpartition(":")
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host.strip("[]") or None, int(port), ssl_context=web_config.ssl_context)
-    await site.start()
+    try:  # the same bounds on connections, handshakes and idle time as `serve`
+        listener = await listen(app, args.listen, web_config.ssl_context, Limits())
+    except ConfigError:
+        await aggregator.close()
+        raise
     windows = ",".join(window_label(w) for w in settings.windows)
     log.info("aggregating", extra={"address": args.listen, "windows": windows})
     stop = asyncio.Event()
@@ -125,5 +128,5 @@ async def serve(args: argparse.Namespace, settings: AggregateSettings, discoveri
         await aggregator.run(stop)
     finally:
         await aggregator.close()
-        await runner.cleanup()
+        await listener.close()
     return 0
