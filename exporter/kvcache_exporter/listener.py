@@ -75,7 +75,12 @@ class Listener:
     async def _accept(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            conn, _ = await loop.sock_accept(self.sock)
+            try:
+                conn, _ = await loop.sock_accept(self.sock)
+            except OSError as err:  # e.g. out of file descriptors: keep accepting once some close
+                self.rejections.count("too_many_connections", repr(err))
+                await asyncio.sleep(0.1)
+                continue
             if self.open >= self.limits.max_connections:
                 conn.close()
                 self.rejections.count("too_many_connections")
