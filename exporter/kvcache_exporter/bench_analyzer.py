@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
+import tempfile
 import time
 from collections import OrderedDict
+from pathlib import Path
 
 from .analyzer import blocktrace, mrc
 
@@ -90,6 +94,39 @@ def day_rows() -> list[tuple[str, str]]:
     ]
 
 
+MEMORY_CHILD = """
+import sys
+from pathlib import Path
+from kvcache_exporter.analyzer import blocktrace, mrc
+from kvcache_exporter.bench_analyzer import BLOCK_SIZE, NUM_GPU_BLOCKS
+lines = Path(sys.argv[1]).read_text().splitlines()
+if sys.argv[2] == "report":
+    parsed = blocktrace.parse_lines(lines, "day", BLOCK_SIZE)
+    mrc.stack_curve(parsed.requests, BLOCK_SIZE, NUM_GPU_BLOCKS)
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent across fork and exec.
+status = Path("/proc/self/status").read_text()
+print(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")))
+"""
+
+
+def memory_row() -> tuple[str, str]:
+    """Peak RSS of a child that reads the day and runs the default report, beside one that only reads it."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "day.jsonl"
+        path.write_text("\n".join(production_day()) + "\n")
+
+        def peak_mib(what: str) -> float:
+            argv = [sys.executable, "-c", MEMORY_CHILD, str(path), what]
+            return int(subprocess.run(argv, capture_output=True, text=True, check=True).stdout) / 1024
+
+        read, report = peak_mib("read"), peak_mib("report")
+    return (
+        "analyzer: peak RSS of the production-day report (child process)",
+        f"{report:.0f} MiB (baseline, a child that only reads the trace's lines: {read:.0f} MiB; 145M token "
+        "ids as a Python list would be over 1 GiB)",
+    )
+
+
 def token_lines(requests: int = 400, seed: int = 3) -> list[str]:
     """Token-id requests: one of 20 system prompts of 2,000 tokens and 3,000 tokens of their own."""
     rng = random.Random(seed)
@@ -123,7 +160,7 @@ def token_rows() -> list[tuple[str, str]]:
 
 
 def rows() -> list[tuple[str, str]]:
-    return day_rows() + token_rows()
+    return [*day_rows(), memory_row(), *token_rows()]
 
 
 if __name__ == "__main__":
