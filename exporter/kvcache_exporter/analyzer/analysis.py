@@ -2,8 +2,9 @@
 
 The cache itself is not modelled here: every hit ratio comes from replaying the requests through the
 simulator's engine (`kvcache_exporter.simulator.engine`, vLLM V1's scheduler over its block pool).
-Replays are sequential per replica (each request runs to completion before the next one on that replica
-starts), which is how the seed trace was recorded and the least cache pressure a real run can have.
+Replays are sequential per replica by default (each request runs to completion before the next one on
+that replica starts: how the seed trace was recorded, the least cache pressure a real run can have), or
+overlapping with `concurrency` / `speed` (replay.concurrent_replay).
 """
 
 from __future__ import annotations
