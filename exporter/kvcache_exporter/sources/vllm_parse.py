@@ -60,7 +60,7 @@ class Memory:
         if len(self.heads) >= self.max_entries or len(self.bounds) > 1000:
             self.heads.clear()
             self.bounds.clear()
-        if len(self.values) > 2000:  # counters make new ones every poll
+        if len(self.values) > 600:  # counters make new ones every poll; ~60 KB at most
             self.values.clear()
 
     def read(self, line: str, limits: Limits) -> tuple[Series | str, float]:
