@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{name}: no usable request")
         report, curve = _report(parsed, args)
         if args.html:
-            _write_html(args.html, parsed, curve, report)
+            _write_html(args.html, parsed, curve, report, args.restart_at)
     except (OSError, ValueError) as err:
         print(f"analyze: {err}", file=sys.stderr)
         return 2
@@ -166,7 +166,7 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace):
     return curvereport.block_report(parsed, curve, settings), curve
 
 
-def _write_html(path: str, parsed: blocktrace.Parsed, curve: mrc.Curve, report) -> None:
+def _write_html(path: str, parsed: blocktrace.Parsed, curve: mrc.Curve, report, restart_at) -> None:
     data = report if isinstance(report, dict) else report.to_dict()
     s = data["settings"]
     summary = [
@@ -176,7 +176,8 @@ def _write_html(path: str, parsed: blocktrace.Parsed, curve: mrc.Curve, report) 
         ("observed hit ratio", f"{data['observed']['hit_ratio']:.3f}"),
         ("unbounded hit ratio", f"{data['unbounded']['hit_ratio']:.3f}"),
     ]
-    Path(path).write_text(html.render(parsed.requests, curve, s, summary), encoding="utf-8")
+    page = html.render(parsed.requests, curve, s, summary, restart_at)
+    Path(path).write_text(page, encoding="utf-8")
 
 
 def _report_skipped(skipped: list[str], shown: int = 20) -> None:

@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from .blocktrace import BlockRequest
-from .mrc import Curve, route_blocks
+from .mrc import Curve, restart_points, route_blocks
 
 # One colour per plot, so a screenshot shows which plots were drawn (tests/analyzer/test_html.py).
 COLORS = {
@@ -51,7 +51,9 @@ def _y_ticks() -> str:
     return "".join(out)
 
 
-def time_plot(requests: Sequence[BlockRequest], curve: Curve, buckets: int = 60) -> str:
+def time_plot(
+    requests: Sequence[BlockRequest], curve: Curve, restarts: Sequence[int] = (), buckets: int = 60
+) -> str:
     stamps = [r.timestamp for r in requests]
     use_time = all(t is not None for t in stamps) and len(set(stamps)) > 1
     xs = stamps if use_time else list(range(len(requests)))
@@ -63,9 +65,15 @@ def time_plot(requests: Sequence[BlockRequest], curve: Curve, buckets: int = 60)
         tokens[b] += r.prompt_tokens
     points = [((b + 0.5) / buckets, hits[b] / tokens[b]) for b in range(buckets) if tokens[b]]
     label = f"trace time (s, {hi - lo:.0f} s in all)" if use_time else "request"
-    return _frame(
-        "Hit ratio over the trace", _polyline(points, COLORS["time"]) + _y_ticks(), label, "hit ratio"
-    )
+    marks = ""
+    for n in restarts:
+        x, _ = _xy((xs[n] - lo) / ((hi - lo) or 1), 0)
+        marks += (
+            f'<line x1="{x:.1f}" y1="10" x2="{x:.1f}" y2="{H - PAD}" stroke="#555" stroke-dasharray="4 3"/>'
+            f'<text x="{x + 4:.1f}" y="24" font-size="11">restart</text>'
+        )
+    body = _polyline(points, COLORS["time"]) + marks + _y_ticks()
+    return _frame("Hit ratio over the trace (restarts dashed)", body, label, "hit ratio")
 
 
 def curve_plot(curve: Curve) -> str:
@@ -154,9 +162,14 @@ def group_plot(title: str, keys: Sequence[str], requests, curve: Curve, color: s
 
 
 def render(
-    requests: Sequence[BlockRequest], curve: Curve, settings: dict, summary: Sequence[tuple[str, str]]
+    requests: Sequence[BlockRequest],
+    curve: Curve,
+    settings: dict,
+    summary: Sequence[tuple[str, str]],
+    restart_at: Sequence[int] = (),
 ) -> str:
-    parts = [time_plot(requests, curve), curve_plot(curve), cause_plot(curve)]
+    restarts = sorted(restart_points(requests, restart_at))
+    parts = [time_plot(requests, curve, restarts), curve_plot(curve), cause_plot(curve)]
     parts.append(prefix_plot(requests, curve.block_size))
     if settings.get("replicas", 1) > 1:
         replicas = route_blocks(requests, settings["replicas"], settings.get("routing", "round-robin"))
