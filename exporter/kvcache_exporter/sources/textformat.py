@@ -65,16 +65,6 @@ def parse_value(text: str) -> float:
     return float(text)
 
 
-def sample_name(line: str) -> str:
-    """The metric name of a sample line, without parsing the rest."""
-    end = len(line)
-    for stop in ("{", " ", "\t"):
-        i = line.find(stop, 0, end)
-        if i >= 0:
-            end = i
-    return line[:end]
-
-
 def parse_line(line: str) -> Line:
     """One sample line; ValueError on anything that is not valid exposition syntax."""
     return parse_line_and_head(line)[0]
