@@ -122,3 +122,29 @@ def test_progress_bar_only_on_a_terminal(tmp_path):
     os.close(leader)
     assert proc.returncode == 0
     assert b"analyze: parse  [" in seen and b"3,000/3,000" in seen and b"analyze: curve" in seen
+
+
+BAD_TOKEN_LINES = [
+    '{"prompt_token_ids": [1, 2, 3, 4], "max_tokens": -5}',
+    '{"prompt_token_ids": [1, null]}',
+    '{"prompt_token_ids": [[1]]}',
+    '{"messages": [1, 2]}',
+    '{"prompt_token_ids": [1e400]}',
+    '{"prompt_token_ids": [-3, 99999999999999999999999]}',
+    "null",
+    '{"prompt_token_ids": [1, 2], "max_tokens": 1e9}',
+    '{"hash_ids": [1, 2], "input_length": 600}',
+]
+
+
+def test_hostile_lines_are_skipped_never_a_traceback(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    good = '{"prompt_token_ids": [1, 2, 3, 4, 5], "send_ts": "yesterday", "session": {"a": 1}}'
+    path.write_text("\n".join([good, *BAD_TOKEN_LINES]) + "\n")
+    out = analyze(str(path), "--block-size", "2", "--html", str(tmp_path / "bad.html"))
+    assert out.returncode == 0, out.stderr
+    assert (
+        "Traceback" not in out.stderr and f"analyze: {len(BAD_TOKEN_LINES)} bad lines skipped" in out.stderr
+    )
+    assert f"{path}:9: max_tokens must be in 1..1048576" in out.stderr
+    assert "trace: 1 requests" in out.stdout

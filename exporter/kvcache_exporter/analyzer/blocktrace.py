@@ -68,7 +68,9 @@ def from_hash_line(
     groups = [ids.id(int(h)) for h in hash_ids]
     widths = [trace_block // block_size] * len(groups)
     widths[-1] = (length - (len(groups) - 1) * trace_block) // block_size
-    output = max(int(obj.get("output_length") or 1), 1)
+    output = int(obj.get("output_length") or 1)
+    if output < 1 or length < 1:
+        raise ValueError("input_length and output_length must be positive")
     ts = obj.get("timestamp")
     session = obj.get("session", obj.get("user"))
     if "chat_id" in obj:  # Qwen: a turn belongs to its first turn's conversation
@@ -141,7 +143,7 @@ def parse_lines(
             else:
                 tbs = trace_block_size or (QWEN_BLOCK if kind == "qwen" else MOONCAKE_BLOCK)
                 out.append(from_hash_line(obj, tbs, block_size, ids, sessions))
-        except (ValueError, TypeError, KeyError) as err:
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as err:
             message = str(err).removeprefix(f"line {number}: ")
             skipped.append(f"{name}:{number}: {message}")
     return Parsed(out, kind or "tokens", skipped, traces)

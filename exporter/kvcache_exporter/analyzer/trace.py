@@ -10,6 +10,9 @@ from pathlib import Path
 from ..simulator import tokenizer
 
 DEFAULT_MAX_TOKENS = 16
+MAX_TOKEN_ID = 2**32 - 1
+MAX_GENERATED = 2**20
+"""max_tokens above this is a broken line (the replays allocate blocks for every generated token)"""
 
 
 @dataclass
@@ -36,16 +39,23 @@ def parse_trace_line(
     elif isinstance(obj.get("prompt"), str):
         tokens = encoder.encode(obj["prompt"])
     elif isinstance(obj.get("messages"), list):
+        if not all(isinstance(m, dict) for m in obj["messages"]):
+            raise ValueError(f"line {index + 1}: messages must be objects with role and content")
         tokens = encoder.encode_chat(obj["messages"])
     else:
         raise ValueError(f"line {index + 1}: needs prompt_token_ids, prompt or messages")
     if not tokens:
         raise ValueError(f"line {index + 1}: empty prompt")
+    if min(tokens) < 0 or max(tokens) > MAX_TOKEN_ID:
+        raise ValueError(f"line {index + 1}: token ids must be in 0..{MAX_TOKEN_ID}")
+    max_tokens = int(obj.get("max_tokens") or default_max_tokens)
+    if not 1 <= max_tokens <= MAX_GENERATED:
+        raise ValueError(f"line {index + 1}: max_tokens must be in 1..{MAX_GENERATED}")
     session = obj.get("session", obj.get("user"))
     ts = obj.get("send_ts", obj.get("timestamp"))
     return TraceRequest(
         tokens,
-        int(obj.get("max_tokens") or default_max_tokens),
+        max_tokens,
         None if session is None else str(session),
         _seconds(ts),
         obj.get("completion_token_ids"),
