@@ -38,6 +38,29 @@ def test_restart_detected_from_start_time_even_when_the_counter_grew_past_its_ol
     assert h.window(60).counters["query_tokens"] == 300
 
 
+def test_a_counter_missing_from_one_poll_keeps_its_total():
+    h = SeriesHistory(retention=3600)
+    h.append(0, sample(1000, 500, hist=(1, 2, 3)))
+    h.append(10, EngineSample(counters={"hit_tokens": 520}, start_time=100.0))  # a cut body
+    h.append(20, sample(1100, 560, hist=(2, 3, 5)))
+    delta = h.window(60)
+    assert (delta.counters["query_tokens"], delta.counters["hit_tokens"]) == (100, 60)
+    assert delta.histograms["prefill"].counts == (1, 1, 2)
+
+
+def test_a_cut_body_that_also_reads_as_a_restart_never_gives_a_negative_increase():
+    """Found by tests/derive/test_targets_fuzz.py: the cut body's start time differed, the counters
+    it lacked restarted their totals at zero, and the next window read -2509 tokens."""
+    h = SeriesHistory(retention=3600)
+    h.append(0, sample(2509, 0, start=168.0))
+    h.append(1, EngineSample(counters={}, start_time=144.0))
+    h.append(2, sample(0, 0, start=168.0))
+    h.append(3, sample(40, 10, start=168.0))
+    for seconds in (1.5, 2.5, 60):
+        assert all(v >= 0 for v in h.window(seconds).counters.values())
+    assert h.window(60).counters["query_tokens"] == 40
+
+
 def test_window_baseline_is_the_newest_poll_at_or_before_its_start():
     h = SeriesHistory(retention=3600)
     for ts in range(0, 130, 10):

@@ -112,6 +112,17 @@ def _countable_part(raw: EngineSample, last: EngineSample | None) -> EngineSampl
     return EngineSample(counters, raw.gauges, histograms, raw.start_time)
 
 
+def _carry_missing(raw: EngineSample, last: EngineSample) -> EngineSample:
+    """A series absent from one poll (a cut body, a family vLLM skipped) keeps its last value: no
+    increase. Dropping it would restart its running total at the raw value when it came back, and
+    every window across the gap would read a negative increase."""
+    if last.counters.keys() <= raw.counters.keys() and last.histograms.keys() <= raw.histograms.keys():
+        return raw
+    return EngineSample(
+        {**last.counters, **raw.counters}, raw.gauges, {**last.histograms, **raw.histograms}, raw.start_time
+    )
+
+
 class SeriesHistory:
     """The polls of one (model_name, engine), kept for `retention` seconds, thinned with age."""
 
@@ -122,28 +133,32 @@ class SeriesHistory:
         self._times: deque[float] = deque()  # the points' timestamps, for bisect
         self._windows: dict[float, Delta | None] = {}  # this poll's windows, asked for by several derivations
         self._last_raw: EngineSample | None = None
+        self._raws: dict[str, float] = {}
+        self._totals: dict[str, float] = {}
+        self._raw_histograms: dict[str, Histogram] = {}
+        self._histogram_totals: dict[str, Histogram] = {}
         self._layouts: dict[tuple, Layout] = {}
         self._appended = 0
 
     def append(self, ts: float, raw: EngineSample) -> None:
         raw = _countable_part(raw, self._last_raw)
-        last, prev = self._last_raw, self.points[-1] if self.points else None
+        last = self._last_raw
         restarted = (
             last is not None and raw.start_time is not None and last.start_time not in (None, raw.start_time)
         )
+        if last is not None and not restarted:
+            raw = _carry_missing(raw, last)
+        # Totals and the raw values they advance from carry over polls a series was absent from
+        # (a cut body, a restart that dropped it), so a running total never goes down.
         counters = {
-            name: advance(
-                last.counters.get(name) if last else None,
-                (prev.counter(name) or 0.0) if prev else 0.0,
-                value,
-                restarted,
-            )
+            name: advance(self._raws.get(name), self._totals.get(name, 0.0), value, restarted)
             for name, value in raw.counters.items()
         }
+        self._totals.update(counters)
+        self._raws.update(raw.counters)
         histograms = {}
         for name, hist in raw.histograms.items():
-            before = last.histograms.get(name) if last else None
-            total = prev.histogram(name) if prev else None
+            before, total = self._raw_histograms.get(name), self._histogram_totals.get(name)
             if before is None or total is None or before.bounds != hist.bounds:
                 if before is not None and before.bounds != hist.bounds:
                     self._forget(name)  # bucket layout changed: old points cannot be compared
@@ -158,6 +173,8 @@ class SeriesHistory:
                 ),
                 advance(before.sum, total.sum, hist.sum, reset),
             )
+        self._raw_histograms.update(raw.histograms)
+        self._histogram_totals.update(histograms)
         self.points.append(self._point(ts, counters, histograms))
         self._times.append(ts)
         self._windows.clear()
