@@ -107,7 +107,7 @@ def _status_kib(field: str) -> int:
 
 
 def _memory_child() -> None:
-    max_blocks, max_prints = 1_000_000, 2_000_000  # the defaults of --kv-events.max-*
+    max_blocks, max_prints = 400_000, 800_000  # the defaults of --kv-events.max-*
     before = _status_kib("VmRSS")
     fill(Attribution(max_blocks, max_prints), blocks=int(2.5 * max_blocks))  # both bounds fill, rotate
     grown = (_status_kib("VmHWM") - before) * 1024  # the peak, in bytes

@@ -225,13 +225,14 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "kv_events.max_tracked_blocks",
         at_least(1),
-        1_000_000,
-        "block hashes miss attribution remembers (keep >= 10x num_gpu_blocks; ~100 bytes each)",
+        400_000,
+        "block hashes the KV-event view and miss attribution remember (keep >= 10x num_gpu_blocks;"
+        " ~350 bytes each with their fingerprints)",
     ),
     Option(
         "kv_events.max_fingerprints",
         at_least(1),
-        2_000_000,
+        800_000,
         "content fingerprints miss attribution remembers (~2 per 32 tokens stored; ~70 bytes each)",
     ),
     Option(

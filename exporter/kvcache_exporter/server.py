@@ -63,7 +63,7 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
         )
         subscriber.start()  # needs the running event loop: build_exporter is called from serve()
         attribution = Attribution(s.kv_events_max_tracked_blocks, s.kv_events_max_fingerprints)
-        events = state.add_kv_events(EventState(), attribution=attribution)
+        events = state.add_kv_events(EventState(s.kv_events_max_tracked_blocks), attribution=attribution)
         polls.append(Poll(subscriber, events.ingest, offload=True))  # up to 100k batches a poll
     options = DeriveOptions(
         windows=tuple(sorted(s.collect_windows)),

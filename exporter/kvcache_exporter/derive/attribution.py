@@ -80,8 +80,8 @@ class Totals:
 class Attribution:
     def __init__(
         self,
-        max_blocks: int = 1_000_000,
-        max_fingerprints: int = 2_000_000,
+        max_blocks: int = 400_000,
+        max_fingerprints: int = 800_000,
         capacity_blocks: int | None = None,
         other_replica: Callable[[int | bytes], bool] | None = None,
     ):
