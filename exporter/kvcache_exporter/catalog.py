@@ -115,6 +115,7 @@ KV_BLOCK_REUSE_GAP_SECONDS = "kvcache_kv_block_reuse_gap_seconds"
 PREFILL_COMPUTED_TOKENS = "kvcache_prefill_computed_tokens"
 PROMPT_TOKENS_CACHED_BY_TIER_TOTAL = "kvcache_prompt_tokens_cached_by_tier_total"
 REQUESTS_WAITING_BY_REASON = "kvcache_requests_waiting_by_reason"
+ADMISSION_REJECTIONS_TOTAL = "kvcache_admission_rejections_total"
 EXTERNAL_PREFIX_CACHE_QUERY_TOKENS_TOTAL = "kvcache_external_prefix_cache_query_tokens_total"
 EXTERNAL_PREFIX_CACHE_HIT_TOKENS_TOTAL = "kvcache_external_prefix_cache_hit_tokens_total"
 KV_EVENTS_DECODE_TOKENS_TOTAL = "kvcache_kv_events_decode_tokens_total"
@@ -375,6 +376,17 @@ CATALOG: tuple[Metric, ...] = (
         "cache",
         "vllm:num_requests_waiting_by_reason",
         "copied",
+    ),
+    _m(
+        ADMISSION_REJECTIONS_TOTAL,
+        "counter",
+        "Requests vLLM refused at admission because a queue limit was reached (max_num_queued_reqs, "
+        "max_num_queued_tokens): load the cache never saw. Counted by the API server, so on engine 0.",
+        (*ME, "reason"),
+        "requests",
+        "cache",
+        "vllm:admission_rejections_total{reason}",
+        "copied; engine is 0 (vLLM's series has no engine label)",
     ),
     # --- block residency (vLLM --kv-cache-metrics, sampled) ---------------------------------
     *(

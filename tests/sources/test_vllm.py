@@ -120,3 +120,28 @@ def test_label_count_is_bounded():
     with pytest.raises(SourceError) as err:
         parse(f"vllm:num_requests_running{{{labels}}} 1\n")
     assert err.value.reason == "too_many_labels"
+
+
+def test_admission_rejections_by_known_reason_land_on_engine_zero():
+    from kvcache_exporter import catalog as c
+    from kvcache_exporter.derive.cache import current
+
+    text = (
+        "# TYPE vllm:admission_rejections_total counter\n"
+        'vllm:admission_rejections_total{model_name="m",reason="max_num_queued_reqs"} 7.0\n'
+        'vllm:admission_rejections_total{model_name="m",reason="max_num_queued_tokens"} 2.0\n'
+        'vllm:admission_rejections_total{model_name="m",reason="some_new_reason"} 5.0\n'
+        'vllm:num_requests_running{engine="1",model_name="m"} 3.0\n'
+    )
+    snapshot = parse(text)
+    assert snapshot.engines[("m", "0")].counters == {
+        "rejected_max_num_queued_reqs": 7.0,
+        "rejected_max_num_queued_tokens": 2.0,
+    }  # an unknown reason is not a new label value
+    assert "rejected_max_num_queued_reqs" not in snapshot.engines[("m", "1")].counters
+    got = {
+        s.labels["reason"]: s.value
+        for s in current({"model_name": "m", "engine": "0"}, snapshot.engines[("m", "0")], None)
+        if s.name == c.ADMISSION_REJECTIONS_TOTAL
+    }
+    assert got == {"max_num_queued_reqs": 7.0, "max_num_queued_tokens": 2.0}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import catalog as c
 from ..samples import Sample
 from ..sources.vllm import EngineSample
-from ..sources.vllm_names import TIERS, WAITING_REASONS
+from ..sources.vllm_names import ADMISSION_REASONS, TIERS, WAITING_REASONS
 from .cache_config import capacity_tokens, config_number
 from .fragmentation import fragmentation_estimate_ratio
 from .quantiles import histogram_quantile
@@ -66,6 +66,11 @@ def current(labels: dict[str, str], sample: EngineSample, config: dict[str, str]
         Sample(c.REQUESTS_WAITING_BY_REASON, {**labels, "reason": reason}, sample.gauges[key])
         for reason in WAITING_REASONS
         if (key := f"waiting_{reason}") in sample.gauges
+    ]
+    out += [
+        Sample(c.ADMISSION_REJECTIONS_TOTAL, {**labels, "reason": reason}, sample.counters[key])
+        for reason in ADMISSION_REASONS
+        if (key := f"rejected_{reason}") in sample.counters
     ]
     v0_rate = sample.gauges.get("v0_block_hit_rate")
     if v0_rate is not None and 0 <= v0_rate <= 1:

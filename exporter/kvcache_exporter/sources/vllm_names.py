@@ -23,6 +23,9 @@ CACHED_BY_TIER = "vllm:prompt_tokens_cached_by_source_total"  # hits by the tier
 TIERS = ("device", "host", "disk", "p2p", "external_unspecified")
 WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 WAITING_REASONS = ("capacity", "deferred")
+# Counted by the API server, not per engine (no engine label): read as engine "0".
+ADMISSION_REJECTIONS = "vllm:admission_rejections_total"
+ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 
 # prompt_tokens_by_source{source="local_compute"}: the prompt tokens that were really prefilled.
 PROMPT_BY_SOURCE = "vllm:prompt_tokens_by_source_total"

@@ -118,7 +118,8 @@ _HIST_OF = {
 _WANTED_BASES = {
     _base(n)
     for n in (*_COUNTER_OF, *_GAUGE_OF, *_HIST_OF, names.PROMPT_BY_SOURCE, names.CACHE_CONFIG, names.CREATED,
-              names.PROCESS_START, names.CACHED_BY_TIER, names.WAITING_BY_REASON)
+              names.PROCESS_START, names.CACHED_BY_TIER, names.WAITING_BY_REASON,
+              names.ADMISSION_REJECTIONS)
 }  # fmt: skip
 
 
@@ -137,6 +138,9 @@ def _kind(name: str, labels: dict[str, str]) -> tuple[str | None, str | None]:
     if name == names.WAITING_BY_REASON:
         reason = labels.get("reason")
         return ("gauge", f"waiting_{reason}") if reason in names.WAITING_REASONS else (None, None)
+    if name == names.ADMISSION_REJECTIONS:
+        reason = labels.get("reason")
+        return ("counter", f"rejected_{reason}") if reason in names.ADMISSION_REASONS else (None, None)
     if name in _GAUGE_OF:
         return "gauge", _GAUGE_OF[name]
     if name in _HIST_OF:
