@@ -19,8 +19,6 @@ NO_DATA_EXPECTED = {
     ("kvcache-overview", "Firing KV cache alerts"),
     # Per-process memory comes from NVML only; the run uses the DCGM source (no GPU here).
     ("kvcache-gpu-cost", "GPU memory per process"),
-    # vLLM's sampled residency histograms (--kv-cache-metrics): the simulator does not model them.
-    ("kvcache-cache", "Block residency (vLLM --kv-cache-metrics)"),
 }
 
 SCRAPE = """
@@ -70,7 +68,9 @@ def test_every_panel_has_data_from_the_demo_stack(tmp_path):
             "--cost.gpu-hour-price", "2.5", "--cost.energy-price-per-kwh", "0.2",
             "--kv-events.endpoint", f"tcp://127.0.0.1:{zmq}", "--kv-events.mode", "bind",
         )  # fmt: skip
-        simulator = services.simulator("--speed=2", f"--kv-events-endpoint=tcp://127.0.0.1:{zmq}", port=sim)
+        simulator = services.simulator(
+            "--speed=2", "--kv-cache-metrics", f"--kv-events-endpoint=tcp://127.0.0.1:{zmq}", port=sim
+        )
         # the Fleet row: a 2-replica simulated pool behind its gateway, and the aggregator watching it
         sd, gateway, agg = tmp_path / "pool.json", free_port(), free_port()
         pool = [*CLI, "simulate", "--replicas=2", f"--listen=127.0.0.1:{gateway}", "--workload=chat"]

@@ -103,6 +103,7 @@ def _run(args: argparse.Namespace, stack: stack_mod.Stack, stop: threading.Event
     schedule = f"normalized:{sim_phase},raw:{sim_phase},normalized:{sim_phase},templates"
     kv_events = f"tcp://127.0.0.1:{stack_mod.free_port()}"
     sim_extra = ["--block-size", str(args.block_size), "--num-gpu-blocks", str(args.num_gpu_blocks)]
+    sim_extra += ["--kv-cache-metrics"]  # vLLM's residency histograms, for the "cache too small" story
     sim_extra += ["--kv-events-endpoint", kv_events]
     sim = stack.start_simulator(schedule, args.speed, args.rate, sim_extra)
     started = time.monotonic()

@@ -12,6 +12,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from .residency import Residency
+
 
 def hash_block_tokens(parent_hash: bytes | None, token_ids: Sequence[int]) -> bytes:
     """Chained block hash: covers the parent's hash and this block's token ids (stable encoding)."""
@@ -69,6 +71,9 @@ class BlockPool:
     free_queue: OrderedDict[int, Block] = field(init=False)
     cached: dict[bytes, dict[int, Block]] = field(init=False)
     events: list[KVEvent] = field(init=False)
+    residency: Residency | None = None
+    now: float = 0.0
+    """The engine's clock at the current step: residency sampling stamps allocations and accesses with it."""
 
     def __post_init__(self) -> None:
         if self.num_gpu_blocks < 2:
@@ -101,6 +106,8 @@ class BlockPool:
             if block.ref_cnt == 0:
                 del self.free_queue[block.block_id]
             block.ref_cnt += 1
+            if self.residency is not None:
+                self.residency.accessed(block.block_id, self.now)
 
     def get_new_blocks(self, count: int) -> list[Block]:
         if count > self.num_free_blocks:
@@ -108,8 +115,12 @@ class BlockPool:
         taken = []
         for _ in range(count):
             _, block = self.free_queue.popitem(last=False)
+            if self.residency is not None:  # vLLM ends a sampled block's residency on reuse, hashed or not
+                self.residency.evicted(block.block_id, self.now)
             self._evict(block)
             block.ref_cnt = 1
+            if self.residency is not None:
+                self.residency.allocated(block.block_id, self.now)
             taken.append(block)
         return taken
 
@@ -166,6 +177,8 @@ class BlockPool:
         if self.num_free_blocks != self.num_gpu_blocks - 1:
             return False
         self.cached.clear()
+        if self.residency is not None:
+            self.residency.reset()
         for block in self.blocks:
             block.block_hash = None
         self.events.append(AllBlocksCleared())

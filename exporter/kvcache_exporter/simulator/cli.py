@@ -11,6 +11,7 @@ from .config import Faults, SimulatorConfig
 from .engine import EngineConfig
 from .fleet import SimulatorFleet
 from .latency import LatencyModel
+from .residency import DEFAULT_SAMPLE
 from .server import Simulator
 from .workloads import parse_schedule
 
@@ -34,6 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-num-batched-tokens", type=int, default=8192)
     add("--max-model-len", type=int, default=8192)
     add("--no-prefix-caching", action="store_true")
+    add(
+        "--kv-cache-metrics",
+        action="store_true",
+        help="serve vLLM's sampled block residency histograms (vllm:kv_block_*_seconds)",
+    )
+    add("--kv-cache-metrics-sample", type=float, default=DEFAULT_SAMPLE, help="fraction of blocks sampled")
     add("--engines", type=int, default=1, help="data-parallel engines, each with its own pool")
     add("--replicas", type=int, default=1, help="replicas behind one gateway on --listen")
     add(
@@ -87,6 +94,7 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=args.max_model_len,
             enable_prefix_caching=not args.no_prefix_caching,
+            kv_cache_metrics_sample=args.kv_cache_metrics_sample if args.kv_cache_metrics else 0.0,
             latency=LatencyModel(args.step_base_s, args.step_prefill_token_s, args.step_decode_seq_s),
         ),
         engines=args.engines,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from .blocks import Block, BlockPool, KVEvent, block_hashes_for
 from .latency import LatencyModel
+from .residency import Residency
 from .stats import EngineStats
 
 VOCAB_LOW, VOCAB_HIGH = 5, 500
@@ -21,6 +22,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 8192
     enable_prefix_caching: bool = True
+    kv_cache_metrics_sample: float = 0.0
+    """vLLM's --kv-cache-metrics (sampled block residency histograms) with this sample rate; 0: off."""
     latency: LatencyModel = field(default_factory=LatencyModel)
 
 
@@ -75,6 +78,8 @@ class Engine:
         self.index = index
         self.pool = BlockPool(config.num_gpu_blocks, config.block_size)
         self.stats = EngineStats(config.max_model_len)
+        if config.kv_cache_metrics_sample:
+            self.pool.residency = Residency(self.stats.histograms, config.kv_cache_metrics_sample, seed=index)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
 
@@ -96,6 +101,7 @@ class Engine:
         return self.pool.reset_prefix_cache()
 
     def step(self, now: float) -> StepResult:
+        self.pool.now = now
         scheduled = self._schedule(now)
         decode_seqs = sum(1 for r, n in scheduled if r.output_token_ids and n == 1)
         total = sum(n for _, n in scheduled)

@@ -19,6 +19,7 @@ V0_BUCKETS = {
     "e2e_request_latency_seconds": (1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0),
 }
 
+_SAMPLED = "Sampled metrics (controlled by --kv-cache-metrics-sample)."
 HELP = {
     "num_requests_running": "Number of requests in model execution batches.",
     "num_requests_waiting": "Number of requests waiting to be processed.",
@@ -52,6 +53,12 @@ HELP = {
     "request_num_preemptions": "Histogram of the number of times a request was preempted.",
     "request_prefill_kv_computed_tokens": "Histogram of new KV tokens computed during prefill "
     "(excluding cached tokens).",
+    "kv_block_lifetime_seconds": "Histogram of KV cache block lifetime from allocation to eviction. "
+    + _SAMPLED,
+    "kv_block_idle_before_evict_seconds": "Histogram of idle time before KV cache block eviction. "
+    + _SAMPLED,
+    "kv_block_reuse_gap_seconds": "Histogram of time gaps between consecutive KV cache block accesses. "
+    "Only the most recent accesses are recorded (ring buffer). " + _SAMPLED,
 }
 
 
