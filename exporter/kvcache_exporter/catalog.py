@@ -121,6 +121,8 @@ EXTERNAL_PREFIX_CACHE_HIT_TOKENS_TOTAL = "kvcache_external_prefix_cache_hit_toke
 KV_EVENTS_DECODE_TOKENS_TOTAL = "kvcache_kv_events_decode_tokens_total"
 PREFIX_DIVERGENCE_OFFSET_TOKENS = "kvcache_prefix_divergence_offset_tokens"
 PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO = "kvcache_prefix_cache_miss_attribution_coverage_ratio"
+PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED = "kvcache_prefix_cache_miss_attribution_tracked"
+PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED_LIMIT = "kvcache_prefix_cache_miss_attribution_tracked_limit"
 PREFIX_CACHE_HIT_RATIO_ESTIMATE = "kvcache_prefix_cache_hit_ratio_estimate"
 FLEET_STORED_TOKENS_TOTAL = "kvcache_fleet_stored_tokens_total"
 FLEET_QUERY_TOKENS_TOTAL = "kvcache_fleet_query_tokens_total"
@@ -842,6 +844,26 @@ CATALOG: tuple[Metric, ...] = (
         "attribution",
         "BlockStored token_ids, parent_block_hash",
         "chain depth x block size + where the first known content fingerprint starts",
+    ),
+    _m(
+        PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED,
+        "gauge",
+        "Entries the attribution memory holds: kind=blocks (stored hashes, --kv-events.max-tracked-blocks), "
+        "kind=fingerprints (content fingerprints, --kv-events.max-fingerprints). It grows with new content "
+        "up to the limit, then forgets its older half.",
+        ("kind",),
+        "",
+        "attribution",
+        "BlockStored, BlockRemoved",
+    ),
+    _m(
+        PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED_LIMIT,
+        "gauge",
+        "The configured bound of kvcache_prefix_cache_miss_attribution_tracked, by kind.",
+        ("kind",),
+        "",
+        "attribution",
+        "flags",
     ),
     _m(
         PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO,

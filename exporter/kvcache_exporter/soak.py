@@ -1,7 +1,8 @@
 """`make soak`: the exporter beside the simulator for an hour or more, KV events on, scraped every
 second, with the default windows; its RSS is sampled until the longest window is full and after.
 
-The claim it checks: memory plateaus once the longest window (1 h) holds a full history; a leak
+The claim it checks: memory plateaus once the longest window (1 h) holds a full history and the
+attribution memory (sized 10x the simulator's 2,048 blocks, the documented rule) is full; a leak
 shows as a slope after that point. Writes docs/soak.md (the curve as a table and an SVG).
 """
 
@@ -23,7 +24,11 @@ FINAL_SERIES = (
     c.KV_EVENTS_CACHED_BLOCKS,
     c.PREFIX_CACHE_HIT_RATIO + "{",
     c.EXPORTER_ERRORS_TOTAL,
+    c.PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED,
 )
+TRACKED_BLOCKS = c.PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED + '{kind="blocks"} '
+MAX_TRACKED_BLOCKS = 20_480  # 10x the simulator's --num-gpu-blocks default
+Point = tuple[float, float, float, int, int]  # seconds, RSS MiB, CPU s, failed scrapes, tracked blocks
 
 
 def rss_mib(pid: int) -> float:
@@ -43,28 +48,32 @@ class Scraper(threading.Thread):
 
     def __init__(self, url: str):
         super().__init__(daemon=True)
-        self.url, self.ok, self.failed, self.slowest = url, 0, 0, 0.0
+        self.url, self.ok, self.failed, self.slowest, self.tracked = url, 0, 0, 0.0, 0
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(1.0):
             started = time.monotonic()
             try:
-                urllib.request.urlopen(self.url, timeout=10).read()
+                body = urllib.request.urlopen(self.url, timeout=10).read().decode()
                 self.ok += 1
+                line = next((x for x in body.splitlines() if x.startswith(TRACKED_BLOCKS)), None)
+                self.tracked = int(float(line.split()[-1])) if line else self.tracked
             except OSError:
                 self.failed += 1
             self.slowest = max(self.slowest, time.monotonic() - started)
 
 
-def soak(seconds: float, sample_every: float, out_dir: Path) -> list[tuple[float, float, float, int]]:
+def soak(seconds: float, sample_every: float, out_dir: Path) -> list[Point]:
     sim_port, zmq_port = free_ports(2)
-    points: list[tuple[float, float, float, int]] = []
+    points: list[Point] = []
     with Services(out_dir / "logs") as services:
         # The exporter binds, the simulator's PUB connects to it, as vLLM's does to a concrete address.
         exporter = services.exporter(
             "--vllm.url", f"http://127.0.0.1:{sim_port}/metrics", "--gpu.source", "none",
-            "--kv-events.endpoint", f"tcp://127.0.0.1:{zmq_port}", "--kv-events.mode", "bind", timeout=60,
+            "--kv-events.endpoint", f"tcp://127.0.0.1:{zmq_port}", "--kv-events.mode", "bind",
+            "--kv-events.max-tracked-blocks", str(MAX_TRACKED_BLOCKS),
+            "--kv-events.max-fingerprints", str(2 * MAX_TRACKED_BLOCKS), timeout=60,
         )  # fmt: skip
         simulator = services.simulator(
             "--workload", "normalized:600s,chat:600s,raw:300s,normalized", "--rate", "4",
@@ -78,7 +87,7 @@ def soak(seconds: float, sample_every: float, out_dir: Path) -> list[tuple[float
                 if exporter.proc.poll() is not None or simulator.proc.poll() is not None:
                     raise RuntimeError(f"a process died during the soak; see {services.workdir}")
                 pid = exporter.proc.pid
-                points.append((elapsed, rss_mib(pid), cpu_seconds(pid), scraper.failed))
+                points.append((elapsed, rss_mib(pid), cpu_seconds(pid), scraper.failed, scraper.tracked))
                 time.sleep(sample_every)
             final = urllib.request.urlopen(scraper.url, timeout=10).read().decode()
             (out_dir / "final.prom").write_text(final)
@@ -88,7 +97,7 @@ def soak(seconds: float, sample_every: float, out_dir: Path) -> list[tuple[float
     return points
 
 
-def svg(points: list[tuple[float, float, float, int]], window_s: float) -> str:
+def svg(points: list[Point], window_s: float) -> str:
     width, height, pad = 640, 240, 40
     t_max = max(p[0] for p in points) or 1.0
     r_max = max(p[1] for p in points) * 1.1
@@ -98,7 +107,7 @@ def svg(points: list[tuple[float, float, float, int]], window_s: float) -> str:
             f"{pad + t / t_max * (width - 2 * pad):.1f},{height - pad - r / r_max * (height - 2 * pad):.1f}"
         )
 
-    line = " ".join(xy(t, r) for t, r, _, _ in points)
+    line = " ".join(xy(t, r) for t, r, *_ in points)
     mark = pad + min(window_s / t_max, 1.0) * (width - 2 * pad)
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-size="11">'
@@ -113,15 +122,20 @@ def svg(points: list[tuple[float, float, float, int]], window_s: float) -> str:
     )
 
 
-def report(points: list[tuple[float, float, float, int]], window_s: float) -> str:
-    before = [r for t, r, _, _ in points if t < window_s]
-    after = [(t, r) for t, r, _, _ in points if t >= window_s]
+def report(points: list[Point], window_s: float) -> str:
+    # The attribution memory is full when it first drops its older half (tracked blocks fall).
+    full_s = next((t for (t, *_, n), (*_, m) in zip(points[1:], points, strict=False) if n < m), None)
+    settled = max(window_s, full_s if full_s is not None else float("inf"))
+    before = [r for t, r, *_ in points if t < settled]
+    after = [(t, r) for t, r, *_ in points if t >= settled]
     lines = [
         "# Soak: RSS over time",
         "",
         "Generated by `make soak` (`python -m kvcache_exporter.soak`): the simulator (KV events on, a",
         "changing workload) polled by `serve` with the default windows (1m, 5m, 15m, 1h) at the default",
-        "5 s interval, `/metrics` scraped every second. The dashed line is where the 1 h window is full.",
+        "5 s interval, `/metrics` scraped every second, the attribution memory bounded at",
+        f"{MAX_TRACKED_BLOCKS:,} blocks (10x the simulator's cache). The dashed line is where the 1 h window",
+        "is full; memory settles once that window and the attribution memory are both full.",
         "",
         "![RSS over time](soak.svg)",
         "",
@@ -130,17 +144,21 @@ def report(points: list[tuple[float, float, float, int]], window_s: float) -> st
         first, last = after[0], after[-1]
         slope = (last[1] - first[1]) / max((last[0] - first[0]) / 3600, 1e-9)
         lines += [
-            f"- RSS at start {points[0][1]:.1f} MiB; highest before the window filled {max(before):.1f} MiB;",
-            f"  after it filled {min(r for _, r in after):.1f} to {max(r for _, r in after):.1f} MiB,"
+            f"- RSS at start {points[0][1]:.1f} MiB; highest before both filled {max(before):.1f} MiB;",
+            f"  the 1 h window and the attribution memory (its older half dropped once) both full from"
+            f" minute {settled / 60:.0f};",
+            f"  after both filled {min(r for _, r in after):.1f} to {max(r for _, r in after):.1f} MiB,"
             f" slope {slope:+.2f} MiB/h.",
         ]
     else:
-        lines.append(f"- This run lasted {points[-1][0] / 60:.0f} min, less than the longest window.")
+        lines.append(
+            f"- This run lasted {points[-1][0] / 60:.0f} min: the window or the memory was not full yet."
+        )
     cpu = points[-1][2] / max(points[-1][0], 1e-9)
     lines += [f"- CPU: {cpu * 1000:.1f} ms per second of wall time; failed scrapes: {points[-1][3]}.", ""]
-    lines += ["| minute | RSS MiB | CPU s |", "|---:|---:|---:|"]
+    lines += ["| minute | RSS MiB | CPU s | tracked blocks |", "|---:|---:|---:|---:|"]
     step = max(len(points) // 24, 1)
-    lines += [f"| {t / 60:.0f} | {r:.1f} | {c:.1f} |" for t, r, c, _ in points[::step]]
+    lines += [f"| {t / 60:.0f} | {r:.1f} | {c:.1f} | {n:,} |" for t, r, c, _, n in points[::step]]
     return "\n".join(lines) + "\n"
 
 

@@ -48,13 +48,16 @@ def seed_run(request):
     return snapshots, drains
 
 
-def run(snapshots, drains, polls: int):
+def run(snapshots, drains, polls: int, attribution=None):
     """The exporter after `polls` polls, 10 virtual seconds apart, windows of 1m (6 polls = 60 requests)."""
     now = [0.0]
     state = PollState(retention=100.0)
     sources = target_polls(state, {"replay": ReplaySource(s["text"] for s in snapshots)})
     sources.append(
-        Poll(KvReplay(drains), state.add_kv_events(EventState(), attribution=Attribution()).ingest)
+        Poll(
+            KvReplay(drains),
+            state.add_kv_events(EventState(), attribution=attribution or Attribution()).ingest,
+        )
     )
     exporter = Exporter(sources, state, DeriveOptions(windows=(60.0,)), interval=10.0, clock=lambda: now[0])
     for _ in range(polls):
@@ -89,3 +92,23 @@ def test_normalized_phase_hits_and_misses_are_not_the_prefix(seed_run):
     )
     offsets = values(exporter, "kvcache_prefix_divergence_offset_tokens_count")
     assert offsets[()] >= 150  # one per raw request whose header was followed by the shared template
+
+
+def test_attribution_memory_is_exported_and_never_exceeds_its_bounds(seed_run):
+    snapshots, drains = seed_run
+    stored = {
+        h
+        for drain in drains
+        for batch in drain.items
+        for event in getattr(batch, "events", ())
+        if event.type == "BlockStored"
+        for h in event.block_hashes
+    }
+    roomy = values(run(snapshots, drains, len(snapshots)), "kvcache_prefix_cache_miss_attribution_tracked")
+    assert roomy[(("kind", "blocks"),)] == len(stored)  # the default bound keeps every hash the run stored
+    tight = run(snapshots, drains, len(snapshots), Attribution(max_blocks=64, max_fingerprints=128))
+    tracked = values(tight, "kvcache_prefix_cache_miss_attribution_tracked")
+    limits = values(tight, "kvcache_prefix_cache_miss_attribution_tracked_limit")
+    assert limits == {(("kind", "blocks"),): 64, (("kind", "fingerprints"),): 128}
+    assert 0 < tracked[(("kind", "blocks"),)] <= 64 < len(stored)
+    assert 0 < tracked[(("kind", "fingerprints"),)] <= 128

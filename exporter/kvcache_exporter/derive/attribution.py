@@ -92,6 +92,7 @@ class Attribution:
         self.resident_peak = 0
         self._blocks = Generations(max_blocks)
         self._content = FingerprintSet(max_fingerprints)
+        self.limits = (max_blocks, max_fingerprints)
         self._stored = 0  # blocks stored so far: the clock of the what-if estimate
         self._era = 0
         self._next: int | None = None

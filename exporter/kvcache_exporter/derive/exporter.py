@@ -15,7 +15,7 @@ from .cost import Pricing, cost_samples
 from .gpu import gpu_samples
 from .kv_events import kv_event_samples
 from .memory import memory_over
-from .miss_windows import miss_samples, summed_window
+from .miss_windows import memory_samples, miss_samples, summed_window
 from .state import PollState
 from .targets import target_samples
 from .windows import Delta
@@ -52,6 +52,7 @@ def attribution(state: PollState, options: DeriveOptions) -> list[Sample]:
         for part in state.kv_events
         if part.attribution is not None and part.misses is not None
         for s in miss_samples(part.attribution.totals, part.misses, windows, vllm)
+        + memory_samples(part.attribution.tracked, part.attribution.limits)
     ]
 
 

@@ -43,6 +43,15 @@ def miss_samples(
     return out
 
 
+def memory_samples(tracked: tuple[int, int], limits: tuple[int, int]) -> list[Sample]:
+    """How full the attribution memory is: (blocks, fingerprints) held and their bounds."""
+    out = []
+    for kind, held, limit in zip(("blocks", "fingerprints"), tracked, limits, strict=True):
+        out.append(Sample(c.PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED, {"kind": kind}, held))
+        out.append(Sample(c.PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED_LIMIT, {"kind": kind}, limit))
+    return out
+
+
 def num_gpu_blocks(snapshot: VllmSnapshot | None) -> int | None:
     """One engine's block count from cache_config_info (a KV-event stream is one rank's)."""
     configs = snapshot.cache_configs.values() if snapshot is not None else ()
