@@ -229,7 +229,7 @@ How to read it:
   the subscriber decodes and applies two orders of magnitude more on one core.
 - The aggregator (docs/fleet.md) ingests 32 publishers' frames in vLLM 0.32's format (token ids
   included, as vLLM sends them), interleaved: decode, then the fleet view. Issue 11's targets are
-  250,000 stored blocks/s per core at full tracking and 16x that with hash sampling at 1/16; the
+  250,000 stored blocks/s per core at full tracking and 16x that (4,000,000) with hash sampling at 1/16; the
   live row adds ZMQ receive and 32 subscriber threads. Its RSS row is a child process holding 32
   replicas x the default `--replica.max-blocks`.
 - Miss attribution decodes the token ids too and fingerprints them (docs/kv-events.md): a
