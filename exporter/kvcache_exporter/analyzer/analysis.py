@@ -241,12 +241,12 @@ def analyze(
         "replicas": replicas,
         "routing": routing,
         "requests": len(requests),
-        "replay": _mode(concurrency, speed),
+        "replay": replay_mode(concurrency, speed),
     }
     return Report(settings, observed, unbounded, one, by_session, moved, needed, shape, diagnoses, notes)
 
 
-def _mode(concurrency: int | None, speed: float | None) -> str:
+def replay_mode(concurrency: int | None, speed: float | None) -> str:
     if concurrency is not None:
         return f"closed loop, {concurrency} clients"
     if speed is not None:

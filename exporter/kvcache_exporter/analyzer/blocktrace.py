@@ -8,8 +8,9 @@ token list is ever built for a hash trace (a 145M-token day is a few hundred tho
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import count
 
 from .trace import TraceRequest
 
@@ -163,6 +164,21 @@ def check_block_sizes(block_size: int, trace_block_size: int) -> None:
 def total_blocks(request: BlockRequest, block_size: int) -> int:
     """KV blocks the request holds at its end (prompt + max_tokens - 1 computed tokens)."""
     return -(-(request.prompt_tokens + request.max_tokens - 1) // block_size)
+
+
+def block_key(group: int, j: int) -> bytes:
+    """The pool key of vLLM block j of trace group `group` (group ids already name a whole prefix)."""
+    return group.to_bytes(8, "big", signed=True) + j.to_bytes(4, "big")
+
+
+def prompt_keys(request: BlockRequest) -> list[bytes]:
+    """The keys of the prompt's full vLLM blocks, in order."""
+    return [block_key(g, j) for g, w in zip(request.groups, request.widths, strict=True) for j in range(w)]
+
+
+def fresh_keys() -> Iterator[bytes]:
+    """Keys no trace group has (negative ids): for blocks holding generated tokens."""
+    return (block_key(-n, 0) for n in count(1))
 
 
 def longest(requests: Sequence[BlockRequest], block_size: int) -> int:

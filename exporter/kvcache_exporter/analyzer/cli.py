@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-from . import analysis, blocktrace, curvereport, html, mrc, progress, tokenize, trace
+from . import analysis, blocktrace, curvereport, html, mrc, progress, replay, tokenize, trace
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -153,17 +153,28 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace):
         blocktrace.QWEN_BLOCK if parsed.kind == "qwen" else blocktrace.MOONCAKE_BLOCK
     )
     blocktrace.check_block_sizes(bs, tbs)
-    if args.concurrency is not None or args.arrivals:
-        raise ValueError("--concurrency and --arrivals replay token ids: not available for block-hash traces")
     settings = {
         "block_size": bs,
         "trace_block_size": tbs,
         "num_gpu_blocks": args.num_gpu_blocks,
         "replicas": args.replicas,
         "routing": args.routing,
-        "replay": "sequential per replica",
+        "replay": analysis.replay_mode(args.concurrency, args.speed if args.arrivals else None),
     }
-    return curvereport.block_report(parsed, curve, settings), curve
+    report = curvereport.block_report(parsed, curve, settings)
+    if args.concurrency is not None or args.arrivals:
+        overlapping = replay.concurrent_replay(
+            parsed.requests,
+            bs,
+            args.num_gpu_blocks,
+            args.replicas,
+            args.routing,
+            args.max_model_len,
+            args.concurrency,
+            args.speed if args.arrivals else None,
+        )
+        report["observed"] = curvereport.replay_dict(overlapping)
+    return report, curve
 
 
 def _write_html(path: str, parsed: blocktrace.Parsed, curve: mrc.Curve, report, restart_at) -> None:

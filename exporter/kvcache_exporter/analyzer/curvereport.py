@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .blocktrace import Parsed
 from .mrc import Curve
+from .replay import Replay
 
 
 def needed_for(curve: dict, target: float) -> int | None:
@@ -29,6 +30,18 @@ def block_report(parsed: Parsed, curve: Curve, settings: dict) -> dict:
         "unbounded": replay_dict(curve.unbounded_hit_tokens),
         "curve": curve.to_dict(),
         "skipped_lines": len(parsed.skipped),
+    }
+
+
+def replay_dict(replay: Replay) -> dict:
+    """An engine replay's line of a hash trace's report (the overlapping observed one)."""
+    return {
+        "hit_ratio": round(replay.hit_ratio, 6),
+        "prompt_tokens": replay.prompt_tokens,
+        "hit_tokens": replay.hit_tokens,
+        "requests": replay.requests,
+        "rejected": replay.rejected,
+        "preemptions": replay.preemptions,
     }
 
 
@@ -59,11 +72,16 @@ def render_block_text(report: dict) -> str:
     lines = [
         f"trace: {s['requests']} requests ({s['format']}, {s['trace_block_size']}-token trace blocks); "
         f"block size {s['block_size']}, {s['num_gpu_blocks']} blocks per replica, {s['replicas']} "
-        f"replica(s), {s['routing']} routing (sequential per replica)",
+        f"replica(s), {s['routing']} routing ({s['replay']})",
         "",
         "hit ratio (prompt tokens served from the prefix cache)",
         f"  observed (this cache)           {report['observed']['hit_ratio']:6.3f}",
         f"  unbounded cache                 {report['unbounded']['hit_ratio']:6.3f}",
     ]
+    if "preemptions" in report["observed"]:
+        lines += [
+            f"  preemptions (observed)          {report['observed']['preemptions']:6d}",
+            "  (unbounded, the curve and the causes: sequential per replica)",
+        ]
     lines += render_curve(report["curve"], s["num_gpu_blocks"], s["block_size"])
     return "\n".join(lines) + "\n"

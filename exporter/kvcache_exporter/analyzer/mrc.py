@@ -24,7 +24,7 @@ from itertools import accumulate
 
 from ..derive.fingerprints import anchored_prints
 from ..simulator.blocks import BlockPool
-from .blocktrace import BlockRequest, total_blocks
+from .blocktrace import BlockRequest, fresh_keys, prompt_keys, total_blocks
 
 CAUSES = ("cold", "evicted", "restart", "prefix_diverged", "other_replica")
 
@@ -339,7 +339,7 @@ def pool_replay(
     def fresh() -> list[BlockPool]:
         return [BlockPool(num_gpu_blocks, bs) for _ in range(replicas)]
 
-    pools, restarts, unique = fresh(), restart_points(requests, restart_at), 0
+    pools, restarts, unique = fresh(), restart_points(requests, restart_at), fresh_keys()
     hits, prompt_tokens, rejected = [], 0, 0
     for n, (r, replica) in enumerate(zip(requests, route_blocks(requests, replicas, routing), strict=True)):
         if n in restarts:
@@ -350,12 +350,9 @@ def pool_replay(
             rejected += 1
             hits.append(0)
             continue
-        hashes = [(g, j) for g, w in zip(r.groups, r.widths, strict=True) for j in range(w)]
+        keys = prompt_keys(r)
         hashed = (r.prompt_tokens + r.max_tokens - 1) // bs
-        for _ in range(hashed - len(hashes)):
-            unique -= 1
-            hashes.append((unique, 0))
-        keys = [g.to_bytes(8, "big", signed=True) + j.to_bytes(4, "big") for g, j in hashes]
+        keys += [next(unique) for _ in range(hashed - len(keys))]
         hit = pool.longest_cached_prefix(keys[: (r.prompt_tokens - 1) // bs])
         pool.touch(hit)
         blocks = hit + pool.get_new_blocks(needed - len(hit))

@@ -7,7 +7,8 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..simulator.engine import Engine, EngineConfig, Request
+from ..simulator.engine import Engine, EngineConfig, KeyedRequest, Request
+from .blocktrace import BlockRequest, fresh_keys, prompt_keys
 from .trace import TraceRequest
 
 
@@ -58,6 +59,7 @@ def replay(
         num_gpu_blocks=num_gpu_blocks,
         max_model_len=max(max_model_len or 0, longest),
         max_num_batched_tokens=max(8192, longest),
+        kv_events=False,
     )
     engines = [Engine(config, i) for i in range(replicas)]
     clocks = [0.0] * replicas
@@ -98,7 +100,7 @@ def replay(
 
 
 def concurrent_replay(
-    requests: Sequence[TraceRequest],
+    requests: Sequence[TraceRequest] | Sequence[BlockRequest],
     block_size: int,
     num_gpu_blocks: int,
     replicas: int = 1,
@@ -108,8 +110,10 @@ def concurrent_replay(
     speed: float | None = None,
 ) -> Replay:
     """Requests overlap: `concurrency` clients in a closed loop (each sends its next request when its last
-    one finished), or (`speed`) an open loop at the trace's `send_ts` gaps divided by `speed`. Every replica
-    runs the engine's scheduler on one virtual clock, so queueing, batching and preemptions happen."""
+    one finished), or (`speed`) an open loop at the trace's timestamps, gaps divided by `speed`. Every
+    replica runs the engine's scheduler on one virtual clock, so queueing, batching and preemptions happen.
+    Token-id requests (TraceRequest) or block-hash ones (BlockRequest: replayed as their chains of block
+    keys, built when a request arrives and dropped when it finishes)."""
     bad = (concurrency is not None and concurrency < 1) or (speed is not None and speed <= 0)
     if (concurrency is None) == (speed is None) or bad:
         raise ValueError("give one of concurrency >= 1 or speed > 0")
@@ -118,8 +122,8 @@ def concurrent_replay(
     clocks = [0.0] * replicas
     targets = route(requests, replicas, routing)
     pending = _arrivals(requests, concurrency, speed)
-    sims: dict[int, Request] = {}
-    rejected, cursor = 0, len(pending)
+    hits, fresh = [0] * len(requests), fresh_keys()
+    rejected, prompt_tokens, cursor = 0, 0, len(pending)
     while pending or any(e.has_work for e in engines):
         busy = [i for i, e in enumerate(engines) if e.has_work]
         step_at = min((clocks[i] for i in busy), default=float("inf"))
@@ -127,16 +131,9 @@ def concurrent_replay(
             arrival, n = heapq.heappop(pending)
             replica = targets[n]
             clocks[replica] = max(clocks[replica], arrival)
-            sim = Request(
-                str(n),
-                list(requests[n].prompt_token_ids),
-                requests[n].max_tokens,
-                arrival,
-                forced_output=requests[n].forced_output,
-            )
             try:
-                engines[replica].add_request(sim)
-                sims[n] = sim
+                engines[replica].add_request(_engine_request(requests[n], n, arrival, fresh))
+                prompt_tokens += _prompt_len(requests[n])
             except ValueError:
                 rejected += 1
                 cursor = _next_client(requests, pending, cursor, arrival, concurrency)
@@ -144,10 +141,9 @@ def concurrent_replay(
         replica = min(busy, key=lambda i: clocks[i])
         result = engines[replica].step(clocks[replica])
         clocks[replica] += max(result.duration, 1e-6)
-        for _ in result.finished:
+        for done in result.finished:
+            hits[int(done.request_id)] = max(done.num_cached_tokens, 0)
             cursor = _next_client(requests, pending, cursor, clocks[replica], concurrency)
-    hits = [max(sims[n].num_cached_tokens, 0) if n in sims else 0 for n in range(len(requests))]
-    prompt_tokens = sum(len(requests[n].prompt_token_ids) for n in sims)
     return Replay(
         sum(hits) / prompt_tokens if prompt_tokens else 0.0,
         prompt_tokens,
@@ -159,23 +155,45 @@ def concurrent_replay(
     )
 
 
+def _prompt_len(r: TraceRequest | BlockRequest) -> int:
+    return r.prompt_tokens if isinstance(r, BlockRequest) else len(r.prompt_token_ids)
+
+
+def _engine_request(r: TraceRequest | BlockRequest, n: int, arrival: float, fresh) -> Request:
+    if isinstance(r, BlockRequest):
+        keys = prompt_keys(r)
+        return KeyedRequest(
+            str(n),
+            [],
+            r.max_tokens,
+            arrival,
+            None,
+            prompt_keys=keys,
+            prompt_len=r.prompt_tokens,
+            fresh_keys=fresh,
+        )
+    return Request(str(n), list(r.prompt_token_ids), r.max_tokens, arrival, forced_output=r.forced_output)
+
+
 def _config(requests, block_size, num_gpu_blocks, max_model_len) -> EngineConfig:
-    longest = max((len(r.prompt_token_ids) + r.max_tokens for r in requests), default=1)
+    longest = max((_prompt_len(r) + r.max_tokens for r in requests), default=1)
     return EngineConfig(
         block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,
         max_model_len=max(max_model_len or 0, longest),
         max_num_batched_tokens=max(8192, longest),
+        kv_events=False,
     )
 
 
 def _arrivals(requests, concurrency, speed) -> list[tuple[float, int]]:
     if concurrency is not None:
         return [(0.0, n) for n in range(min(concurrency, len(requests)))]
-    first = next((r.send_ts for r in requests if r.send_ts is not None), 0.0)
+    stamps = [r.timestamp if isinstance(r, BlockRequest) else r.send_ts for r in requests]
+    first = next((t for t in stamps if t is not None), 0.0)
     times, last = [], 0.0
-    for r in requests:
-        last = max(last, (r.send_ts - first) / speed) if r.send_ts is not None else last
+    for t in stamps:
+        last = max(last, (t - first) / speed) if t is not None else last
         times.append((last, len(times)))
     heapq.heapify(times)
     return times

@@ -72,6 +72,7 @@ class BlockPool:
     cached: dict[bytes, dict[int, Block]] = field(init=False)
     events: list[KVEvent] = field(init=False)
     residency: Residency | None = None
+    record_events: bool = True
     now: float = 0.0
     """The engine's clock at the current step: residency sampling stamps allocations and accesses with it."""
 
@@ -117,7 +118,8 @@ class BlockPool:
             _, block = self.free_queue.popitem(last=False)
             if self.residency is not None:  # vLLM ends a sampled block's residency on reuse, hashed or not
                 self.residency.evicted(block.block_id, self.now)
-            self._evict(block)
+            if block.block_hash is not None:
+                self._evict(block)
             block.ref_cnt = 1
             if self.residency is not None:
                 self.residency.allocated(block.block_id, self.now)
@@ -125,13 +127,12 @@ class BlockPool:
         return taken
 
     def _evict(self, block: Block) -> None:
-        if block.block_hash is None:
-            return
         same_hash = self.cached.get(block.block_hash, {})
         same_hash.pop(block.block_id, None)
         if not same_hash:
             self.cached.pop(block.block_hash, None)
-        self.events.append(BlockRemoved([external_hash(block.block_hash)]))
+        if self.record_events:
+            self.events.append(BlockRemoved([external_hash(block.block_hash)]))
         block.block_hash = None
 
     def cache_full_blocks(
@@ -153,7 +154,10 @@ class BlockPool:
             block.block_hash = block_hashes[index]
             # vLLM keeps duplicates; a lookup returns the first one cached.
             self.cached.setdefault(block.block_hash, {})[block.block_id] = block
-            new_hashes.append(external_hash(block.block_hash))
+            new_hashes.append(block.block_hash)
+        if not self.record_events:
+            return
+        new_hashes = [external_hash(h) for h in new_hashes]
         parent = external_hash(block_hashes[num_cached - 1]) if num_cached else None
         tokens = list(token_ids[num_cached * self.block_size : num_full * self.block_size])
         self.events.append(BlockStored(new_hashes, parent, tokens, self.block_size))

@@ -4,6 +4,7 @@ the caller passes `now` to `step` and gets back how long the step took."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .blocks import Block, BlockPool, KVEvent, block_hashes_for
@@ -25,6 +26,8 @@ class EngineConfig:
     kv_cache_metrics_sample: float = 0.0
     """vLLM's --kv-cache-metrics (sampled block residency histograms) with this sample rate; 0: off."""
     latency: LatencyModel = field(default_factory=LatencyModel)
+    kv_events: bool = True
+    """Record KV events (what the ZMQ publisher sends); the analyzer's replays turn them off."""
 
 
 @dataclass(eq=False)
@@ -52,8 +55,20 @@ class Request:
         return self.prompt_token_ids + self.output_token_ids
 
     @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return self.num_prompt_tokens + len(self.output_token_ids)
+
+    def hash_full_blocks(self, block_size: int) -> list[bytes]:
+        """`block_hashes` extended to every full block of the tokens so far."""
+        return block_hashes_for(self.all_token_ids, block_size, self.block_hashes)
+
+    def stored_token_ids(self) -> Sequence[int]:
+        """What a BlockStored event's token_ids are sliced from."""
+        return self.all_token_ids
 
     def next_token(self) -> int:
         """Deterministic "sampling": the replayed token when given, else a function of the context."""
@@ -62,6 +77,38 @@ class Request:
             return self.forced_output[index]
         previous = self.all_token_ids[-1]
         return VOCAB_LOW + (previous * 1103515245 + 12345 + index) % (VOCAB_HIGH - VOCAB_LOW)
+
+
+@dataclass(eq=False)
+class KeyedRequest(Request):
+    """A request given as its prompt's chain of block keys and its length, never as token ids (block-hash
+    traces, whose prompts exist only as hash ids). Blocks past the prompt's full ones (its partial last
+    block, the generated tokens) take keys from `fresh_keys`: nothing else can share them."""
+
+    prompt_keys: list[bytes] = field(default_factory=list)
+    prompt_len: int = 0
+    fresh_keys: Iterator[bytes] = field(default_factory=lambda: iter(()))
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        raise TypeError("a KeyedRequest has no token ids")
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.prompt_len
+
+    def hash_full_blocks(self, block_size: int) -> list[bytes]:
+        known, full = self.block_hashes, self.num_tokens // block_size
+        if len(known) < full:
+            known.extend(self.prompt_keys[len(known) : full])
+            known.extend(next(self.fresh_keys) for _ in range(full - len(known)))
+        return known
+
+    def stored_token_ids(self) -> Sequence[int]:
+        return ()
+
+    def next_token(self) -> int:
+        return VOCAB_LOW
 
 
 @dataclass
@@ -76,7 +123,7 @@ class Engine:
     def __init__(self, config: EngineConfig, index: int = 0) -> None:
         self.config = config
         self.index = index
-        self.pool = BlockPool(config.num_gpu_blocks, config.block_size)
+        self.pool = BlockPool(config.num_gpu_blocks, config.block_size, record_events=config.kv_events)
         self.stats = EngineStats(config.max_model_len)
         if config.kv_cache_metrics_sample:
             self.pool.residency = Residency(self.stats.histograms, config.kv_cache_metrics_sample, seed=index)
@@ -88,11 +135,11 @@ class Engine:
         return bool(self.waiting or self.running)
 
     def add_request(self, request: Request) -> None:
-        if not request.prompt_token_ids:
+        if not request.num_prompt_tokens:
             raise ValueError("empty prompt")
-        if len(request.prompt_token_ids) + request.max_tokens > self.config.max_model_len:
+        if request.num_prompt_tokens + request.max_tokens > self.config.max_model_len:
             raise ValueError(f"prompt + max_tokens exceeds max_model_len {self.config.max_model_len}")
-        needed_blocks = -(-(len(request.prompt_token_ids) + request.max_tokens) // self.config.block_size)
+        needed_blocks = -(-(request.num_prompt_tokens + request.max_tokens) // self.config.block_size)
         if needed_blocks > self.config.num_gpu_blocks - 1:
             raise ValueError(f"request needs {needed_blocks} KV blocks, the pool has fewer")
         self.waiting.append(request)
@@ -150,7 +197,7 @@ class Engine:
     def _lookup(self, request: Request) -> list[Block]:
         if not self.config.enable_prefix_caching:
             return []
-        block_hashes_for(request.all_token_ids, self.config.block_size, request.block_hashes)
+        request.hash_full_blocks(self.config.block_size)
         # The last token is always recomputed (its logits are needed), so at most num_tokens-1 hit.
         max_hit_blocks = (request.num_tokens - 1) // self.config.block_size
         return self.pool.longest_cached_prefix(request.block_hashes[:max_hit_blocks])
@@ -181,9 +228,9 @@ class Engine:
         if self.config.enable_prefix_caching:
             num_cached = request.num_cached_blocks if not hit_blocks else len(hit_blocks)
             num_full = min(computed + num_new, request.num_tokens) // bs
-            block_hashes_for(request.all_token_ids, bs, request.block_hashes)
+            request.hash_full_blocks(bs)
             self.pool.cache_full_blocks(
-                request.blocks, request.block_hashes, request.all_token_ids, num_cached, num_full
+                request.blocks, request.block_hashes, request.stored_token_ids(), num_cached, num_full
             )
             request.num_cached_blocks = max(num_cached, num_full)
         return True
@@ -219,7 +266,7 @@ class Engine:
         stats = self.stats
         if request.first_token_time is None:
             request.first_token_time = now
-            prompt_len = len(request.prompt_token_ids)
+            prompt_len = request.num_prompt_tokens
             cached = max(request.num_cached_tokens, 0)
             stats.prompt_tokens += prompt_len
             stats.prompt_tokens_cached += cached
@@ -246,13 +293,13 @@ class Engine:
             "request_prefill_time_seconds": request.first_token_time - request.scheduled_time,
             "request_decode_time_seconds": decode,
             "request_inference_time_seconds": request.last_token_time - request.scheduled_time,
-            "request_prompt_tokens": len(request.prompt_token_ids),
+            "request_prompt_tokens": request.num_prompt_tokens,
             "request_generation_tokens": generated,
             "request_max_num_generation_tokens": request.max_tokens,
             "request_params_max_tokens": request.max_tokens,
             "request_params_n": 1,
             "request_num_preemptions": request.num_preemptions,
-            "request_prefill_kv_computed_tokens": len(request.prompt_token_ids)
+            "request_prefill_kv_computed_tokens": request.num_prompt_tokens
             - max(request.num_cached_tokens, 0),
         }
         if generated > 1:
