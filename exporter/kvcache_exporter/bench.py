@@ -241,7 +241,8 @@ How to read it:
   blocks, ~40 % of blocks reused) analysed at vLLM's 16-token blocks: the default report is one
   pass of stack distances for the whole curve, beside a plain OrderedDict LRU replay of the same
   trace at one size (the baseline, `bench_analyzer.plain_lru`). Token-id traces: JSON parsing,
-  chained block ids and the same pass.
+  chained block ids and the same pass. The `--arrivals` row replays the same day through the
+  engine's scheduler (every vLLM block, every decode step) beside the sequential report's time.
 - Our endpoint (bench_endpoint.py): `serve` over TLS with basic auth against a cost-12 bcrypt hash.
   Before issue 14's fix, 40 wrong-password clients made a scrape take 12 s (bcrypt ran on the event
   loop), an unknown user answered in 9 ms against 118 ms for a known one, and 3,000 half-open TLS

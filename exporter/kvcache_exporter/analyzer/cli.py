@@ -52,7 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--tokenizer", metavar="PATH", help="the model's tokenizer.json (or its folder) for text prompts")
     add("--html", metavar="FILE", help="also write a self-contained HTML page with the plots")
     add("--concurrency", type=int, metavar="N", help="replay with N clients in a closed loop")
-    add("--arrivals", action="store_true", help="replay in an open loop at the trace's send_ts")
+    add(
+        "--arrivals",
+        action="store_true",
+        help="replay in an open loop at the trace's send_ts (hash traces: timestamp)",
+    )
     add("--speed", type=float, default=1.0, help="with --arrivals: divide the trace's gaps by this")
     add(
         "--restart-at",
