@@ -143,3 +143,13 @@ def test_concurrent_replays_against_the_sequential_seed(seed_lines):
     assert burst.preemptions > 0
     with pytest.raises(ValueError):
         concurrent_replay(requests, 32, 96, concurrency=0)
+
+
+def test_a_restart_in_a_closed_loop_replay_is_the_sequential_restart(seed_lines):
+    from kvcache_exporter.analyzer.replay import concurrent_replay
+
+    requests = requests_of(seed_lines)
+    restarted = replay(requests, 32, 96, restarts=frozenset({200}))
+    assert restarted.per_request_hits != replay(requests, 32, 96).per_request_hits
+    one_client = concurrent_replay(requests, 32, 96, concurrency=1, restarts=frozenset({200}))
+    assert one_client.per_request_hits == restarted.per_request_hits

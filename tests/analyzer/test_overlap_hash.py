@@ -110,3 +110,25 @@ def test_a_huge_prompt_trace_replays_without_its_tokens(tmp_path):
     assert 0.5 < report["observed"]["hit_ratio"] < 1 and report["observed"]["preemptions"] > 0
     peak_mib = int(out.stderr.split()[-1]) / 1024
     assert peak_mib < 250, f"peak RSS {peak_mib:.0f} MiB"
+
+
+def test_restarts_empty_every_cache_in_overlapping_replays(tmp_path, capsys):
+    lines = mooncake_lines(300, seed=2, instances=3)  # server_instance changes twice
+    path = tmp_path / "restarts.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    requests = blocktrace.parse_lines(lines, "r", 16).requests
+    steady = blocktrace.parse_lines(mooncake_lines(300, seed=2), "s", 16).requests  # the same requests
+    restarts = frozenset(mrc.restart_points(requests))
+    assert len(restarts) == 2
+    sequential = mrc.pool_replay(requests, 16, 2000)
+    assert sequential.per_request_hits != mrc.pool_replay(steady, 16, 2000).per_request_hits
+    one = concurrent_replay(requests, 16, 2000, concurrency=1, restarts=restarts)
+    assert one.per_request_hits == sequential.per_request_hits
+    report = analyze_json(capsys, str(path), "--num-gpu-blocks", "2000", "--concurrency", "1")
+    assert report["observed"]["hit_tokens"] == sequential.hit_tokens
+    burst = concurrent_replay(requests, 16, 2000, speed=20.0, restarts=restarts)
+    assert burst.preemptions > 0
+    # A restart drains the requests in flight, then the first request after it finds every cache empty.
+    assert all(burst.per_request_hits[n] == 0 for n in restarts)
+    assert all(sequential.per_request_hits[n] == 0 for n in restarts)
+    assert burst.per_request_hits != concurrent_replay(steady, 16, 2000, speed=20.0).per_request_hits

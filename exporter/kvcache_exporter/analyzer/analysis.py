@@ -101,7 +101,7 @@ def analyze(
     speed: float | None = None,
 ) -> Report:
     """Sequential replays unless `concurrency` (closed loop) or `speed` (open loop at the trace's send_ts)
-    is given; then every replay runs that way (restarts apply to sequential replays only)."""
+    is given; then every replay runs that way."""
     if not requests:
         raise ValueError("empty trace")
     bs = block_size
@@ -109,7 +109,9 @@ def analyze(
 
     def run(reqs, bs, blocks, replicas, routing, max_model_len=None, restarts=frozenset()):
         if overlapping:
-            return concurrent_replay(reqs, bs, blocks, replicas, routing, max_model_len, concurrency, speed)
+            return concurrent_replay(
+                reqs, bs, blocks, replicas, routing, max_model_len, concurrency, speed, restarts
+            )
         return replay(reqs, bs, blocks, replicas, routing, max_model_len, restarts)
 
     unbounded_blocks = blocks_needed_unbounded(requests, bs)

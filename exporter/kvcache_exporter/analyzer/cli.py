@@ -176,6 +176,7 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace):
             args.max_model_len,
             args.concurrency,
             args.speed if args.arrivals else None,
+            frozenset(mrc.restart_points(parsed.requests, args.restart_at)),
         )
         report["observed"] = curvereport.replay_dict(overlapping)
     return report, curve

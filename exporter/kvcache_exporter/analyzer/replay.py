@@ -108,12 +108,14 @@ def concurrent_replay(
     max_model_len: int | None = None,
     concurrency: int | None = None,
     speed: float | None = None,
+    restarts: frozenset[int] = frozenset(),
 ) -> Replay:
     """Requests overlap: `concurrency` clients in a closed loop (each sends its next request when its last
     one finished), or (`speed`) an open loop at the trace's timestamps, gaps divided by `speed`. Every
     replica runs the engine's scheduler on one virtual clock, so queueing, batching and preemptions happen.
     Token-id requests (TraceRequest) or block-hash ones (BlockRequest: replayed as their chains of block
-    keys, built when a request arrives and dropped when it finishes)."""
+    keys, built when a request arrives and dropped when it finishes). `restarts`: request positions whose
+    arrival waits for the requests in flight to finish (a drain), then every replica starts empty."""
     bad = (concurrency is not None and concurrency < 1) or (speed is not None and speed <= 0)
     if (concurrency is None) == (speed is None) or bad:
         raise ValueError("give one of concurrency >= 1 or speed > 0")
@@ -123,12 +125,15 @@ def concurrent_replay(
     targets = route(requests, replicas, routing)
     pending = _arrivals(requests, concurrency, speed)
     hits, fresh = [0] * len(requests), fresh_keys()
-    rejected, prompt_tokens, cursor = 0, 0, len(pending)
+    rejected, prompt_tokens, cursor, preempted = 0, 0, len(pending), 0
     while pending or any(e.has_work for e in engines):
         busy = [i for i, e in enumerate(engines) if e.has_work]
         step_at = min((clocks[i] for i in busy), default=float("inf"))
-        if pending and pending[0][0] <= step_at:
+        if pending and pending[0][0] <= step_at and not (busy and pending[0][1] in restarts):
             arrival, n = heapq.heappop(pending)
+            if n in restarts:
+                preempted += sum(e.stats.num_preemptions for e in engines)
+                engines = [Engine(config, i) for i in range(replicas)]
             replica = targets[n]
             clocks[replica] = max(clocks[replica], arrival)
             try:
@@ -150,7 +155,7 @@ def concurrent_replay(
         sum(hits),
         len(requests),
         rejected,
-        sum(e.stats.num_preemptions for e in engines),
+        preempted + sum(e.stats.num_preemptions for e in engines),
         hits,
     )
 
