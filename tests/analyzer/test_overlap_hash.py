@@ -70,11 +70,19 @@ def test_overlap_on_a_small_cache_preempts_and_loses_hits(trace, capsys):
     assert replayed.hit_tokens == crowded["observed"]["hit_tokens"]
 
 
-def test_text_report_names_the_overlap(trace, capsys):
+def test_text_and_html_show_the_overlap(trace, capsys, tmp_path):
     path, _, blocks = trace
     assert cli.main([str(path), "--num-gpu-blocks", str(blocks), "--arrivals"]) == 0
     text = capsys.readouterr().out
     assert "(open loop at the trace's arrivals x1)" in text and "preemptions (observed)" in text
+    pages = {}
+    for mode, extra in (("sequential", []), ("crowded", ["--concurrency", "32"])):
+        page = tmp_path / f"{mode}.html"
+        assert cli.main([str(path), "--num-gpu-blocks", str(blocks), *extra, "--html", str(page)]) == 0
+        pages[mode] = [part.split("/>")[0] for part in page.read_text().split("<polyline")]
+    assert "closed loop, 32 clients" in pages["crowded"][0]
+    # The time plot is drawn from the observed replay's per-request hits; the curve is the same.
+    assert pages["sequential"][1] != pages["crowded"][1] and pages["sequential"][2] == pages["crowded"][2]
 
 
 PEAK_RSS_CHILD = """

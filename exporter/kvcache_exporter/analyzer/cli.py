@@ -94,9 +94,9 @@ def run(args: argparse.Namespace) -> int:
         _report_skipped(parsed.skipped)
         if not parsed.requests:
             raise ValueError(f"{name}: no usable request")
-        report, curve = _report(parsed, args)
+        report, curve, hits = _report(parsed, args)
         if args.html:
-            _write_html(args.html, parsed, curve, report, args.restart_at)
+            _write_html(args.html, parsed, curve, report, args.restart_at, hits)
     except (OSError, ValueError) as err:
         print(f"analyze: {err}", file=sys.stderr)
         return 2
@@ -152,7 +152,8 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace):
         )
         report.curve = curve.to_dict()
         report.notes += [f"{len(parsed.skipped)} bad lines skipped"] if parsed.skipped else []
-        return report, curve
+        overlapping = args.concurrency is not None or args.arrivals
+        return report, curve, report.observed.per_request_hits if overlapping else None
     tbs = args.trace_block_size or (
         blocktrace.QWEN_BLOCK if parsed.kind == "qwen" else blocktrace.MOONCAKE_BLOCK
     )
@@ -166,23 +167,24 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace):
         "replay": analysis.replay_mode(args.concurrency, args.speed if args.arrivals else None),
     }
     report = curvereport.block_report(parsed, curve, settings)
-    if args.concurrency is not None or args.arrivals:
-        overlapping = replay.concurrent_replay(
-            parsed.requests,
-            bs,
-            args.num_gpu_blocks,
-            args.replicas,
-            args.routing,
-            args.max_model_len,
-            args.concurrency,
-            args.speed if args.arrivals else None,
-            frozenset(mrc.restart_points(parsed.requests, args.restart_at)),
-        )
-        report["observed"] = curvereport.replay_dict(overlapping)
-    return report, curve
+    if args.concurrency is None and not args.arrivals:
+        return report, curve, None
+    overlapping = replay.concurrent_replay(
+        parsed.requests,
+        bs,
+        args.num_gpu_blocks,
+        args.replicas,
+        args.routing,
+        args.max_model_len,
+        args.concurrency,
+        args.speed if args.arrivals else None,
+        frozenset(mrc.restart_points(parsed.requests, args.restart_at)),
+    )
+    report["observed"] = curvereport.replay_dict(overlapping)
+    return report, curve, overlapping.per_request_hits
 
 
-def _write_html(path: str, parsed: blocktrace.Parsed, curve: mrc.Curve, report, restart_at) -> None:
+def _write_html(path: str, parsed: blocktrace.Parsed, curve: mrc.Curve, report, restart_at, hits) -> None:
     data = report if isinstance(report, dict) else report.to_dict()
     s = data["settings"]
     summary = [
@@ -192,7 +194,7 @@ def _write_html(path: str, parsed: blocktrace.Parsed, curve: mrc.Curve, report, 
         ("observed hit ratio", f"{data['observed']['hit_ratio']:.3f}"),
         ("unbounded hit ratio", f"{data['unbounded']['hit_ratio']:.3f}"),
     ]
-    page = html.render(parsed.requests, curve, s, summary, restart_at)
+    page = html.render(parsed.requests, curve, s, summary, restart_at, hits)
     Path(path).write_text(page, encoding="utf-8")
 
 

@@ -52,14 +52,14 @@ def _y_ticks() -> str:
 
 
 def time_plot(
-    requests: Sequence[BlockRequest], curve: Curve, restarts: Sequence[int] = (), buckets: int = 60
+    requests: Sequence[BlockRequest], hits_of: Sequence[int], restarts: Sequence[int] = (), buckets: int = 60
 ) -> str:
     stamps = [r.timestamp for r in requests]
     use_time = all(t is not None for t in stamps) and len(set(stamps)) > 1
     xs = stamps if use_time else list(range(len(requests)))
     lo, hi = min(xs), max(xs)
     hits, tokens = [0] * buckets, [0] * buckets
-    for x, r, h in zip(xs, requests, curve.per_request_hits, strict=True):
+    for x, r, h in zip(xs, requests, hits_of, strict=True):
         b = min(int((x - lo) / ((hi - lo) or 1) * buckets), buckets - 1)
         hits[b] += h
         tokens[b] += r.prompt_tokens
@@ -150,10 +150,12 @@ def prefix_plot(requests: Sequence[BlockRequest], block_size: int, top: int = 10
     return bars("Most shared prefixes (requests x length)", rows or [("none", 0, "")], COLORS["prefixes"])
 
 
-def group_plot(title: str, keys: Sequence[str], requests, curve: Curve, color: str, top: int = 12) -> str:
+def group_plot(
+    title: str, keys: Sequence[str], requests, hits_of: Sequence[int], color: str, top: int = 12
+) -> str:
     hits: dict[str, int] = defaultdict(int)
     tokens: dict[str, int] = defaultdict(int)
-    for key, r, h in zip(keys, requests, curve.per_request_hits, strict=True):
+    for key, r, h in zip(keys, requests, hits_of, strict=True):
         hits[key] += h
         tokens[key] += r.prompt_tokens
     order = sorted(tokens, key=lambda k: -tokens[k])[:top]
@@ -167,18 +169,21 @@ def render(
     settings: dict,
     summary: Sequence[tuple[str, str]],
     restart_at: Sequence[int] = (),
+    hits: Sequence[int] | None = None,
 ) -> str:
+    """`hits`: each request's hit tokens in the observed replay (an overlapping one), else the curve's."""
     restarts = sorted(restart_points(requests, restart_at))
-    parts = [time_plot(requests, curve, restarts), curve_plot(curve), cause_plot(curve)]
+    hits = curve.per_request_hits if hits is None else hits
+    parts = [time_plot(requests, hits, restarts), curve_plot(curve), cause_plot(curve)]
     parts.append(prefix_plot(requests, curve.block_size))
     if settings.get("replicas", 1) > 1:
         replicas = route_blocks(requests, settings["replicas"], settings.get("routing", "round-robin"))
         keys = [f"replica {i}" for i in replicas]
-        parts.append(group_plot("Hit ratio per replica", keys, requests, curve, COLORS["replicas"]))
+        parts.append(group_plot("Hit ratio per replica", keys, requests, hits, COLORS["replicas"]))
     sessions = [r.session or "(none)" for r in requests]
     if len(set(sessions)) > 1:
         parts.append(
-            group_plot("Hit ratio per session (largest)", sessions, requests, curve, COLORS["sessions"])
+            group_plot("Hit ratio per session (largest)", sessions, requests, hits, COLORS["sessions"])
         )
     rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in summary)
     return (

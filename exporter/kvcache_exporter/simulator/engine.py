@@ -97,6 +97,10 @@ class KeyedRequest(Request):
     def num_prompt_tokens(self) -> int:
         return self.prompt_len
 
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + len(self.output_token_ids)
+
     def hash_full_blocks(self, block_size: int) -> list[bytes]:
         known, full = self.block_hashes, self.num_tokens // block_size
         if len(known) < full:
@@ -222,16 +226,19 @@ class Engine:
         evictable_hits = sum(1 for b in hit_blocks if b.ref_cnt == 0)
         if num_new_blocks + evictable_hits > self.pool.num_free_blocks:
             return False
-        self.pool.touch(hit_blocks)
-        request.blocks.extend(hit_blocks)
-        request.blocks.extend(self.pool.get_new_blocks(num_new_blocks))
+        if hit_blocks:
+            self.pool.touch(hit_blocks)
+            request.blocks.extend(hit_blocks)
+        if num_new_blocks:
+            request.blocks.extend(self.pool.get_new_blocks(num_new_blocks))
         if self.config.enable_prefix_caching:
             num_cached = request.num_cached_blocks if not hit_blocks else len(hit_blocks)
             num_full = min(computed + num_new, request.num_tokens) // bs
-            request.hash_full_blocks(bs)
-            self.pool.cache_full_blocks(
-                request.blocks, request.block_hashes, request.stored_token_ids(), num_cached, num_full
-            )
+            if num_full > num_cached:  # most decode steps fill no block: nothing to hash
+                request.hash_full_blocks(bs)
+                self.pool.cache_full_blocks(
+                    request.blocks, request.block_hashes, request.stored_token_ids(), num_cached, num_full
+                )
             request.num_cached_blocks = max(num_cached, num_full)
         return True
 
