@@ -124,3 +124,15 @@ def test_causes_on_the_seed_phases_read_like_the_live_attribution(seed_lines):
     assert raw["prefix_diverged"] >= 0.95 * (raw["prefix_diverged"] + raw["cold"])
     assert raw["evicted"] == raw["restart"] == 0
     assert normalized["evicted"] == 96 and normalized["prefix_diverged"] < raw["prefix_diverged"] / 10
+
+
+@pytest.mark.parametrize("kw", [{}, {"replicas": 2}, {"restart_at": (100, 200)}])
+def test_unbounded_is_the_exact_replay_with_no_eviction(kw):
+    """A later, shorter use of a trace block must not hide its longer earlier use (still cached)."""
+    from .traces import qwen_lines
+
+    for lines in (mooncake_lines(300), qwen_lines(150)):
+        requests = blocktrace.parse_lines(lines, "gen", 16).requests
+        big = sum(blocktrace.total_blocks(r, 16) for r in requests) + 2
+        exact = mrc.pool_replay(requests, 16, big, **kw)
+        assert mrc.stack_curve(requests, 16, 2048, **kw).unbounded_hit_tokens == exact.hit_tokens > 0

@@ -86,6 +86,8 @@ class Stack:
     size: int
     tree: Fenwick = field(init=False)
     last: dict[int, tuple[int, int]] = field(default_factory=dict)
+    widest: dict[int, int] = field(default_factory=dict)
+    """group -> the most of its blocks any use cached: what an unbounded pool still holds"""
     clock: int = 0
     total: int = 0
     transient: int = 0
@@ -110,6 +112,8 @@ class Stack:
         self.total += width
         if group is not None:
             self.last[group] = (self.clock, width)
+            if width > self.widest.get(group, 0):
+                self.widest[group] = width
 
 
 @dataclass
@@ -153,7 +157,6 @@ class _Tally:
     observed: int
     diff: list[int] = field(init=False)
     point: list[int] = field(init=False)
-    finite: int = 0
 
     def __post_init__(self) -> None:
         self.diff = [0] * (self.limit + 2)
@@ -197,7 +200,7 @@ def stack_curve(
     prints: set[int] = set()
     restarts = restart_points(requests, restart_at)
     causes = dict.fromkeys((*CAUSES, "partial_block"), 0)
-    per_request, prompt_tokens = [], 0
+    per_request, prompt_tokens, unbounded = [], 0, 0
     for n, (r, replica) in enumerate(zip(requests, route_blocks(requests, replicas, routing), strict=True)):
         if progress is not None:
             progress("curve", n + 1)
@@ -207,6 +210,7 @@ def stack_curve(
             stacks = [Stack(entries) for _ in range(replicas)]
         stack = stacks[replica]
         hits = _lookup(r, stack, tally, bs)
+        unbounded += _unbounded_hits(r, stack.widest, bs)
         per_request.append(hits * bs)
         prompt_tokens += r.prompt_tokens
         known = _content_known(r, hits, prints, bs)
@@ -219,7 +223,7 @@ def stack_curve(
         prompt_tokens,
         list(sizes),
         [below[s - 1] * bs for s in sizes],
-        tally.finite * bs,
+        unbounded * bs,
         sum(per_request),
         per_request,
         causes,
@@ -247,10 +251,25 @@ def _lookup(r: BlockRequest, stack: Stack, tally: _Tally, bs: int) -> int:
                 tally.point[min(running, tally.limit)] += flat
             if flat < k:
                 tally.run(base + flat, base + k - 1)
-            tally.finite += k
             if running < observed:
                 hits += min(k, max(0, observed - base))
             running = max(running, base + k - 1)
+        if k < eligible:
+            break
+        index += width
+    return hits
+
+
+def _unbounded_hits(r: BlockRequest, widest: dict[int, int], bs: int) -> int:
+    """r's hits (in blocks) if nothing were ever evicted: exact, where the stack keeps only a group's
+    latest width (a later, shorter use of a group hides its tail from the distances)."""
+    hittable, index, hits = (r.prompt_tokens - 1) // bs, 0, 0
+    for group, width in zip(r.groups, r.widths, strict=True):
+        eligible = min(width, hittable - index)
+        if eligible <= 0:
+            break
+        k = min(widest.get(group, 0), eligible)
+        hits += k
         if k < eligible:
             break
         index += width
