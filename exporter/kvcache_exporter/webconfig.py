@@ -14,8 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from .config import ConfigError
 
 _TOP_KEYS = {"tls_server_config", "basic_auth_users", "http_server_config"}
@@ -101,6 +99,8 @@ def load_web_config(path: str | None) -> WebConfig:
 
 
 def _read(path: str) -> Any:
+    import yaml  # here, not at the top: only --web.config.file needs it (~1 MiB of serve's RSS)
+
     try:
         with open(path, encoding="utf-8") as f:
             return yaml.safe_load(f)
