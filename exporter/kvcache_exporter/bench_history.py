@@ -64,11 +64,15 @@ def fill_history(targets: int, interval: float, hours: float = 1.0) -> dict[str,
         {f"t{i}": _Replay(texts) for i in range(targets)},
         windows=[60, 300, 900, 3600], quantiles=[0.5, 0.9, 0.99], interval=interval, clock=lambda: now[0],
     )  # fmt: skip
-    start = time.process_time()
     polls = int(hours * 3600 / interval) + 2
-    for _ in range(polls):
-        asyncio.run(exporter.poll_once())
-        now[0] += interval
+
+    async def run() -> None:  # one event loop for every poll, as in serve
+        for _ in range(polls):
+            await exporter.poll_once()
+            now[0] += interval
+
+    start = time.process_time()
+    asyncio.run(run())
     points = sum(len(h.points) for t in exporter.state.targets for h in t.histories.values())
     return {"idle_mib": idle, "rss_mib": rss_mib(), "points": points, "polls": polls,
             "texts_mib": sum(map(len, texts)) / 2**20, "cpu_s": time.process_time() - start}  # fmt: skip

@@ -45,6 +45,14 @@ def test_the_check_sees_a_tool_when_one_is_imported():
     assert "kvcache_exporter.simulator" in modules
 
 
+def test_serve_loads_pyzmq_and_yaml_only_for_the_features_that_need_them():
+    # memory (docs/memory.md): ~2 MiB of RSS for a sidecar without KV events or config files
+    probe = PROBE.replace('m.startswith("kvcache_exporter")', 'm.split(".")[0] in ("zmq", "yaml")')
+    assert loaded(probe) == []
+    with_events = probe.replace("import kvcache_exporter.server", "import kvcache_exporter.sources.kv_events")
+    assert "zmq" in loaded(with_events)  # the check sees them when they are imported
+
+
 def import_graph() -> dict[str, set[str]]:
     """module -> the package modules it imports (anywhere in it, lazy imports included)."""
     root = REPO / "exporter" / "kvcache_exporter"

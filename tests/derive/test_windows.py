@@ -130,3 +130,19 @@ def test_an_hour_of_polls_is_thinned_with_age_and_windows_stay_within_a_sixtieth
         delta = h.window(window)
         assert window <= delta.seconds <= window * (1 + 1 / 60) + interval
         assert delta.counters["query_tokens"] == delta.seconds * 10  # exact over the span covered
+
+
+def test_a_packed_point_gives_back_its_doubles_bit_for_bit_and_is_smaller():
+    import random
+    from array import array
+
+    from kvcache_exporter.derive.windows import Layout, Point
+
+    rng = random.Random(9)
+    buckets = array("d", sorted(float(rng.randrange(10**9)) for _ in range(2000)))  # past the 2 KiB window
+    sums = array("d", (rng.uniform(0, 1e6) for _ in range(100)))  # no repeats to pack
+    for values in (buckets, sums, array("d", [0.0] * 212), array("d")):
+        point = Point(1.0, Layout((), ()), values)
+        assert point.values.tobytes() == values.tobytes()
+    repeated = array("d", [7010.0] * 200)  # a histogram's top buckets
+    assert len(Point(1.0, Layout((), ()), repeated).packed) < len(repeated.tobytes()) / 20

@@ -41,19 +41,24 @@ class Layout:
             at += len(bounds) + 1
 
 
+# Raw deflate with a 2 KiB window and a small state (~10 KB, not zlib's default ~270 KB a call).
+_WBITS, _MEM_LEVEL = -11, 2
+
+
 class Point:
-    """One poll's running totals, zlib-packed: histograms' cumulative buckets repeat one count for
+    """One poll's running totals, deflated: histograms' cumulative buckets repeat one count for
     most of their length, so vLLM 0.32's 1.7 KB of doubles pack to ~0.2 KB (docs/memory.md). A
-    window reads two points, so unpacking costs ~2 us per point read; the bytes round-trip exactly."""
+    window reads two points (~1.5 us to unpack each); the doubles round-trip bit for bit."""
 
     __slots__ = ("layout", "packed", "ts")
 
     def __init__(self, ts: float, layout: Layout, values: array):
-        self.ts, self.layout, self.packed = ts, layout, zlib.compress(values, 1)
+        packer = zlib.compressobj(1, zlib.DEFLATED, _WBITS, _MEM_LEVEL)
+        self.ts, self.layout, self.packed = ts, layout, packer.compress(values) + packer.flush()
 
     @property
     def values(self) -> array:
-        return array("d", zlib.decompress(self.packed))
+        return array("d", zlib.decompress(self.packed, _WBITS))
 
     def counter(self, name: str) -> float | None:
         i = self.layout.counters.get(name)

@@ -10,6 +10,7 @@ the same series every time: a line seen before costs a dict lookup and a float()
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -33,11 +34,15 @@ class Series:
 
     __slots__ = ("bound", "config", "hkey", "key", "kind", "logical", "name")  # not the labels: memory
 
-    def __init__(self, name: str, labels: dict[str, str]):
-        self.name = name
-        self.key: EngineKey = (labels.get("model_name", ""), labels.get("engine", "0"))
+    def __init__(self, name: str, labels: dict[str, str], shared: dict[tuple, tuple]):
+        # A family's bucket lines share one name, engine key and hkey: `shared` (the Memory's)
+        # holds one copy of each, ~90 KB less per vLLM 0.32 source than a copy per line.
+        self.name = sys.intern(name)
+        key = (sys.intern(labels.get("model_name", "")), sys.intern(labels.get("engine", "0")))
+        self.key: EngineKey = shared.setdefault(key, key)
         self.kind, self.logical = _kind(name, labels)
-        self.hkey = (self.key, self.logical)  # where a bucket, sum or gauge part accumulates
+        hkey = (self.key, self.logical)  # where a bucket, sum or gauge part accumulates
+        self.hkey = shared.setdefault(hkey, hkey)
         self.bound = _bound(name, labels) if self.kind == "bucket" else 0.0
         self.config = _config(labels) if self.kind == "config" else None
 
@@ -55,11 +60,13 @@ class Memory:
         self.heads: dict[str, Series | str] = {}
         self.bounds: dict[tuple[float, ...], tuple[float, ...]] = {}  # one tuple per bucket layout
         self.values: dict[str, float] = {}  # value texts already read ("0.0", "42.0": most buckets)
+        self.shared: dict[tuple, tuple] = {}  # one copy of each Series key (see Series)
 
     def bound(self) -> None:
         if len(self.heads) >= self.max_entries or len(self.bounds) > 1000:
             self.heads.clear()
             self.bounds.clear()
+            self.shared.clear()
         if len(self.values) > 600:  # counters make new ones every poll; ~60 KB at most
             self.values.clear()
 
@@ -82,14 +89,14 @@ class Memory:
         name = _normal((head if space else line).split("{", 1)[0].split(" ", 1)[0].split("\t", 1)[0])
         if _base(name) not in _WANTED_BASES:
             if space:
-                self.heads[head] = name
+                self.heads[head] = sys.intern(name)  # one copy per family, not per line
             return name, math.nan
         if len(line) > limits.max_line_chars:  # bounds the regex work (and the GIL) per line
             raise SourceError("parse_error", f"a {name} line is longer than {limits.max_line_chars} chars")
         parsed, head = textformat.parse_line_and_head(line)
         if len(parsed.labels) > limits.max_labels:
             raise SourceError("too_many_labels", f"{name} has {len(parsed.labels)} labels")
-        series = Series(_normal(parsed.name), parsed.labels)
+        series = Series(_normal(parsed.name), parsed.labels, self.shared)
         if head is not None:
             self.heads[head] = series
         return series, parsed.value
