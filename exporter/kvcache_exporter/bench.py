@@ -221,9 +221,10 @@ How to read it:
   Memory of line heads and the packed history): parsing 56 % (per line one rpartition, one dict
   lookup, one float() and the accumulation), derivations 16 %, history append 11 %, the HTTP GET
   11 %, the event loop and poll wrapper the rest.
-- RSS with 1 h of history: a child process imports what `serve` imports and polls 20 replayed
-  targets (the real seed snapshots, histograms changing) through the real poll loop on a virtual
-  clock until the 1 h window is full. History is thinned with age (docs/memory.md), so the points
+- RSS with 1 h of history: a child process (bench_history.py) imports what `serve` imports (the
+  CLI, then the server) and polls 20 replayed targets (the real seed snapshots, histograms
+  changing) through the real poll loop in one event loop on a virtual clock until the 1 h window
+  is full. History is thinned with age and each point is deflated (docs/memory.md), so the points
   kept grow with the log of the window, not with window / interval.
 - KV events: vLLM publishes at most one batch per scheduler step (hundreds per second at most);
   the subscriber decodes and applies two orders of magnitude more on one core.

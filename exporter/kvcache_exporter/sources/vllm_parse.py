@@ -25,7 +25,7 @@ from .vllm_snapshot import EngineKey, EngineSample, Histogram, VllmSnapshot
 class Limits:
     max_samples: int = 200_000
     max_labels: int = 128
-    max_engines: int = 192  # with 1 h of history at 1 s polls, ~230 MiB in all (docs/memory.md)
+    max_engines: int = 192  # with 1 h of history at 1 s polls, ~105 MiB in all (docs/memory.md)
     max_line_chars: int = 16 * 1024  # vLLM's longest line (cache_config_info) is ~1.1 KiB
 
 
