@@ -13,6 +13,7 @@ running maximum of distance is below C. One pass over the trace therefore gives 
 
 Groups: a Mooncake trace block of 512 tokens is 32 vLLM blocks of 16 that are always used together; block
 j of a group has distance (group's distance) + j, so the pass works per group and never per vLLM block.
+A prompt ending inside a group uses only its first blocks; the rest keep their older place (segments).
 """
 
 from __future__ import annotations
@@ -81,13 +82,15 @@ class Fenwick:
 
 @dataclass
 class Stack:
-    """One replica's LRU stack since its last restart: group -> (time of last use, width then)."""
+    """One replica's LRU stack since its last restart. Each use of a group takes one time slot holding
+    its width. A later, narrower use moves only the group's head, so a group is its head (blocks from 0,
+    at its latest use) and, rarely, a tail of older segments `(slot, first block, end)`."""
 
     size: int
     tree: Fenwick = field(init=False)
     last: dict[int, tuple[int, int]] = field(default_factory=dict)
-    widest: dict[int, int] = field(default_factory=dict)
-    """group -> the most of its blocks any use cached: what an unbounded pool still holds"""
+    """group -> (slot of its latest use, width then)"""
+    tails: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
     clock: int = 0
     total: int = 0
     transient: int = 0
@@ -95,25 +98,54 @@ class Stack:
     def __post_init__(self) -> None:
         self.tree = Fenwick(self.size)
 
-    def distance(self, group: int) -> tuple[int, int] | None:
-        entry = self.last.get(group)
-        if entry is None:
-            return None
-        return self.total - self.tree.prefix(entry[0]) + self.transient, entry[1]
+    def _raw(self, group: int) -> list[tuple[int, int, int]]:
+        head = self.last.get(group)
+        if head is None:
+            return []
+        return [(head[0], 0, head[1]), *self.tails.get(group, ())]
+
+    def segments(self, group: int) -> list[tuple[int, int, int]]:
+        """(distance of the segment's first block, first block, end) for each segment of `group`."""
+        base = self.total + self.transient
+        if group not in self.tails:  # the common case: one segment, or none
+            head = self.last.get(group)
+            return [] if head is None else [(base - self.tree.prefix(head[0]), 0, head[1])]
+        return [(base - self.tree.prefix(slot), a, b) for slot, a, b in self._raw(group)]
+
+    def widest(self, group: int) -> int:
+        """The most of the group's blocks any use cached since the restart (an unbounded pool holds them)."""
+        tail = self.tails.get(group)
+        if tail:
+            return tail[-1][2]
+        head = self.last.get(group)
+        return head[1] if head else 0
 
     def use(self, group: int | None, width: int) -> None:
-        if group is not None:
-            entry = self.last.get(group)
-            if entry is not None:
-                self.tree.add(entry[0], -entry[1])
-                self.total -= entry[1]
         self.clock += 1
         self.tree.add(self.clock, width)
         self.total += width
-        if group is not None:
+        if group is None or not width:
+            return
+        head = self.last.get(group)
+        if head is not None and head[1] <= width and group not in self.tails:  # the common case
+            self.tree.add(head[0], -head[1])
+            self.total -= head[1]
             self.last[group] = (self.clock, width)
-            if width > self.widest.get(group, 0):
-                self.widest[group] = width
+            return
+        rest = []
+        for slot, a, b in self._raw(group):
+            moved = min(b, width) - a
+            if moved > 0:
+                self.tree.add(slot, -moved)
+                self.total -= moved
+                a += moved
+            if a < b:
+                rest.append((slot, a, b))
+        self.last[group] = (self.clock, width)
+        if rest:
+            self.tails[group] = rest
+        else:
+            self.tails.pop(group, None)
 
 
 @dataclass
@@ -210,7 +242,7 @@ def stack_curve(
             stacks = [Stack(entries) for _ in range(replicas)]
         stack = stacks[replica]
         hits = _lookup(r, stack, tally, bs)
-        unbounded += _unbounded_hits(r, stack.widest, bs)
+        unbounded += _unbounded_hits(r, stack, bs)
         per_request.append(hits * bs)
         prompt_tokens += r.prompt_tokens
         known = _content_known(r, hits, prints, bs)
@@ -240,12 +272,11 @@ def _lookup(r: BlockRequest, stack: Stack, tally: _Tally, bs: int) -> int:
         eligible = min(width, hittable - index)
         if eligible <= 0:
             break
-        found = stack.distance(group)
-        if found is None:
-            break
-        base, seen_width = found
-        k = min(seen_width, eligible)
-        if k > 0:
+        covered = 0
+        for base, a, b in stack.segments(group):
+            k = min(b, eligible) - a
+            if k <= 0:
+                break
             flat = min(k, max(0, running - base + 1))  # blocks whose distance the running maximum hides
             if flat:
                 tally.point[min(running, tally.limit)] += flat
@@ -254,21 +285,21 @@ def _lookup(r: BlockRequest, stack: Stack, tally: _Tally, bs: int) -> int:
             if running < observed:
                 hits += min(k, max(0, observed - base))
             running = max(running, base + k - 1)
-        if k < eligible:
+            covered = a + k
+        if covered < eligible:
             break
         index += width
     return hits
 
 
-def _unbounded_hits(r: BlockRequest, widest: dict[int, int], bs: int) -> int:
-    """r's hits (in blocks) if nothing were ever evicted: exact, where the stack keeps only a group's
-    latest width (a later, shorter use of a group hides its tail from the distances)."""
+def _unbounded_hits(r: BlockRequest, stack: Stack, bs: int) -> int:
+    """r's hits (in blocks) if nothing were ever evicted: up to each group's widest use since the restart."""
     hittable, index, hits = (r.prompt_tokens - 1) // bs, 0, 0
     for group, width in zip(r.groups, r.widths, strict=True):
         eligible = min(width, hittable - index)
         if eligible <= 0:
             break
-        k = min(widest.get(group, 0), eligible)
+        k = min(stack.widest(group), eligible)
         hits += k
         if k < eligible:
             break
@@ -301,7 +332,7 @@ def _classify(r, replica, hits, stacks, before_restart, known, causes, bs) -> No
     hittable = (r.prompt_tokens - 1) // bs
     causes["partial_block"] += r.prompt_tokens - hittable * bs
     index = 0
-    own = stacks[replica].last
+    own = stacks[replica]
     for group, width in zip(r.groups, r.widths, strict=True):
         for j in range(max(index, hits), min(index + width, hittable)):
             diverged = bool(known) and known[j - hits]
@@ -312,12 +343,11 @@ def _classify(r, replica, hits, stacks, before_restart, known, causes, bs) -> No
 
 
 def _cause(group, j, own, stacks, replica, before_restart, diverged) -> str:
-    entry = own.get(group)
-    if entry is not None and j < entry[1]:
+    if j < own.widest(group):
         return "evicted"
     if group in before_restart:
         return "restart"
-    if any(i != replica and (e := s.last.get(group)) and j < e[1] for i, s in enumerate(stacks)):
+    if any(i != replica and j < s.widest(group) for i, s in enumerate(stacks)):
         return "other_replica"
     return "prefix_diverged" if diverged else "cold"
 
