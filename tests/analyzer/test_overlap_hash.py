@@ -54,7 +54,8 @@ def test_one_client_and_slow_arrivals_are_the_sequential_replay(trace, capsys):
 def test_overlap_on_a_small_cache_preempts_and_loses_hits(trace, capsys):
     path, requests, blocks = trace
     sequential = mrc.pool_replay(requests, 16, blocks)
-    unbounded = mrc.pool_replay(requests, 16, sum(blocktrace.total_blocks(r, 16) for r in requests) + 2)
+    big = sum(blocktrace.total_blocks(r, 16) for r in requests) + 2
+    unbounded = mrc.pool_replay(requests, 16, big)
     crowded = analyze_json(capsys, str(path), "--num-gpu-blocks", str(blocks), "--concurrency", "32")
     arrivals = analyze_json(capsys, str(path), "--num-gpu-blocks", str(blocks), "--arrivals", "--speed", "20")
     assert arrivals["settings"]["replay"] == "open loop at the trace's arrivals x20"
@@ -68,6 +69,8 @@ def test_overlap_on_a_small_cache_preempts_and_loses_hits(trace, capsys):
     replayed = concurrent_replay(requests, 16, blocks, concurrency=32)
     assert all(h <= u for h, u in zip(replayed.per_request_hits, unbounded.per_request_hits, strict=True))
     assert replayed.hit_tokens == crowded["observed"]["hit_tokens"]
+    # With nothing evicted, overlap changes no request's hits: the report's unbounded line stays sequential.
+    assert concurrent_replay(requests, 16, big, concurrency=32).per_request_hits == unbounded.per_request_hits
 
 
 def test_text_and_html_show_the_overlap(trace, capsys, tmp_path):
