@@ -88,6 +88,30 @@ def test_text_and_html_show_the_overlap(trace, capsys, tmp_path):
     assert pages["sequential"][1] != pages["crowded"][1] and pages["sequential"][2] == pages["crowded"][2]
 
 
+def test_block_keys_replay_as_the_same_prompts_as_token_ids():
+    """The seam itself: a Mooncake trace, and the same trace with each hash id turned into 512 token ids
+    of its own, replayed overlapping through the engine: the same hits and preemptions, request for
+    request (equal hash ids are equal prefixes, as equal tokens are)."""
+    import random
+
+    from kvcache_exporter.analyzer import trace as token_trace
+
+    lines = mooncake_lines(120)
+    token_lines = []
+    for line in lines:
+        obj = json.loads(line)
+        ids = [t for h in obj["hash_ids"] for t in random.Random(h).choices(range(5, 50_000), k=512)]
+        body = {"prompt_token_ids": ids[: obj["input_length"]], "max_tokens": obj["output_length"]}
+        token_lines.append(json.dumps({**body, "send_ts": obj["timestamp"] / 1000}))
+    keyed = blocktrace.parse_lines(lines, "hashes", 16).requests
+    tokens = token_trace.parse_trace(token_lines)
+    for kw in ({"concurrency": 16}, {"speed": 5.0}):
+        by_keys = concurrent_replay(keyed, 16, 1000, **kw)
+        by_tokens = concurrent_replay(tokens, 16, 1000, **kw)
+        assert by_keys.per_request_hits == by_tokens.per_request_hits and by_keys.hit_tokens > 0
+        assert by_keys.preemptions == by_tokens.preemptions > 0
+
+
 PEAK_RSS_CHILD = """
 import sys
 from pathlib import Path
