@@ -73,3 +73,34 @@ def test_unknown_inputs_give_no_sample_and_failures_are_zero():
         # no hash algo label (V0), no capacity label: those checks are absent, not guessed
     }
     assert config_checks("tiny", []) == []
+
+
+def test_load_peaks_match_the_maximum_over_every_poll_in_the_retention():
+    import random
+
+    from kvcache_exporter.derive.state import LoadPeaks
+
+    rng = random.Random(11)
+    for _ in range(200):
+        retention, polls, now = rng.choice([5, 30, 100]), [], 0.0
+        peaks = LoadPeaks(retention)
+        assert peaks.peak("a") is None
+        for _ in range(rng.randrange(1, 80)):
+            now += rng.choice([1, 1, 5, 40])  # gaps past the retention too
+            load = {m: float(rng.randrange(-3, 12)) for m in "abc" if rng.random() < 0.7}
+            peaks.add(now, load)
+            polls.append((now, load))
+            kept = [loads for ts, loads in polls if ts >= now - retention]  # what PollState kept before
+            for model in "abcd":
+                assert peaks.peak(model) == max(loads.get(model, 0.0) for loads in kept)
+        assert sum(map(len, peaks._kept.values())) <= 3 * len(polls)
+
+
+def test_load_peaks_hold_a_few_entries_under_steady_load_not_one_per_poll():
+    from kvcache_exporter.derive.state import LoadPeaks
+
+    peaks = LoadPeaks(3600)
+    for ts in range(3600):
+        peaks.add(float(ts), {"tiny": 4.0 + ts % 3})  # 4, 5, 6, 4, 5, 6, ...
+    assert peaks.peak("tiny") == 6.0
+    assert len(peaks._kept["tiny"]) <= 3

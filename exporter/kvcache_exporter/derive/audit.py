@@ -117,7 +117,7 @@ def audit_samples(state: PollState, ceiling: float, windows: Sequence[float]) ->
     events = kv_events_received(state, max(windows))
     out = []
     for model, model_configs in configs.items():
-        peak = max((loads.get(model, 0.0) for _, loads in state.load_peaks), default=None)
+        peak = state.load_peaks.peak(model)
         out += config_checks(
             model,
             model_configs,
