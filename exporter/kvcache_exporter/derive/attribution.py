@@ -34,11 +34,12 @@ those blocks' tokens; the estimate is (hits + extra) / queries.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..sources.kv_events_decode import MAX_SEQ_GAP, Batch, Dropped, Event, KvEventDrain
-from .fingerprints import ANCHOR_SPACING, FingerprintSet, Generations, anchored_prints
+from .fingerprints import ANCHOR_SPACING, FingerprintSet, Generations, anchors
 
 CAUSES = ("evicted", "restart", "prefix_diverged", "other_replica", "cold")
 CAPACITY_FACTORS = (2, 4)
@@ -53,6 +54,7 @@ _ERA_MASK = (1 << 16) - 1
 
 
 _KEEP_ON_REMOVE = ((1 << 40) - 1) & ~_OPEN_TIP  # flags, depth and era; the stamp is replaced
+_STEP = 1 << 4 | 1 << 40  # from one block of an event to the next: depth + 1, stamp + 1
 
 
 def _depth(info: int) -> int | None:
@@ -116,83 +118,115 @@ class Attribution:
     def apply(self, batch: Batch) -> None:
         self._advance(batch.seq)
         self.totals.batches += 1
+        removed: list[int | bytes] = []  # consecutive BlockRemoved (one per evicted block) applied at once
         for event in batch.events:
-            if event.type == "BlockStored":
+            kind = event.type
+            if kind == "BlockRemoved":
+                removed += event.block_hashes
+                continue
+            if removed:
+                self._remove(removed)
+                removed = []
+            if kind == "BlockStored":
                 self._store(event)
-            elif event.type == "BlockRemoved":
-                self._remove(event.block_hashes)
-            elif event.type == "AllBlocksCleared":
+            elif kind == "AllBlocksCleared":
                 self._new_era()
+        if removed:
+            self._remove(removed)
 
     def _advance(self, seq: int) -> None:
-        expected = self._next
-        if expected is not None:
-            if expected <= seq <= expected + MAX_SEQ_GAP:
-                self.totals.missed_batches += seq - expected
-            else:  # back to a lower seq (or an absurd jump): a new publisher with an empty cache
-                self.totals.restarts += 1
-                self.totals.missed_batches += seq if seq <= MAX_SEQ_GAP else 0
-                self._new_era()
-        self._next = seq + 1
+        expected, self._next = self._next, seq + 1
+        if seq == expected or expected is None:
+            return
+        if expected <= seq <= expected + MAX_SEQ_GAP:
+            self.totals.missed_batches += seq - expected
+        else:  # back to a lower seq (or an absurd jump): a new publisher with an empty cache
+            self.totals.restarts += 1
+            self.totals.missed_batches += seq if seq <= MAX_SEQ_GAP else 0
+            self._new_era()
 
     def _new_era(self) -> None:
         self._era += 1
         self.resident = 0
 
     def _store(self, event: Event) -> None:
-        hashes, tokens, blocks = event.block_hashes, event.token_ids, self._blocks
+        hashes = event.block_hashes
         count = len(hashes)
         if not count:
             return
+        tokens, blocks, parent_hash = event.token_ids, self._blocks, event.parent
         size = event.block_size or len(tokens) // count
-        parent = None if event.parent is None else blocks.get(event.parent)
-        depth = 0 if event.parent is None else (None if parent is None else _depth(parent))
-        if parent is not None:
-            blocks.put(event.parent, parent & ~_OPEN_TIP)
-            if count == 1 and parent & _OPEN_TIP and not parent & _REMOVED:
-                self.totals.decode_tokens += size
-                self._track(hashes, depth, parent & _DIVERGED, ["decode"])
-                return
+        depth, diverged = 0, 0
+        if parent_hash is not None:
+            parent = blocks.get(parent_hash)
+            if parent is None:
+                depth = None
+            else:
+                blocks.put(parent_hash, parent & ~_OPEN_TIP)
+                depth, diverged = _depth(parent), parent & _DIVERGED
+                if count == 1 and parent & _OPEN_TIP and not parent & _REMOVED:
+                    self.totals.decode_tokens += size
+                    self._track(hashes, depth, diverged, 1)
+                    return
         known, offset = self._content_known(tokens, size, count)
-        totals, other, causes = self.totals.tokens, self.other_replica, []
-        for block_hash, info, content in zip(hashes, blocks.get_many(hashes), known, strict=True):
+        if (
+            self.other_replica is None
+            and blocks.new.keys().isdisjoint(hashes)
+            and blocks.old.keys().isdisjoint(hashes)
+        ):
+            first = self._count_new(known, size)  # every hash new (the common case): rules 4 and 5 only
+        else:
+            first = self._count_each(hashes, known, size)
+        if not diverged and depth is not None and first < count:
+            self._observe_offset(depth * size + offset)
+        self._track(hashes, depth, diverged, first)
+
+    def _count_new(self, known: list[bool], size: int) -> int:
+        """Count blocks whose hashes are all new; the index of the first prefix_diverged one."""
+        diverged = known.count(True)
+        self.totals.tokens["prefix_diverged"] += diverged * size
+        self.totals.tokens["cold"] += (len(known) - diverged) * size
+        return known.index(True) if diverged else len(known)
+
+    def _count_each(self, hashes: Sequence, known: list[bool], size: int) -> int:
+        """Count blocks by the first rule that holds; the index of the first prefix_diverged one."""
+        totals, other, first = self.totals.tokens, self.other_replica, len(hashes)
+        for i, (block_hash, info, content) in enumerate(
+            zip(hashes, self._blocks.get_many(hashes), known, strict=True)
+        ):
             if info is not None:
                 cause = self._seen_before(info, size)
             elif other is not None and other(block_hash):
                 cause = "other_replica"
             else:
                 cause = "prefix_diverged" if content else "cold"
-            causes.append(cause)
+                if content and first > i:
+                    first = i
             totals[cause] += size
-        diverged = parent is not None and parent & _DIVERGED
-        if not diverged and depth is not None and "prefix_diverged" in causes:
-            self._observe_offset(depth * size + offset)
-        self._track(hashes, depth, diverged, causes)
+        return first
 
     def _content_known(self, tokens: Sequence[int], size: int, count: int) -> tuple[list[bool], int]:
         """Per block: is its content known (half of its anchors seen before)? And the token position
         in the event where the known content starts: ANCHOR_SPACING / 4 tokens before the first known
         anchor, never at or before the unknown anchor preceding it.
         The event's own fingerprints are added afterwards, so a block never matches itself."""
-        found = anchored_prints(tokens)
-        new, old = self._content.new, self._content.old
-        seen, total, start, unknown_before = [0] * count, [0] * count, -1, -1
-        for position, print_ in found:
-            block = position // size
-            if block >= count:
-                break
-            total[block] += 1
-            if print_ in new or print_ in old:
-                seen[block] += 1
-                if start < 0:
-                    start = max(unknown_before + 1, position - ANCHOR_SPACING // 4)
-            elif start < 0:
-                unknown_before = position
-        verdicts, previous = [False] * count, False
-        for block in range(count):  # a block without anchors reads like the one before it
-            previous = verdicts[block] = 2 * seen[block] >= total[block] if total[block] else previous
-        self._content.update([print_ for _, print_ in found])
-        return verdicts, max(start, 0)
+        positions, prints = anchors(tokens)
+        content = self._content
+        found = content.new.intersection(prints)
+        if content.old:
+            found |= content.old.intersection(prints)
+        content.update(prints)
+        if not found:
+            return [False] * count, 0
+        cut = bisect_left(
+            positions, count * size
+        )  # anchors past the event's blocks (hostile) only count as seen
+        seen = list(map(found.__contains__, prints[:cut]))
+        if True not in seen:
+            return [False] * count, 0
+        first = seen.index(True)
+        start = max(positions[first - 1] + 1 if first else 0, positions[first] - ANCHOR_SPACING // 4)
+        return _verdicts(positions, seen, size, count), start
 
     def _seen_before(self, info: int, size: int) -> str:
         """The cause of a block whose hash is tracked: rules 1 and 2, or a duplicate store."""
@@ -211,37 +245,74 @@ class Attribution:
             if capacity and stored_since <= (factor - 1) * capacity:
                 self.totals.extra_hit_tokens[factor] += size
 
-    def _track(self, hashes: Sequence, depth: int | None, diverged: int | bool, causes: list[str]) -> None:
-        """Remember the event's blocks: resident, in this era, the last one an open tip."""
-        era, stored = (self._era & _ERA_MASK) << 24, self._stored
-        known_depth = _DEPTH_KNOWN if depth is not None else 0
+    def _track(self, hashes: Sequence, depth: int | None, diverged: int | bool, first: int) -> None:
+        """Remember the event's blocks: resident, in this era, diverged from block `first` on (from
+        the start when the parent was), the last one an open tip."""
+        count, stored = len(hashes), self._stored
+        first = 0 if diverged else first
+        base = (self._era & _ERA_MASK) << 24 | (_DEPTH_KNOWN if depth is not None else 0)
         depth = depth or 0
-        last = len(hashes) - 1
-        items = []
-        for i, (block_hash, cause) in enumerate(zip(hashes, causes, strict=True)):
-            diverged = diverged or cause == "prefix_diverged"
-            flags = (_DIVERGED if diverged else 0) | (_OPEN_TIP if i == last else 0) | known_depth
-            stored += 1
-            items.append((block_hash, flags | min(depth + i, _DEPTH_MAX) << 4 | era | stored << 40))
-        self._blocks.put_many(items)
-        self._stored = stored
-        self.resident += len(hashes)
+        if depth + count - 1 <= _DEPTH_MAX:  # depth and stamp both grow by one per block
+            start = base | depth << 4 | (stored + 1) << 40
+            stop = start + count * _STEP
+            if first == 0:
+                values = list(range(start | _DIVERGED, stop, _STEP))
+            elif first == count:
+                values = list(range(start, stop, _STEP))
+            else:
+                split = start + first * _STEP
+                values = [*range(start, split, _STEP), *range(split | _DIVERGED, stop, _STEP)]
+        else:
+            values = [
+                base
+                | (_DIVERGED if i >= first else 0)
+                | min(depth + i, _DEPTH_MAX) << 4
+                | (stored + 1 + i) << 40
+                for i in range(count)
+            ]
+        values[-1] |= _OPEN_TIP
+        blocks = self._blocks
+        blocks.new.update(zip(hashes, values, strict=True))
+        if len(blocks.new) >= blocks.half:
+            blocks.rotate_if_full()
+        self._stored = stored + count
+        self.resident += count
         if self.resident > self.resident_peak:
             self.resident_peak = self.resident
 
     def _remove(self, hashes: Sequence[int | bytes]) -> None:
         blocks, stamp, removed = self._blocks, self._stored << 40, 0
-        new, old = blocks.new, blocks.old
-        for block_hash in hashes:  # inlined Generations.get/put: one BlockRemoved per evicted block
+        new, old, half = blocks.new, blocks.old, blocks.half
+        for block_hash in hashes:  # inlined Generations.get/put
             info = new.get(block_hash) or old.get(block_hash)
             if info is not None and not info & _REMOVED:
                 new[block_hash] = (info & _KEEP_ON_REMOVE) | _REMOVED | stamp
                 removed += 1
-        blocks.rotate_if_full()
+                if len(new) >= half:
+                    blocks.rotate_if_full()
+                    new, old = blocks.new, blocks.old
         self.resident = max(self.resident - removed, 0)
 
     def _observe_offset(self, offset: int) -> None:
         totals = self.totals
-        index = next((i for i, bound in enumerate(OFFSET_BUCKETS) if offset <= bound), len(OFFSET_BUCKETS))
-        totals.offset_counts[index] += 1
+        totals.offset_counts[bisect_left(OFFSET_BUCKETS, offset)] += (
+            1  # the first bucket with offset <= bound
+        )
         totals.offset_sum += offset
+
+
+def _verdicts(positions: list[int], seen: list[bool], size: int, count: int) -> list[bool]:
+    """Per block: were at least half of its anchors seen? A block without anchors reads like the one
+    before it. `seen` covers the anchors inside the event's blocks."""
+    cut = len(seen)
+    if seen.count(True) == cut:  # all known (the common case when any is)
+        first_block = positions[0] // size
+        return [False] * first_block + [True] * (count - first_block)
+    verdicts, previous, low = [], False, 0
+    for block in range(count):
+        high = bisect_left(positions, (block + 1) * size, low, cut)
+        if high > low:
+            previous = 2 * seen[low:high].count(True) >= high - low
+        verdicts.append(previous)
+        low = high
+    return verdicts

@@ -22,6 +22,7 @@ _MULT = 0x9E3779B1  # Knuth's multiplicative hash: spreads neighbouring values
 SELECTED = frozenset(v for v in range(4, 256) if ((v * _MULT) & 0xFFFFFFFF) >> 28 == 0)
 _MASK = bytes(1 if v in SELECTED else 0 for v in range(256))
 ANCHOR_SPACING = 16  # tokens between anchors, typically
+_WIDTH = K * 4  # bytes fingerprinted from an anchor
 
 
 def _words(tokens: Sequence[int]) -> bytes:
@@ -31,20 +32,23 @@ def _words(tokens: Sequence[int]) -> bytes:
         return array("I", [int(t) & 0xFFFFFFFF for t in tokens]).tobytes()
 
 
+def anchors(tokens: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The token positions of every anchor of `tokens` with K tokens to fingerprint, and their
+    fingerprints, as two lists (positions ascending)."""
+    words = _words(tokens)
+    find, end = words.translate(_MASK).find, max(len(tokens) - K + 1, 0) * 4
+    positions: list[int] = []
+    append = positions.append
+    byte = find(1, 0, end)
+    while byte >= 0:
+        append(byte >> 2)
+        byte = find(1, (byte | 3) + 1, end)  # the next word: one anchor per token
+    return positions, [hash(words[start : start + _WIDTH]) for start in map((4).__mul__, positions)]
+
+
 def anchored_prints(tokens: Sequence[int]) -> list[tuple[int, int]]:
     """(token position, fingerprint) of every anchor of `tokens` with K tokens to fingerprint."""
-    words = _words(tokens)
-    find, last, width = words.translate(_MASK).find, len(tokens) - K, K * 4
-    out = []
-    byte = find(1)
-    while byte >= 0:
-        position = byte >> 2
-        if position > last:
-            break
-        start = position << 2
-        out.append((position, hash(words[start : start + width])))
-        byte = find(1, start + 4)
-    return out
+    return list(zip(*anchors(tokens), strict=True))
 
 
 class Generations:

@@ -70,19 +70,25 @@ class EventState:
     def apply(self, batch: Batch) -> None:
         self._advance(batch.seq)
         self.batches += 1
-        overflow = False
+        overflow, events, blocks = False, self.events, self._blocks
         for event in batch.events:
-            self.events[event.type if event.type in KNOWN_TYPES else "other"] += 1
-            if event.type == "BlockStored":
+            kind = event.type
+            if kind == "BlockRemoved":  # the most common: one per evicted block
+                blocks.difference_update(event.block_hashes)
+            elif kind == "BlockStored":
                 overflow |= self._store(event.block_hashes)
-            elif event.type == "BlockRemoved":
-                self._blocks.difference_update(event.block_hashes)
-            elif event.type == "AllBlocksCleared":
-                self._blocks.clear()
+            elif kind == "AllBlocksCleared":
+                blocks.clear()
+            else:
+                kind = "other"
+            events[kind] += 1
         if overflow:
             self.dropped["too_many_blocks"] += 1
 
     def _advance(self, seq: int) -> None:
+        if seq == self._next:  # the common case: no gap, no jump
+            self._next = seq + 1
+            return
         lost = self.missing(seq)
         if self._next is not None and not (self._next <= seq <= self._next + MAX_SEQ_GAP):
             self.restarts += 1
