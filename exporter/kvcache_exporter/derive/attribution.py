@@ -216,14 +216,17 @@ class Attribution:
         if content.old:
             found |= content.old.intersection(prints)
         content.update(prints)
+        if found and positions[-1] >= count * size:  # anchors past the event's blocks (hostile): seen only
+            cut = bisect_left(positions, count * size)
+            positions, prints = positions[:cut], prints[:cut]
+            found.intersection_update(prints)
         if not found:
             return [False] * count, 0
-        cut = bisect_left(
-            positions, count * size
-        )  # anchors past the event's blocks (hostile) only count as seen
-        seen = list(map(found.__contains__, prints[:cut]))
-        if True not in seen:
-            return [False] * count, 0
+        if found.issuperset(prints):  # all known: the common case when any is
+            first_block = positions[0] // size
+            start = max(positions[0] - ANCHOR_SPACING // 4, 0)
+            return [False] * first_block + [True] * (count - first_block), start
+        seen = list(map(found.__contains__, prints))
         first = seen.index(True)
         start = max(positions[first - 1] + 1 if first else 0, positions[first] - ANCHOR_SPACING // 4)
         return _verdicts(positions, seen, size, count), start
@@ -272,7 +275,7 @@ class Attribution:
             ]
         values[-1] |= _OPEN_TIP
         blocks = self._blocks
-        blocks.new.update(zip(hashes, values, strict=True))
+        blocks.new.update(zip(hashes, values, strict=False))  # as many values as hashes
         if len(blocks.new) >= blocks.half:
             blocks.rotate_if_full()
         self._stored = stored + count
@@ -303,12 +306,8 @@ class Attribution:
 
 def _verdicts(positions: list[int], seen: list[bool], size: int, count: int) -> list[bool]:
     """Per block: were at least half of its anchors seen? A block without anchors reads like the one
-    before it. `seen` covers the anchors inside the event's blocks."""
-    cut = len(seen)
-    if seen.count(True) == cut:  # all known (the common case when any is)
-        first_block = positions[0] // size
-        return [False] * first_block + [True] * (count - first_block)
-    verdicts, previous, low = [], False, 0
+    before it. `positions` are the anchors inside the event's blocks, `seen` says which were seen."""
+    verdicts, previous, low, cut = [], False, 0, len(seen)
     for block in range(count):
         high = bisect_left(positions, (block + 1) * size, low, cut)
         if high > low:
