@@ -70,18 +70,22 @@ class EventState:
     def apply(self, batch: Batch) -> None:
         self._advance(batch.seq)
         self.batches += 1
-        overflow, events, blocks = False, self.events, self._blocks
+        overflow, blocks, removed = False, self._blocks, 0
         for event in batch.events:
             kind = event.type
             if kind == "BlockRemoved":  # the most common: one per evicted block
                 blocks.difference_update(event.block_hashes)
-            elif kind == "BlockStored":
+                removed += 1
+                continue
+            if kind == "BlockStored":
                 overflow |= self._store(event.block_hashes)
             elif kind == "AllBlocksCleared":
                 blocks.clear()
             else:
                 kind = "other"
-            events[kind] += 1
+            self.events[kind] += 1
+        if removed:
+            self.events["BlockRemoved"] += removed
         if overflow:
             self.dropped["too_many_blocks"] += 1
 
