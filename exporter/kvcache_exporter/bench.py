@@ -235,9 +235,11 @@ How to read it:
   replicas x the default `--replica.max-blocks`.
 - Miss attribution decodes the token ids too and fingerprints them (docs/kv-events.md): a
   saturated H200 prefilling 150k tokens/s stores about 10k blocks/s, so the figure is the margin
-  per core. The memory row is a child process filling both default bounds
-  (`--kv-events.max-tracked-blocks`, `--kv-events.max-fingerprints`); size them to 10x
-  num_gpu_blocks to pay for what your cache can hold.
+  per core. It is measured as `serve` works: the subscriber decodes each message as it arrives, a
+  poll hands the drained batches to the event view, then to attribution; applying each message as
+  soon as it is decoded is the figure in brackets. The memory row is a child process filling both
+  default bounds (`--kv-events.max-tracked-blocks`, `--kv-events.max-fingerprints`); size them to
+  10x num_gpu_blocks to pay for what your cache can hold.
 - The analyzer (docs/analyzer.md): a generated Mooncake day (12,000 requests, 512-token hash
   blocks, ~40 % of blocks reused) analysed at vLLM's 16-token blocks: the default report is one
   pass of stack distances for the whole curve, beside a plain OrderedDict LRU replay of the same
