@@ -172,8 +172,12 @@ def block_key(group: int, j: int) -> bytes:
 
 
 def prompt_keys(request: BlockRequest) -> list[bytes]:
-    """The keys of the prompt's full vLLM blocks, in order."""
-    return [block_key(g, j) for g, w in zip(request.groups, request.widths, strict=True) for j in range(w)]
+    """The keys of the prompt's full vLLM blocks, in order (block_key's, built a group at a time)."""
+    keys: list[bytes] = []
+    for g, w in zip(request.groups, request.widths, strict=True):
+        head = g.to_bytes(8, "big", signed=True)
+        keys += [head + j.to_bytes(4, "big") for j in range(w)]
+    return keys
 
 
 def fresh_keys() -> Iterator[bytes]:

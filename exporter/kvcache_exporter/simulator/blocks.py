@@ -56,7 +56,7 @@ class AllBlocksCleared:
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Block:
     block_id: int
     ref_cnt: int = 0
@@ -113,6 +113,14 @@ class BlockPool:
     def get_new_blocks(self, count: int) -> list[Block]:
         if count > self.num_free_blocks:
             raise ValueError(f"cannot get {count} free blocks from the pool")
+        if self.residency is None:  # the common case, without the sampling's two calls a block
+            pop = self.free_queue.popitem
+            taken = [pop(last=False)[1] for _ in range(count)]
+            for block in taken:
+                if block.block_hash is not None:
+                    self._evict(block)
+                block.ref_cnt = 1
+            return taken
         taken = []
         for _ in range(count):
             _, block = self.free_queue.popitem(last=False)
@@ -146,15 +154,19 @@ class BlockPool:
         """Give blocks[num_cached:num_full] their hashes and announce them (one BlockStored)."""
         if num_cached >= num_full:
             return
-        new_hashes = []
+        new_hashes, cached = [], self.cached
         for index in range(num_cached, num_full):
             block = blocks[index]
             if block.block_hash is not None:
                 continue
-            block.block_hash = block_hashes[index]
+            block.block_hash = block_hash = block_hashes[index]
             # vLLM keeps duplicates; a lookup returns the first one cached.
-            self.cached.setdefault(block.block_hash, {})[block.block_id] = block
-            new_hashes.append(block.block_hash)
+            same_hash = cached.get(block_hash)
+            if same_hash is None:
+                cached[block_hash] = {block.block_id: block}
+            else:
+                same_hash[block.block_id] = block
+            new_hashes.append(block_hash)
         if not self.record_events:
             return
         new_hashes = [external_hash(h) for h in new_hashes]
