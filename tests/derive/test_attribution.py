@@ -69,6 +69,17 @@ def test_a_hash_removed_and_stored_again_was_evicted(stream):
     assert tokens_by_cause(stream) == {"cold": 64, "evicted": 32}
 
 
+def test_removals_take_effect_where_they_sit_in_a_batch(stream):
+    """Consecutive BlockRemoved are applied together, never past the store or clear after them."""
+    hashes = stream.prompt(TEMPLATE[:64])
+    again = stored(hashes[:2], TEMPLATE[:32])
+    stream.send(removed(hashes[:1]), removed(hashes[1:2]), again, removed(hashes[:2]), again)
+    assert tokens_by_cause(stream) == {"cold": 64, "evicted": 64}  # each store saw the removals before it
+    assert stream.attribution.resident == 4
+    stream.send(removed(hashes[2:3]), Event("AllBlocksCleared"), stored(hashes[2:], TEMPLATE[32:64]))
+    assert tokens_by_cause(stream) == {"cold": 64, "evicted": 64 + 16, "restart": 16}
+
+
 def test_a_publisher_restart_turns_known_hashes_into_restart_misses(stream):
     stream.prompt(TEMPLATE[:64])
     stream.send(seq=0)  # seq back to 0: vLLM restarted, its cache is empty
@@ -105,6 +116,23 @@ def test_misaligned_shared_content_is_matched_and_its_offset_measured(stream, fi
     totals = stream.attribution.totals
     assert sum(totals.offset_counts) == 1
     assert abs(totals.offset_sum - second) <= 12  # documented error: up to 3/4 of an anchor spacing
+
+
+def test_tokens_past_an_events_blocks_are_remembered_but_classify_nothing(stream):
+    """A BlockStored whose token ids run past its blocks (not vLLM's shape): the extra content
+    is fingerprinted for later events, but no block is judged by it."""
+    rng = random.Random(9)
+    stream.send(stored([1, 2], header(rng, 32) + TEMPLATE[:64]))  # 2 blocks, 96 token ids
+    assert tokens_by_cause(stream) == {"cold": 32}
+    stream.send(stored([3, 4], header(rng, 32) + TEMPLATE[:64]))  # seen content only past its blocks
+    assert tokens_by_cause(stream) == {"cold": 64}
+    stream.prompt(header(rng, 5) + TEMPLATE[:64])  # the template, now misaligned, was seen
+    assert tokens_by_cause(stream)["prefix_diverged"] >= 48
+    before = dict(stream.attribution.totals.tokens)
+    stream.send(stored([5, 6], [1000] * 48 + TEMPLATE[:64]))  # blocks without anchors, seen ones past them
+    assert {c: n - before[c] for c, n in stream.attribution.totals.tokens.items() if n != before[c]} == {
+        "cold": 32
+    }
 
 
 def test_random_prompts_never_read_as_diverged(stream):
