@@ -158,12 +158,13 @@ class Attribution:
         size = event.block_size or len(tokens) // count
         depth, diverged = 0, 0
         if parent_hash is not None:
-            parent = blocks.get(parent_hash)
+            parent = blocks.new.get(parent_hash) or blocks.old.get(parent_hash)  # Generations.get
             if parent is None:
                 depth = None
             else:
                 blocks.put(parent_hash, parent & ~_OPEN_TIP)
-                depth, diverged = _depth(parent), parent & _DIVERGED
+                depth = (parent >> 4) & _DEPTH_MAX if parent & _DEPTH_KNOWN else None
+                diverged = parent & _DIVERGED
                 if count == 1 and parent & _OPEN_TIP and not parent & _REMOVED:
                     self.totals.decode_tokens += size
                     self._track(hashes, depth, diverged, 1)
@@ -215,7 +216,9 @@ class Attribution:
         found = content.new.intersection(prints)
         if content.old:
             found |= content.old.intersection(prints)
-        content.update(prints)
+        content.new.update(prints)
+        if len(content.new) >= content.half:
+            content.rotate_if_full()
         if found and positions[-1] >= count * size:  # anchors past the event's blocks (hostile): seen only
             cut = bisect_left(positions, count * size)
             positions, prints = positions[:cut], prints[:cut]
@@ -286,6 +289,14 @@ class Attribution:
     def _remove(self, hashes: Sequence[int | bytes]) -> None:
         blocks, stamp, removed = self._blocks, self._stored << 40, 0
         new, old, half = blocks.new, blocks.old, blocks.half
+        if len(new) + len(hashes) < half:  # no rotation possible: the loop below without its check
+            for block_hash in hashes:
+                info = new.get(block_hash) or old.get(block_hash)
+                if info is not None and not info & _REMOVED:
+                    new[block_hash] = (info & _KEEP_ON_REMOVE) | _REMOVED | stamp
+                    removed += 1
+            self.resident = max(self.resident - removed, 0)
+            return
         for block_hash in hashes:  # inlined Generations.get/put
             info = new.get(block_hash) or old.get(block_hash)
             if info is not None and not info & _REMOVED:
@@ -307,7 +318,11 @@ class Attribution:
 def _verdicts(positions: list[int], seen: list[bool], size: int, count: int) -> list[bool]:
     """Per block: were at least half of its anchors seen? A block without anchors reads like the one
     before it. `positions` are the anchors inside the event's blocks, `seen` says which were seen."""
-    verdicts, previous, low, cut = [], False, 0, len(seen)
+    cut, head = len(seen), seen[0]
+    change = seen.index(not head)  # the caller saw both values
+    if seen.count(head) == change:  # two runs (shared content starts or ends inside the event)
+        return _two_runs(positions, head, change, size, count)
+    verdicts, previous, low = [], False, 0
     for block in range(count):
         high = bisect_left(positions, (block + 1) * size, low, cut)
         if high > low:
@@ -315,3 +330,18 @@ def _verdicts(positions: list[int], seen: list[bool], size: int, count: int) -> 
         verdicts.append(previous)
         low = high
     return verdicts
+
+
+def _two_runs(positions: list[int], head: bool, change: int, size: int, count: int) -> list[bool]:
+    """`_verdicts` when the first `change` anchors read `head` and the rest `not head`: blocks
+    before the block of anchor `change` read `head` (False before the first anchor's block), blocks
+    from the next block with an anchor on read `not head`, the block between by its own count."""
+    cut, block = len(positions), positions[change] // size
+    low = bisect_left(positions, block * size, 0, change)
+    high = bisect_left(positions, (block + 1) * size, change, cut)
+    head_count = change - low
+    verdict = 2 * (head_count if head else high - low - head_count) >= high - low
+    after = positions[high] // size if high < cut else count
+    first = positions[0] // size if head else block
+    runs = [False] * first + [head] * (block - first)
+    return runs + [verdict] * (after - block) + [not head] * (count - after)

@@ -71,10 +71,11 @@ class EventState:
         self._advance(batch.seq)
         self.batches += 1
         overflow, blocks, removed = False, self._blocks, 0
+        forget = blocks.difference_update  # the set is cleared in place, never replaced
         for event in batch.events:
             kind = event.type
             if kind == "BlockRemoved":  # the most common: one per evicted block
-                blocks.difference_update(event.block_hashes)
+                forget(event.block_hashes)
                 removed += 1
                 continue
             if kind == "BlockStored":
