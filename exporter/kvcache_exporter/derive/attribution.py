@@ -116,7 +116,11 @@ class Attribution:
                 self.apply(item)
 
     def apply(self, batch: Batch) -> None:
-        self._advance(batch.seq)
+        seq = batch.seq
+        if seq == self._next:  # the common case, without a call
+            self._next = seq + 1
+        else:
+            self._advance(seq)
         self.totals.batches += 1
         removed: list[int | bytes] = []  # consecutive BlockRemoved (one per evicted block) applied at once
         for event in batch.events:
@@ -162,7 +166,8 @@ class Attribution:
             if parent is None:
                 depth = None
             else:
-                blocks.put(parent_hash, parent & ~_OPEN_TIP)
+                blocks.new[parent_hash] = parent & ~_OPEN_TIP  # Generations.put
+                blocks.rotate_if_full()
                 depth = (parent >> 4) & _DEPTH_MAX if parent & _DEPTH_KNOWN else None
                 diverged = parent & _DIVERGED
                 if count == 1 and parent & _OPEN_TIP and not parent & _REMOVED:

@@ -68,7 +68,11 @@ class EventState:
             self._next = seq + count
 
     def apply(self, batch: Batch) -> None:
-        self._advance(batch.seq)
+        seq = batch.seq
+        if seq == self._next:  # the common case, without a call
+            self._next = seq + 1
+        else:
+            self._advance(seq)
         self.batches += 1
         overflow, blocks, removed = False, self._blocks, 0
         forget = blocks.difference_update  # the set is cleared in place, never replaced
