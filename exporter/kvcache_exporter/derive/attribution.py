@@ -292,20 +292,21 @@ class Attribution:
             self.resident_peak = self.resident
 
     def _remove(self, hashes: Sequence[int | bytes]) -> None:
-        blocks, stamp, removed = self._blocks, self._stored << 40, 0
+        blocks, removed = self._blocks, 0
+        mark = self._stored << 40 | _REMOVED  # the stamp of a removal, and its flag
         new, old, half = blocks.new, blocks.old, blocks.half
         if len(new) + len(hashes) < half:  # no rotation possible: the loop below without its check
             for block_hash in hashes:
                 info = new.get(block_hash) or old.get(block_hash)
                 if info is not None and not info & _REMOVED:
-                    new[block_hash] = (info & _KEEP_ON_REMOVE) | _REMOVED | stamp
+                    new[block_hash] = info & _KEEP_ON_REMOVE | mark
                     removed += 1
             self.resident = max(self.resident - removed, 0)
             return
         for block_hash in hashes:  # inlined Generations.get/put
             info = new.get(block_hash) or old.get(block_hash)
             if info is not None and not info & _REMOVED:
-                new[block_hash] = (info & _KEEP_ON_REMOVE) | _REMOVED | stamp
+                new[block_hash] = info & _KEEP_ON_REMOVE | mark
                 removed += 1
                 if len(new) >= half:
                     blocks.rotate_if_full()
