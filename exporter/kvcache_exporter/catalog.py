@@ -541,7 +541,7 @@ CATALOG: tuple[Metric, ...] = (
     _m(
         CONFIG_CHECK,
         "gauge",
-        "Result of a configuration check: 1 pass, 0 fail (see docs/metrics.md for the list).",
+        "Result of a configuration check: 1 pass, 0 fail (the list: docs/gpu-cost.md, Config checks).",
         ("model_name", "check"),
         "",
         "config",

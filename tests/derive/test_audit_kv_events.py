@@ -3,7 +3,7 @@
 import re
 
 from kvcache_exporter.derive.attribution import Attribution
-from kvcache_exporter.derive.audit import config_checks, kv_events_received
+from kvcache_exporter.derive.audit import audit_samples, config_checks, kv_events_received
 from kvcache_exporter.derive.kv_events import EventState
 from kvcache_exporter.derive.state import PollState
 from kvcache_exporter.sources.kv_events_decode import Batch, Event
@@ -66,3 +66,17 @@ def test_optional_032_families_are_never_counted_missing():
     )
     assert older.schema == "v1" and older.missing == ()
     assert not any("block_lifetime" in e.histograms for e in older.engines.values())
+
+
+def test_attribution_memory_is_checked_against_ten_times_the_cache():
+    configs = parse(CAPTURE.read_text()).cache_configs.values()
+    blocks = max(float(config["num_gpu_blocks"]) for config in configs)
+    state = polled(stream=False)
+    state.add_kv_events(EventState(), attribution=Attribution(max_blocks=int(10 * blocks)))
+    checks = {s.labels["check"]: s.value for s in audit_samples(state, 0.9, (60.0,))}
+    assert checks["attribution_memory_fits_cache"] == 1.0
+    state.kv_events[0].attribution = Attribution(max_blocks=int(10 * blocks) - 1)
+    checks = {s.labels["check"]: s.value for s in audit_samples(state, 0.9, (60.0,))}
+    assert checks["attribution_memory_fits_cache"] == 0.0
+    unattributed = {s.labels["check"] for s in audit_samples(polled(stream=False), 0.9, (60.0,))}
+    assert "attribution_memory_fits_cache" not in unattributed  # no attribution: nothing to check

@@ -17,6 +17,9 @@ Each check passes (1), fails (0), or is absent when its inputs are unknown. The 
   ever arrived (vLLM's --kv-events-config off, or pointed elsewhere).
 - kv_cache_metrics_enabled: vLLM exposes its block residency histograms (`--kv-cache-metrics`),
   which KVCacheEvictionThrashing and the residency quantiles read; checked on V1 targets only.
+- attribution_memory_fits_cache: --kv-events.max-tracked-blocks is at least 10x the model's
+  num_gpu_blocks (one engine's: a KV-event stream is one rank's), so an evicted block is still
+  remembered when it comes back; below that, `evicted` misses read as `cold`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from .state import PollState
 CacheConfig = Mapping[str, str]  # the labels of one vllm:cache_config_info series
 
 DEFAULT_GPU_MEMORY_UTILIZATION_CEILING = 0.9
+TRACKED_BLOCKS_PER_CACHE_BLOCK = 10
 
 
 def _all(configs: Sequence[CacheConfig], test: Callable[[CacheConfig], bool | None]) -> bool | None:
@@ -68,6 +72,7 @@ def config_checks(
     gpu_memory_utilization_ceiling: float = DEFAULT_GPU_MEMORY_UTILIZATION_CEILING,
     kv_events_received: bool | None = None,
     kv_cache_metrics_enabled: bool | None = None,
+    max_tracked_blocks: int | None = None,
 ) -> list[Sample]:
     """configs: the cache_config_info labels of every engine serving model_name, on every target."""
 
@@ -90,12 +95,20 @@ def config_checks(
         "no_deprecated_metrics": None if deprecated_metrics is None else not deprecated_metrics,
         "kv_events_received": kv_events_received,
         "kv_cache_metrics_enabled": kv_cache_metrics_enabled,
+        "attribution_memory_fits_cache": memory_fits_cache(configs, max_tracked_blocks),
     }
     return [
         Sample(c.CONFIG_CHECK, {"model_name": model_name, "check": check}, float(passed))
         for check, passed in results.items()
         if passed is not None
     ]
+
+
+def memory_fits_cache(configs: Sequence[CacheConfig], max_tracked_blocks: int | None) -> bool | None:
+    blocks = [config_number(config, "num_gpu_blocks") for config in configs]
+    if max_tracked_blocks is None or not blocks or None in blocks:
+        return None
+    return max_tracked_blocks >= TRACKED_BLOCKS_PER_CACHE_BLOCK * max(blocks)
 
 
 def audit_samples(state: PollState, ceiling: float, windows: Sequence[float]) -> list[Sample]:
@@ -115,6 +128,7 @@ def audit_samples(state: PollState, ceiling: float, windows: Sequence[float]) ->
             for (model, _), sample in snap.engines.items():
                 residency[model] = residency.get(model, True) and "block_lifetime" in sample.histograms
     events = kv_events_received(state, max(windows))
+    bounds = [part.attribution.limits[0] for part in state.kv_events if part.attribution is not None]
     out = []
     for model, model_configs in configs.items():
         peak = state.load_peaks.peak(model)
@@ -127,6 +141,7 @@ def audit_samples(state: PollState, ceiling: float, windows: Sequence[float]) ->
             gpu_memory_utilization_ceiling=ceiling,
             kv_events_received=events,
             kv_cache_metrics_enabled=residency.get(model),
+            max_tracked_blocks=min(bounds, default=None),
         )
     return out
 
