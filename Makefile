@@ -80,7 +80,7 @@ fuzz: venv
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-100000} FUZZ_SAVE=1 $(PY) -m pytest -q -p no:cacheprovider -o timeout=0 tests -k fuzz
 
 # The soak runs past the longest window (1 h) to show RSS plateau; `make bench SOAK_SECONDS=0` skips it.
-SOAK_SECONDS ?= 4200
+SOAK_SECONDS ?= 5700
 bench: venv
 	$(PY) -m kvcache_exporter.bench --output docs/benchmarks.md
 	@if [ "$(SOAK_SECONDS)" != 0 ]; then $(MAKE) --no-print-directory soak; fi

@@ -164,7 +164,7 @@ def report(points: list[Point], window_s: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=4200, help="soak length (default 70 min)")
+    parser.add_argument("--seconds", type=float, default=5700, help="soak length (default 95 min)")
     parser.add_argument("--sample-every", type=float, default=30)
     parser.add_argument("--output", default="docs/soak.md")
     args = parser.parse_args(argv)
