@@ -295,14 +295,6 @@ class Attribution:
         blocks, removed = self._blocks, 0
         mark = self._stored << 40 | _REMOVED  # the stamp of a removal, and its flag
         new, old, half = blocks.new, blocks.old, blocks.half
-        if len(new) + len(hashes) < half:  # no rotation possible: the loop below without its check
-            for block_hash in hashes:
-                info = new.get(block_hash) or old.get(block_hash)
-                if info is not None and not info & _REMOVED:
-                    new[block_hash] = info & _KEEP_ON_REMOVE | mark
-                    removed += 1
-            self.resident = max(self.resident - removed, 0)
-            return
         for block_hash in hashes:  # inlined Generations.get/put
             info = new.get(block_hash) or old.get(block_hash)
             if info is not None and not info & _REMOVED:
@@ -315,9 +307,7 @@ class Attribution:
 
     def _observe_offset(self, offset: int) -> None:
         totals = self.totals
-        totals.offset_counts[bisect_left(OFFSET_BUCKETS, offset)] += (
-            1  # the first bucket with offset <= bound
-        )
+        totals.offset_counts[bisect_left(OFFSET_BUCKETS, offset)] += 1  # first bucket with offset <= bound
         totals.offset_sum += offset
 
 

@@ -95,9 +95,6 @@ class EventState:
             self.dropped["too_many_blocks"] += 1
 
     def _advance(self, seq: int) -> None:
-        if seq == self._next:  # the common case: no gap, no jump
-            self._next = seq + 1
-            return
         lost = self.missing(seq)
         if self._next is not None and not (self._next <= seq <= self._next + MAX_SEQ_GAP):
             self.restarts += 1
