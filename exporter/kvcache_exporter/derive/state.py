@@ -15,11 +15,13 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from ..sources.gpu import GpuSnapshot
+from ..sources.kv_events_decode import Dropped, SeqCursor
 from ..sources.vllm import EngineKey, VllmSnapshot
 from .attribution import Attribution
 from .gpu import GpuHistory
 from .kv_events import EventState, KvEventDrain
 from .miss_windows import MissHistory, num_gpu_blocks
+from .units import UnitView
 from .windows import SeriesHistory
 
 
@@ -67,21 +69,35 @@ class GpuState:
 
 @dataclass
 class KvEventsState:
-    """One KV-event stream: the batches drained from its subscriber, applied in arrival order
-    to the event view and, when on, to miss attribution (whose totals are kept per poll)."""
+    """One KV-event publisher (one data-parallel rank): the batches drained from its subscriber, in
+    arrival order. Its sequence is read once (`cursor`); each batch goes with that mark to the event
+    view and, when on, through the group model (`units`) to miss attribution, whose totals are kept
+    per poll."""
 
     events: EventState = field(default_factory=EventState)
-    labels: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)  # {"engine": rank} with several ranks
     attribution: Attribution | None = None
     misses: MissHistory | None = None
+    units: UnitView | None = None
+    cursor: SeqCursor = field(default_factory=SeqCursor)
 
     def ingest(self, drain: KvEventDrain | None, ts: float) -> None:
-        if drain is not None:
-            self.events.ingest(drain)
-        if self.attribution is not None and self.misses is not None:
-            if drain is not None:
-                self.attribution.ingest(drain)
-            self.misses.record(ts, self.attribution.totals)
+        attribution, units = self.attribution, self.units
+        for item in drain.items if drain is not None else ():
+            if isinstance(item, Dropped):
+                mark = self.cursor.skip(item.seq, item.count)
+                self.events.drop(item.reason, item.seq, item.count, mark)
+                if attribution is not None:
+                    attribution.mark(mark)
+                continue
+            mark = self.cursor.advance(item.seq)
+            if mark.restart and units is not None:
+                units.restart()
+            self.events.apply(item, mark)
+            if attribution is not None:
+                attribution.apply(item if units is None else units.units(item), mark)
+        if attribution is not None and self.misses is not None:
+            self.misses.record(ts, attribution.totals)
 
 
 class LoadPeaks:
@@ -138,10 +154,14 @@ class PollState:
         return self.gpu
 
     def add_kv_events(
-        self, events: EventState, labels: dict[str, str] | None = None, attribution: Attribution | None = None
+        self,
+        events: EventState,
+        labels: dict[str, str] | None = None,
+        attribution: Attribution | None = None,
+        units: UnitView | None = None,
     ) -> KvEventsState:
         misses = None if attribution is None else MissHistory(self.retention)
-        part = KvEventsState(events, labels or {}, attribution, misses)
+        part = KvEventsState(events, labels or {}, attribution, misses, units)
         self.kv_events.append(part)
         return part
 
