@@ -109,7 +109,7 @@ def test_coverage_per_engine_within_5_percent_never_above(shape):
 
 def test_every_stored_unit_counted_once_whatever_the_groups(shape):
     """Stored tokens are the anchor group's: a hybrid's sliding-window stores add nothing."""
-    folder, parts, _, _ = shape
+    _, parts, _, _ = shape
     for part in parts.values():
         units, totals = part.units, part.attribution.totals
         hit_unit = units.hit_unit
@@ -162,3 +162,67 @@ def test_request_options_sessions_salt_and_reuse_reports():
     baseline = replay(DEPLOYMENTS / "baseline-llama")["0"]
     # the reports would have been 3840 tokens of misses; the salted first blocks are new chains
     assert part.attribution.totals.prompt_miss_tokens < baseline.attribution.totals.prompt_miss_tokens + 3840
+
+
+class _Drains:
+    name = "kv_events"
+
+    def __init__(self, drains):
+        self.drains = iter(drains)
+
+    async def collect(self):
+        return next(self.drains)
+
+    async def close(self):
+        pass
+
+
+@pytest.mark.parametrize("folder", ["dp2", "dp2-api2"])
+def test_data_parallel_through_the_poll_loop_joins_each_engine_with_its_own_series(folder):
+    """Both ranks' streams beside the multi-engine (and the 47-family multiprocess) exposition, polled:
+    every attribution series carries the engine, and coverage divides by that engine's counters."""
+    import asyncio
+
+    from kvcache_exporter.collector import Exporter, Poll, target_polls
+    from kvcache_exporter.derive.exporter import DeriveOptions
+    from kvcache_exporter.derive.state import PollState
+    from tests.replay import ReplaySource, values
+
+    path = DEPLOYMENTS / folder
+    snapshots = [json.loads(line) for line in (path / "metrics-snapshots.jsonl").read_text().splitlines()]
+    messages = []  # (arrival, batch), decoded once
+    for line in (path / "kv-events.raw.jsonl").read_text().splitlines():
+        message = json.loads(line)
+        frames = [base64.b64decode(f) for f in message["frames_b64"]]
+        messages.append((message["recv_ts"], decode_message(frames, with_tokens=True)))
+    state = PollState(retention=10_000.0)
+    polls = target_polls(state, {"vllm": ReplaySource(s["text"] for s in snapshots)})
+    for rank in ("0", "1"):
+        mine = [(ts, batch) for ts, batch in messages if str(batch.dp_rank) == rank]
+        drains, start = [], 0
+        for snapshot in snapshots:  # drained between the scrapes they arrived between
+            end = next((i for i, (ts, _) in enumerate(mine) if ts > snapshot["ts"]), len(mine))
+            drains.append(KvEventDrain(tuple(batch for _, batch in mine[start:end])))
+            start = end
+        part = state.add_kv_events(EventState(), {"engine": rank}, Attribution(), UnitView())
+        polls.append(Poll(_Drains(drains), part.ingest, {"engine": rank}))
+    now = [0.0]
+    exporter = Exporter(polls, state, DeriveOptions(windows=(3600.0,)), interval=10.0, clock=lambda: now[0])
+    for _ in snapshots:
+        asyncio.run(exporter.poll_once())
+        now[0] += 10.0
+    replayed = replay(path)
+    misses = values(exporter, "kvcache_prefix_cache_miss_tokens_total")
+    coverage = values(exporter, "kvcache_prefix_cache_miss_attribution_coverage_ratio")
+    computed = computed_by_engine(path)
+    for rank in ("0", "1"):
+        mine = {
+            cause: n for labels, n in misses.items() if ("engine", rank) in labels for _, cause in labels[:1]
+        }
+        assert sum(mine.values()) == replayed[rank].attribution.totals.prompt_miss_tokens
+        ratio = coverage[(("engine", rank), ("window", "1h"))]
+        assert ratio == pytest.approx(sum(mine.values()) / computed[rank])  # this engine's counters only
+    assert values(exporter, "kvcache_kv_events_missed_batches_total") == {
+        (("engine", "0"),): 0,
+        (("engine", "1"),): 0,
+    }

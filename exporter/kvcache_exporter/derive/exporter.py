@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from ..config import window_label
 from ..samples import Sample
 from .audit import DEFAULT_GPU_MEMORY_UTILIZATION_CEILING, audit_samples
+from .cache_config import block_bytes
 from .cost import Pricing, cost_samples
 from .gpu import gpu_samples
 from .kv_events import kv_event_samples
@@ -59,7 +60,9 @@ def attribution(state: PollState, options: DeriveOptions) -> list[Sample]:
         samples = miss_samples(part.attribution.totals, part.misses, windows, vllm)
         samples += memory_samples(part.attribution.tracked, part.attribution.limits)
         if part.units is not None:
-            samples += unit_samples(part.units)
+            snapshot = target.snapshot if target is not None else None
+            config = snapshot.cache_configs.get(engine or "0") if snapshot is not None else None
+            samples += unit_samples(part.units, block_bytes(config))
         out += [s._replace(labels={**s.labels, **part.labels}) for s in samples] if part.labels else samples
     return out
 
