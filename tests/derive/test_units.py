@@ -192,7 +192,7 @@ def test_bounded_memory_whatever_the_stream():
     for i in range(50):
         chain = Chain(words(256, 1000 + i))
         view.units(Batch(i, 1.0, tuple(unit_events(DSV4, chain, 0, 256))))
-    assert len(view.resident) <= 100 and len(view._parts) + len(view._old_parts) <= 100
+    assert len(view.resident) <= 100 and view.parts <= 100
 
 
 def test_a_restart_forgets_every_tier():

@@ -30,6 +30,7 @@ each (the window parts: two generations, like Generations), tier residency `max_
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -103,8 +104,10 @@ class UnitView:
         self.reused_by_session = Bounded(label_limit)
         self.resident: set[int | bytes] = set()  # anchor hashes held on the GPU
         self.tiers: dict[str, set[int | bytes]] = {}
-        self._parts: dict[tuple, int | bytes] = {}  # (group, hash) of a window block -> its unit
-        self._old_parts: dict[tuple, int | bytes] = {}
+        # windowed group -> {hash of a window block: the unit it belongs to}, in two generations
+        self._parts: dict[int | None, dict[int | bytes, int | bytes]] = {}
+        self._old_parts: dict[int | None, dict[int | bytes, int | bytes]] = {}
+        self._parts_held = 0
         self._tags: dict[int | bytes, int] = {}  # last hash of a tagged chain's event -> its tag
 
     @property
@@ -113,32 +116,51 @@ class UnitView:
         group = self.groups.get(self.anchor) if self.anchored else None
         return max(group.block_sizes) if group and group.block_sizes else None
 
-    def tracked(self) -> int:
-        return len(self.resident) + len(self._parts) + len(self._old_parts) + len(self._tags)
+    @property
+    def parts(self) -> int:
+        """Window blocks remembered (each names its unit)."""
+        return sum(map(len, self._parts.values())) + sum(map(len, self._old_parts.values()))
 
     def restart(self) -> None:
         """A new publisher (vLLM restarted): nothing is held any more, on any tier."""
         self.resident.clear()
         self.tiers.clear()
-        self._parts, self._old_parts = {}, {}
+        self._parts, self._old_parts, self._parts_held = {}, {}, 0
 
     def units(self, batch: Batch) -> Batch:
-        """The batch as attribution reads it: one event per hit unit, in stream order."""
+        """The batch as attribution reads it: one event per hit unit, in stream order (the batch
+        itself when that is what it already was: one group, no tier, nothing re-announced)."""
         out: list = []
+        resident, anchor, anchored = self.resident, self.anchor, self.anchored
+        removed: list = []  # consecutive anchor removals (one per evicted block), applied at once
         for event in batch.events:
             kind = event.type
-            medium = getattr(event, "medium", None)
+            medium = event.medium
+            if kind == "BlockRemoved" and (medium is None or medium == GPU):
+                if not anchored or event.group == anchor:  # the common case, inline
+                    removed += event.block_hashes
+                    out.append(event)
+                else:
+                    self._removed(event, out)
+                continue
+            if removed:
+                resident.difference_update(removed)
+                removed = []
             if medium is not None and medium != GPU:
                 self._tier(event, medium)
-            elif kind == "BlockRemoved":
-                self._removed(event, out)
             elif kind == "BlockStored":
-                self._stored(event, getattr(event, "group", None), out)
+                self._stored(event, event.group, out)
+                anchor, anchored = self.anchor, self.anchored
             else:
                 if kind == "AllBlocksCleared":  # the GPU pool was reset; lower tiers keep theirs
-                    self.resident.clear()
-                    self._parts, self._old_parts = {}, {}
+                    resident.clear()
+                    self._parts, self._old_parts, self._parts_held = {}, {}, 0
                 out.append(event)
+        if removed:
+            resident.difference_update(removed)
+        events = batch.events
+        if len(out) == len(events) and all(map(operator.is_, out, events)):
+            return batch
         return batch._replace(events=tuple(out))
 
     def _learn(self, event, group: int | None) -> Group:
@@ -153,39 +175,48 @@ class UnitView:
 
     def _stored(self, event, group: int | None, out: list) -> None:
         hashes = event.block_hashes
-        self._learn(event, group)
+        spec = self.groups.get(group)
+        if spec is None or (event.block_size and event.block_size not in spec.block_sizes):
+            self._learn(event, group)
         if not self.anchored or group != self.anchor:  # a windowed group (or another full one)
-            unit = hashes[-1] if hashes else None
-            if unit is not None:
-                self._keep_parts(group, hashes, unit)
+            if hashes:
+                self._keep_parts(group, hashes, hashes[-1])
             return
         if not hashes:
             return
         count = len(hashes)
         size = event.block_size or len(event.token_ids) // count
-        resident = self.resident
-        if event.parent is None and resident.issuperset(hashes):
+        if event.parent is None and self.resident.issuperset(hashes):
             self._reused(event, count * size)
             return
-        loaded = self._loaded(hashes)
-        if loaded:
-            self.totals.tier_hit_tokens[loaded[1]] += loaded[0] * size
-            if loaded[0] == count:
-                return
-            event = _tail(event, loaded[0], size)
-            hashes, count = event.block_hashes, count - loaded[0]
-        self._hold(hashes)
+        if self.tiers:
+            loaded = self._loaded(hashes)
+            if loaded:
+                self.totals.tier_hit_tokens[loaded[1]] += loaded[0] * size
+                if loaded[0] == count:
+                    return
+                event = _tail(event, loaded[0], size)
+                hashes, count = event.block_hashes, count - loaded[0]
+        resident = self.resident
+        if len(resident) + count > self.max_blocks:
+            resident.clear()  # bounded: forgetting means a later reuse report reads as a store
+        resident.update(hashes)
         tokens = count * size
         self.totals.stored_tokens += tokens
-        session = getattr(event, "session_id", None)
-        if session is not None:
+        if event.session_id is not None:
             self.totals.session_tokens += tokens
-            self.by_session.add(session, tokens)
-        self.by_adapter.add(getattr(event, "lora_name", None) or BASE, tokens)
-        tag = self._tag(event)
-        if tag:
-            self._remember_tag(hashes[-1], tag)
-            event = _tagged(event, tag)
+            self.by_session.add(event.session_id, tokens)
+        lora = event.lora_name
+        adapters = self.by_adapter.counts
+        if (lora or BASE) in adapters:
+            adapters[lora or BASE] += tokens
+        else:
+            self.by_adapter.add(lora or BASE, tokens)
+        if lora or self._tags or event.parent is None:
+            tag = self._tag(event)
+            if tag:
+                self._remember_tag(hashes[-1], tag)
+                event = _tagged(event, tag)
         out.append(event)
 
     def _reused(self, event, tokens: int) -> None:
@@ -202,12 +233,11 @@ class UnitView:
             self.resident.difference_update(hashes)
             out.append(event)
             return
-        units = []
+        units, new, old = [], self._parts.get(group, {}), self._old_parts.get(group, {})
         for block_hash in hashes:
-            key = _part_key(group, block_hash)
-            unit = self._parts.pop(key, None)
+            unit = new.pop(block_hash, None)
             if unit is None:
-                unit = self._old_parts.pop(key, None)
+                unit = old.pop(block_hash, None)
             if unit is not None and unit in self.resident:
                 units.append(unit)
         if units:
@@ -216,17 +246,13 @@ class UnitView:
             out.append(Event("BlockRemoved", units))
 
     def _keep_parts(self, group: int | None, hashes: Sequence, unit) -> None:
-        parts = self._parts
-        for block_hash in hashes:
-            parts[_part_key(group, block_hash)] = unit
-        if len(parts) >= self.max_blocks // 2:
-            self._old_parts, self._parts = parts, {}
-
-    def _hold(self, hashes: Sequence) -> None:
-        resident = self.resident
-        if len(resident) + len(hashes) > self.max_blocks:
-            resident.clear()  # bounded: forgetting means a later reuse report reads as a store
-        resident.update(hashes)
+        parts = self._parts.get(group)
+        if parts is None:
+            parts = self._parts[group] = {}
+        parts.update(dict.fromkeys(hashes, unit))
+        self._parts_held += len(hashes)
+        if self._parts_held >= self.max_blocks // 2:
+            self._old_parts, self._parts, self._parts_held = self._parts, {}, 0
 
     def _tier(self, event, medium: str) -> None:
         held = self.tiers.setdefault(medium, set())
@@ -266,10 +292,6 @@ class UnitView:
         if len(self._tags) >= self.max_blocks:
             self._tags.clear()
         self._tags[last_hash] = tag
-
-
-def _part_key(group: int | None, block_hash: int | bytes):
-    return (group or 0, block_hash)
 
 
 def _first_extra_key(raw) -> bytes:

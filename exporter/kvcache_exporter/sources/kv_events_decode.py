@@ -81,13 +81,32 @@ Name = Annotated[str, msgspec.Meta(max_length=256)]
 GroupIndex = Annotated[int, msgspec.Meta(ge=0, le=1 << 16)]
 
 
-class StoredWithTokens(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
+_tokens = msgspec.msgpack.Decoder(Tokens)
+_NO_TOKENS = msgspec.Raw(msgspec.msgpack.encode([]))
+
+
+class _LazyTokens:
+    """`token_ids` decoded when read: a hybrid's windowed groups repeat the step's token ids in every
+    group (6 copies on DeepSeek-V4) and only the anchor's are read. Still bounded (MAX_TOKENS_PER_EVENT);
+    a list that is not token ids reads as empty."""
+
+    __slots__ = ()
+
+    @property
+    def token_ids(self) -> list[int]:
+        try:
+            return _tokens.decode(self.raw_tokens)  # type: ignore[attr-defined]
+        except _DECODE_ERRORS:
+            return []
+
+
+class StoredWithTokens(_LazyTokens, msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
     """A BlockStored with what miss attribution and the group model (derive/units.py) read."""
 
     type: ClassVar[str] = "BlockStored"
     block_hashes: Hashes
     parent: BlockHash | None = msgspec.field(default=None, name="parent_block_hash")
-    token_ids: Tokens = []
+    raw_tokens: msgspec.Raw = msgspec.field(default=_NO_TOKENS, name="token_ids")
     block_size: BlockSize = 0
     lora_name: Name | None = None
     medium: Name | None = None
@@ -110,13 +129,15 @@ class RemovedWithTokens(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc
 class ClearedWithTokens(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", gc=False):
     type: ClassVar[str] = "AllBlocksCleared"
     block_hashes: ClassVar[tuple] = ()
+    medium: ClassVar[None] = None
+    group: ClassVar[None] = None
 
 
-class _ArrayStoredWithTokens(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
+class _ArrayStoredWithTokens(_LazyTokens, msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
     type: ClassVar[str] = "BlockStored"
     block_hashes: Hashes
     parent: BlockHash | None = None
-    token_ids: Tokens = []
+    raw_tokens: msgspec.Raw = _NO_TOKENS
     block_size: BlockSize = 0
     lora_id: int | None = None  # deprecated by vLLM, read only to reach the fields after it
     medium: Name | None = None
@@ -140,6 +161,8 @@ class _ArrayRemovedWithTokens(msgspec.Struct, array_like=True, tag="BlockRemoved
 class _ArrayClearedWithTokens(msgspec.Struct, array_like=True, tag="AllBlocksCleared", gc=False):
     type: ClassVar[str] = "AllBlocksCleared"
     block_hashes: ClassVar[tuple] = ()
+    medium: ClassVar[None] = None
+    group: ClassVar[None] = None
 
 
 _MapEvent = _Stored | _Removed | _Cleared
