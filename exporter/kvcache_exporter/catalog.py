@@ -99,6 +99,12 @@ KV_EVENTS_MISSED_BATCHES_TOTAL = "kvcache_kv_events_missed_batches_total"
 KV_EVENTS_DROPPED_TOTAL = "kvcache_kv_events_dropped_total"
 KV_EVENTS_CACHED_BLOCKS = "kvcache_kv_events_cached_blocks"
 KV_EVENTS_GROUP_INFO = "kvcache_kv_events_group_info"
+OFFLOAD_BYTES_PER_SECOND = "kvcache_offload_bytes_per_second"
+OFFLOAD_BUSY_RATIO = "kvcache_offload_busy_ratio"
+OFFLOAD_HOST_HIT_RATIO = "kvcache_offload_host_hit_ratio"
+OFFLOAD_STORES_WITHOUT_LOADS = "kvcache_offload_stores_without_loads"
+OFFLOAD_ALLOCATION_FAILURES_TOTAL = "kvcache_offload_allocation_failures_total"
+OFFLOAD_STORES_SKIPPED_TOTAL = "kvcache_offload_stores_skipped_total"
 KV_EVENTS_HIT_UNIT_TOKENS = "kvcache_kv_events_hit_unit_tokens"
 KV_EVENTS_STORED_TOKENS_TOTAL = "kvcache_kv_events_stored_tokens_total"
 KV_EVENTS_REUSED_TOKENS_TOTAL = "kvcache_kv_events_reused_tokens_total"
@@ -820,6 +826,65 @@ CATALOG: tuple[Metric, ...] = (
         "",
         "fleet",
         "discovery",
+    ),
+    # --- KV offloading (vLLM 0.33 /metrics, derive/offload.py) --------------------------------------
+    _m(
+        OFFLOAD_BYTES_PER_SECOND,
+        "gauge",
+        "KV offload transfer rate over the window: direction=load (offload tier -> GPU), store (GPU -> "
+        "tier). Absent where vLLM exports no offload family.",
+        ("model_name", "engine", "window", "direction"),
+        "bytes_per_second",
+        "cache",
+        "vllm:kv_offload_{load,store}_bytes (else vllm:kv_offload_tiering_{read,write}_bytes)",
+    ),
+    _m(
+        OFFLOAD_BUSY_RATIO,
+        "gauge",
+        "Share of the window vLLM spent transferring KV to (store) or from (load) the offload tier, summed "
+        "over transfers (capped at 1).",
+        ("model_name", "engine", "window", "direction"),
+        "ratio",
+        "cache",
+        "vllm:kv_offload_{load,store}_time (else vllm:kv_offload_tiering_{read,write}_time)",
+    ),
+    _m(
+        OFFLOAD_HOST_HIT_RATIO,
+        "gauge",
+        "Share of the window's prompt tokens served from the host (CPU) tier.",
+        ("model_name", "engine", "window"),
+        "ratio",
+        "cache",
+        'vllm:prompt_tokens_cached_by_source_total{source="host"}, vllm:prefix_cache_queries_total',
+    ),
+    _m(
+        OFFLOAD_STORES_WITHOUT_LOADS,
+        "gauge",
+        "1 when the window stored KV to the offload tier and loaded none back: a tier that costs transfer "
+        "time and memory and earns nothing; else 0.",
+        ("model_name", "engine", "window"),
+        "",
+        "cache",
+        "vllm:kv_offload_store_bytes, vllm:kv_offload_load_bytes",
+        allowed=(0.0, 1.0),
+    ),
+    _m(
+        OFFLOAD_ALLOCATION_FAILURES_TOTAL,
+        "counter",
+        "KV offload store allocation attempts that failed (the tier was full).",
+        ("model_name", "engine"),
+        "",
+        "cache",
+        "vllm:kv_offload_allocation_failure",
+    ),
+    _m(
+        OFFLOAD_STORES_SKIPPED_TOTAL,
+        "counter",
+        "KV offload stores the CPU tier skipped.",
+        ("model_name", "engine"),
+        "",
+        "cache",
+        "vllm:kv_offload_stores_skipped",
     ),
     # --- KV-event groups and hit units (derive/units.py) ------------------------------------------
     _m(
