@@ -23,7 +23,7 @@ from .settings import Settings
 from .sources.gpu import NoGpuSource
 from .sources.gpu_factory import make_gpu_source
 from .sources.vllm import VllmSource
-from .web import Limits, listen, load_web_config, make_app
+from .web.app import Limits, listen, load_web_config, make_app
 
 log = logging.getLogger("kvcache_exporter")
 

@@ -13,9 +13,7 @@ TOOLS = (
     "kvcache_exporter.demo",
     "kvcache_exporter.aggregator",
     "kvcache_exporter.mixin",
-    "kvcache_exporter.bench",
-    "kvcache_exporter.soak",
-    "kvcache_exporter.harness",
+    "kvcache_exporter.tools",
 )
 
 # What `kvcache-exporter serve` imports: the CLI, parsing a serve command line, the server wiring.
