@@ -17,7 +17,7 @@ from ..derive.cache import hit_ratio
 from ..derive.cache_config import config_number
 from ..derive.windows import Delta
 from ..samples import Sample
-from ..sources.vllm import EngineSample, VllmSnapshot
+from ..sources.vllm_snapshot import EngineSample, VllmSnapshot
 from .fleet_residency import FleetResidency, ReplicaView
 
 VLLM_COUNTERS = ("query_tokens", "hit_tokens")

@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from ..sources.gpu import GpuSnapshot
-from ..sources.vllm import EngineKey, VllmSnapshot
+from ..sources.vllm_snapshot import EngineKey, VllmSnapshot
 from .attribution import Attribution
 from .gpu import GpuHistory
 from .kv_events import EventState, KvEventDrain
