@@ -7,10 +7,10 @@ import contextlib
 import itertools
 import random
 import time
-import zlib
 
 import zmq.asyncio
 
+from ..routing import route
 from .config import SimulatorConfig, cache_config_labels
 from .dcgm import GpuState
 from .engine import Engine, Request
@@ -134,9 +134,10 @@ class Runtime:
         return await future
 
     def _route(self, session: str | None) -> int:
-        if self.config.routing == "session" and session:
-            return zlib.crc32(session.encode()) % len(self.engines)
-        return next(self._round_robin) % len(self.engines)
+        sticky = self.config.routing == "session" and bool(session)
+        return route(
+            self.config.routing, len(self.engines), session, 0 if sticky else next(self._round_robin)
+        )
 
     async def _run_engine(self, index: int) -> None:
         engine, wakeup, speed = self.engines[index], self._wakeups[index], self.config.speed
