@@ -9,7 +9,6 @@ logged once per reason, and an unexpected exception is an `internal_error`, neve
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 from collections import Counter
@@ -120,9 +119,7 @@ class Poll:
         return self.health.samples({**self.labels, "collector": self.collector})
 
     async def close(self) -> None:
-        result = self.source.close()
-        if inspect.isawaitable(result):
-            await result
+        await self.source.close()
 
 
 class Exporter:
