@@ -14,8 +14,8 @@ from .collector import Exporter, Poll, target_polls
 from .config import ConfigError
 from .derive.attribution import Attribution
 from .derive.cost import Pricing
-from .derive.exporter import DeriveOptions
 from .derive.kv_events import EventState
+from .derive.registry import DeriveOptions
 from .derive.state import PollState
 from .exposition import registry_for
 from .settings import Settings

@@ -139,7 +139,7 @@ def test_the_folders_are_the_layers():
 def test_the_derivations_load_no_http_client():
     probe = """
 import json, sys
-import kvcache_exporter.derive.exporter, kvcache_exporter.derive.state
+import kvcache_exporter.derive.registry, kvcache_exporter.derive.state
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("aiohttp", "zmq", "yaml"))))
 """
     assert loaded(probe) == []

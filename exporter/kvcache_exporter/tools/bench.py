@@ -22,10 +22,10 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from .. import __version__
-from ..collector import vllm_exporter
 from ..exposition import registry_for, render
 from ..sources import textformat
 from ..sources.vllm import Memory, parse
+from .exporters import vllm_exporter
 from .harness import Services, scrape_config
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"

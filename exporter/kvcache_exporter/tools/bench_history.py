@@ -55,7 +55,7 @@ def fill_history(targets: int, interval: float, hours: float = 1.0) -> dict[str,
 
     cli.build_parser("serve").parse_args(["serve", "--vllm.url", "http://127.0.0.1:1/metrics"])
     from .. import server  # noqa: F401  - what `serve` imports
-    from ..collector import vllm_exporter
+    from .exporters import vllm_exporter
 
     idle = rss_mib()
     texts = [json.loads(line)["text"] for line in SNAPSHOTS.read_text().splitlines()]
