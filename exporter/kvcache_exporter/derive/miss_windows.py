@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from .. import catalog as c
 from ..samples import Sample
-from ..sources.vllm import EngineSample, VllmSnapshot
+from ..sources.vllm_snapshot import EngineSample, VllmSnapshot
 from .attribution import CAPACITY_FACTORS, OFFSET_BUCKETS, Totals
 from .cache_config import config_number
 from .windows import Delta, SeriesHistory

@@ -7,10 +7,10 @@ import contextlib
 import itertools
 import random
 import time
-import zlib
 
 import zmq.asyncio
 
+from ..routing import route
 from .blocks import Origin
 from .config import SimulatorConfig, cache_config_labels
 from .dcgm import GpuState
@@ -150,15 +150,16 @@ class Runtime:
         """Built-in traffic with the configured deployment options: adapter by session, session ids,
         report mode."""
         config, choices = self.config, (None, *self.config.lora_adapters)
-        spec.lora_name = choices[zlib.crc32(spec.session.encode()) % len(choices)]
+        spec.lora_name = choices[route("session", len(choices), spec.session, 0)]
         spec.session_id = spec.session if config.session_ids and spec.session else None
         spec.report_full = config.kv_cache_report_mode == "full"
         return spec
 
     def _route(self, session: str | None) -> int:
-        if self.config.routing == "session" and session:
-            return zlib.crc32(session.encode()) % len(self.engines)
-        return next(self._round_robin) % len(self.engines)
+        sticky = self.config.routing == "session" and bool(session)
+        return route(
+            self.config.routing, len(self.engines), session, 0 if sticky else next(self._round_robin)
+        )
 
     async def _run_engine(self, index: int) -> None:
         engine, wakeup, speed = self.engines[index], self._wakeups[index], self.config.speed
