@@ -658,7 +658,9 @@ CATALOG: tuple[Metric, ...] = (
         KV_EVENTS_DROPPED_TOTAL,
         "counter",
         "Batches the exporter dropped itself: rate_limited (over --kv-events.max-batches-per-second), "
-        "too_many_blocks (resident-hash bound), parse_error (undecodable).",
+        "too_many_blocks (resident-hash bound), parse_error (undecodable), batch_too_heavy (one batch "
+        "over the bytes, hashes or token-ids bound), budget_exceeded (over what one poll may queue or "
+        "spend applying).",
         ("reason",),
         "",
         "events",
