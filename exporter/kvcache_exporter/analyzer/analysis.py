@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from . import reorder
-from .curvereport import render_curve
+from .curvereport import render_curve, render_units
 from .diagnoses import SIGNIFICANT, Diagnosis, diagnose
 from .replay import Replay, blocks_needed_unbounded, concurrent_replay, replay
 from .structure import Structure, structure
@@ -39,6 +39,8 @@ class Report:
     notes: list[str]
     curve: dict | None = None
     """the miss-ratio curve and misses by cause (mrc.Curve.to_dict), filled in by the caller"""
+    units: list[dict] | None = None
+    """hit ratio with no eviction per hit unit (hitunit.unit_rows), filled in by the caller"""
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -218,8 +220,8 @@ def render_text(report: Report) -> str:
     if st.dynamic_field is not None:
         d = st.dynamic_field
         lines.append(
-            f"  dynamic field: requests differ at token {d.start}-{d.end} (median {d.median_len:g} tokens) "
-            f"then share {d.template_tokens} tokens ({d.requests} requests)"
+            f"  per-request part: requests differ at token {d.start}-{d.end} (shared content from token "
+            f"{d.median_len:g}, median) then share {d.template_tokens} tokens ({d.requests} requests)"
         )
     lines += ["", "diagnosis"]
     if not report.diagnoses:
@@ -233,5 +235,6 @@ def render_text(report: Report) -> str:
         lines += [f"     - {r}" for r in d.remedies]
     if report.curve is not None:
         lines += render_curve(report.curve, s["num_gpu_blocks"], s["block_size"])
+    lines += render_units(report.units)
     lines += ["", *[f"note: {n}" for n in report.notes]]
     return "\n".join(lines) + "\n"
