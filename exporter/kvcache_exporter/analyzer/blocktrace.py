@@ -70,8 +70,8 @@ def from_hash_line(
         raise ValueError(f"{len(hash_ids):,} hash_ids: a prompt beyond any model's context")
     if any(type(h) is not int for h in hash_ids):
         raise ValueError("hash_ids must be integers")
-    length = int_field(obj, "input_length", len(hash_ids) * trace_block, 1, len(hash_ids) * trace_block)
-    if not (len(hash_ids) - 1) * trace_block < length:
+    length = int_field(obj, "input_length", len(hash_ids) * trace_block, 1, 2**63 - 1)
+    if not (len(hash_ids) - 1) * trace_block < length <= len(hash_ids) * trace_block:
         raise ValueError(f"input_length {length} does not match {len(hash_ids)} blocks of {trace_block}")
     groups = [ids.id(h) for h in hash_ids]
     widths = [trace_block // block_size] * len(groups)

@@ -121,16 +121,15 @@ def int_field(obj: dict, key: str, default: int, low: int, high: int) -> int:
     if value is None:
         return default
     if type(value) is not int or not low <= value <= high:
-        raise ValueError(f"{key} must be an integer in {low}..{high}, not {str(value)[:20]!r}")
+        raise ValueError(f"{key} must be in {low}..{high} (an integer), not {str(value)[:20]!r}")
     return value
 
 
 def label_field(value, key: str) -> str | None:
+    """A session or instance label: text, or any other JSON value as its text, within MAX_LABEL."""
     if value is None:
         return None
-    if not isinstance(value, str | int) or isinstance(value, bool):
-        raise ValueError(f"{key} must be text or a number")
-    text = str(value)
+    text = value if isinstance(value, str) else str(value)
     if len(text) > MAX_LABEL:
         raise ValueError(f"{key} longer than {MAX_LABEL} characters")
     return text
