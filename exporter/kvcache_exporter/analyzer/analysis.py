@@ -39,6 +39,9 @@ class Report:
     notes: list[str]
     curve: dict | None = None
     """the miss-ratio curve and misses by cause (mrc.Curve.to_dict), filled in by the caller"""
+    reordered_estimate: float | None = None
+    """the sidecar's estimate of the reorder (observed hits + the curve's prefix_diverged tokens), beside the
+    exact replay `dynamic_moved_last`"""
     units: list[dict] | None = None
     """hit ratio with no eviction per hit unit (hitunit.unit_rows), filled in by the caller"""
 
@@ -205,7 +208,13 @@ def render_text(report: Report) -> str:
     if report.session_routing is not None:
         lines.append(f"  routing by session              {report.session_routing.hit_ratio:6.3f}")
     if report.dynamic_moved_last is not None:
-        lines.append(f"  per-request part moved after   {report.dynamic_moved_last.hit_ratio:6.3f}")
+        lines.append(
+            f"  per-request part moved after    {report.dynamic_moved_last.hit_ratio:6.3f}  (exact replay)"
+        )
+    if report.reordered_estimate is not None:
+        lines.append(
+            f"  the same, estimated live        {report.reordered_estimate:6.3f}  (hits + prefix_diverged)"
+        )
     st = report.structure
     lines += [
         "",

@@ -27,6 +27,7 @@ from . import (
     lines,
     mrc,
     progress,
+    reorder,
     replay,
     tokenize,
     trace,
@@ -215,6 +216,11 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace, encoder=None):
             getattr(encoder, "decode", None),
         )
         report.curve = curve.to_dict()
+        report.reordered_estimate = reorder.live_estimate(
+            report.observed.hit_tokens,
+            report.observed.prompt_tokens,
+            curve.misses_by_cause["prefix_diverged"],
+        )
         report.units = hitunit.unit_rows(
             parsed.requests, parsed.traces, bs, None, args.replicas, args.routing
         )
@@ -262,7 +268,7 @@ def _write_html(path: str, parsed: blocktrace.Parsed, curve: mrc.Curve, report, 
         ("observed hit ratio", f"{data['observed']['hit_ratio']:.3f}"),
         ("unbounded hit ratio", f"{data['unbounded']['hit_ratio']:.3f}"),
     ]
-    page = html.render(parsed.requests, curve, s, summary, restart_at, hits)
+    page = html.render(parsed.requests, curve, s, summary, restart_at, hits, data)
     Path(path).write_text(page, encoding="utf-8")
 
 

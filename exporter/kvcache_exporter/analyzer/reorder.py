@@ -142,3 +142,11 @@ def dynamic_field(found: Sequence[Layout | None]) -> DynamicField | None:
         int(statistics.median(lay.template_end - lay.template for lay in moved)),
         len(moved),
     )
+
+
+def live_estimate(hit_tokens: int, prompt_tokens: int, diverged_tokens: int) -> float | None:
+    """The sidecar's estimate of the reorder's worth: the prefix_diverged tokens would have hit (derive's
+    reordered_hit_ratio, issue 21; the exact replay of `reordered_prompts` is its offline check)."""
+    if prompt_tokens <= 0:
+        return None
+    return min(max((hit_tokens + diverged_tokens) / prompt_tokens, 0.0), 1.0)
