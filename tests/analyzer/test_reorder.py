@@ -21,7 +21,8 @@ def test_the_role_header_is_the_head_not_the_template():
     assert found == [reorder.Layout(3, 5, 47)] * 10  # the shared 7, 8 belong to it
     assert reorder.reorder(prompts[0], found[0]) == [*header, *template, 7, 8, 50, 60]
     field = reorder.dynamic_field(found)
-    assert (field.start, field.end, field.median_len, field.template_tokens, field.requests) == (3, 4, 5, 42, 10)
+    shape = (field.start, field.end, field.median_len, field.template_tokens, field.requests)
+    assert shape == (3, 4, 5, 42, 10)
 
 
 def test_a_layout_already_fixed_is_left_alone():
@@ -43,7 +44,8 @@ def test_heads_are_what_half_the_requests_share():
 
 
 def chat_requests(fields: str, encoder=None) -> list[trace.TraceRequest]:
-    return [trace.parse_trace_line(line, n, encoder=encoder) for n, line in enumerate(chat_lines(200, fields))]
+    lines = chat_lines(200, fields)
+    return [trace.parse_trace_line(line, n, encoder=encoder) for n, line in enumerate(lines)]
 
 
 @pytest.mark.parametrize("tokenizer", [None, TINY_LLAMA], ids=["simulator-tokenizer", "tiny-llama"])
