@@ -9,6 +9,7 @@ import msgspec
 
 from kvcache_exporter.derive.attribution import Attribution
 from kvcache_exporter.derive.kv_events import EventState
+from kvcache_exporter.derive.miss_windows import MissHistory
 from kvcache_exporter.derive.state import KvEventsState
 from kvcache_exporter.derive.units import UnitView
 from kvcache_exporter.sources.kv_events_decode import Batch, Event, KvEventDrain
@@ -61,7 +62,7 @@ def words(n: int, seed: int) -> list[int]:
 
 
 def part() -> KvEventsState:
-    return KvEventsState(EventState(), {}, Attribution(), None, UnitView())
+    return KvEventsState(EventState(), {}, Attribution(), MissHistory(1e9), UnitView())
 
 
 def feed(state: KvEventsState, *batches: list[Event]) -> None:
@@ -199,5 +200,7 @@ def test_a_restart_forgets_every_tier():
     state, chain = part(), Chain(words(256, 10))
     feed(state, unit_events(DSV4, chain, 0, 256), [Event("BlockStored", [1], None, [], 256, medium="CPU")])
     state.ingest(KvEventDrain((Batch(0, 1.0, ()),)), 2.0)  # seq back to 0: a new publisher
-    assert not state.units.resident and not state.units.tiers
+    assert not state.units.resident and not state.units.tiers and not state.units.groups
+    feed(state, unit_events(GEMMA3, Chain(words(64, 11)), 0, 64))  # another model behind the endpoint
+    assert state.units.anchor == 5 and state.units.hit_unit == 32
     assert state.attribution.totals.restarts == 1 == state.events.restarts

@@ -20,6 +20,7 @@ import pytest
 
 from kvcache_exporter.derive.attribution import Attribution
 from kvcache_exporter.derive.kv_events import EventState
+from kvcache_exporter.derive.miss_windows import MissHistory
 from kvcache_exporter.derive.state import KvEventsState
 from kvcache_exporter.derive.units import UnitView
 from kvcache_exporter.sources.kv_events_decode import KvEventDrain, decode_message
@@ -40,7 +41,9 @@ def replay(folder: Path) -> dict[str, KvEventsState]:
         engine = str(batch.dp_rank or 0)
         part = parts.get(engine)
         if part is None:
-            part = parts[engine] = KvEventsState(EventState(), {}, Attribution(), None, UnitView())
+            part = parts[engine] = KvEventsState(
+                EventState(), {}, Attribution(), MissHistory(1e9), UnitView()
+            )
         part.ingest(KvEventDrain((batch,)), 0.0)
     return parts
 
@@ -184,7 +187,7 @@ def test_data_parallel_through_the_poll_loop_joins_each_engine_with_its_own_seri
     import asyncio
 
     from kvcache_exporter.collector import Exporter, Poll, target_polls
-    from kvcache_exporter.derive.exporter import DeriveOptions
+    from kvcache_exporter.derive.registry import DeriveOptions
     from kvcache_exporter.derive.state import PollState
     from tests.replay import ReplaySource, values
 

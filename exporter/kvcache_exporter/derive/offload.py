@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .. import catalog as c
 from ..samples import Sample
-from ..sources.vllm import EngineSample
+from ..sources.vllm_snapshot import EngineSample
 from .windows import Delta
 
 TOTALS = {

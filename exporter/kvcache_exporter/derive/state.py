@@ -1,7 +1,7 @@
 """The poll state: everything the sources delivered, kept as history for the derivations.
 
 Sources hand snapshots to the `ingest` of one part (a vLLM target, the GPU, a KV-event stream);
-derivations (derive/exporter.py and the modules it calls) only read it. Ingesting is the one place
+derivations (derive/registry.py and the modules it calls) only read it. Ingesting is the one place
 state changes, so deriving twice from the same state gives the same samples.
 
 A new kind of source adds a part here (a dataclass with `ingest(snapshot, ts)`) and a pure
@@ -11,14 +11,17 @@ their `labels`.
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ..sources.gpu import GpuSnapshot
 from ..sources.kv_events_decode import Dropped, SeqCursor
-from ..sources.vllm import EngineKey, VllmSnapshot
+from ..sources.vllm_snapshot import EngineKey, VllmSnapshot
 from .attribution import Attribution
 from .gpu import GpuHistory
+from .kv_budget import within_budget
 from .kv_events import EventState, KvEventDrain
 from .miss_windows import MissHistory, num_gpu_blocks
 from .units import UnitView
@@ -70,20 +73,30 @@ class GpuState:
 @dataclass
 class KvEventsState:
     """One KV-event publisher (one data-parallel rank): the batches drained from its subscriber, in
-    arrival order. Its sequence is read once (`cursor`); each batch goes with that mark to the event
-    view and, when on, through the group model (`units`) to miss attribution, whose totals are kept
-    per poll."""
+    arrival order, within `budget` seconds a poll (None: no limit; see kv_budget.py). Its sequence is
+    read once (`cursor`); each batch goes with that mark to the event view and, when on, through the
+    group model (`units`) to miss attribution, whose totals are kept per poll."""
 
     events: EventState = field(default_factory=EventState)
     labels: dict[str, str] = field(default_factory=dict)  # {"engine": rank} with several ranks
     attribution: Attribution | None = None
     misses: MissHistory | None = None
     units: UnitView | None = None
+    budget: float | None = None
+    clock: Callable[[], float] = time.monotonic
     cursor: SeqCursor = field(default_factory=SeqCursor)
 
     def ingest(self, drain: KvEventDrain | None, ts: float) -> None:
-        attribution, units = self.attribution, self.units
-        for item in drain.items if drain is not None else ():
+        attribution = self.attribution if self.misses is not None else None
+        if drain is not None:
+            for part in within_budget(drain, self.budget, self.clock):
+                self._apply(part, attribution)
+        if attribution is not None and self.misses is not None:
+            self.misses.record(ts, attribution.totals)
+
+    def _apply(self, drain: KvEventDrain, attribution: Attribution | None) -> None:
+        units = self.units
+        for item in drain.items:
             if isinstance(item, Dropped):
                 mark = self.cursor.skip(item.seq, item.count)
                 self.events.drop(item.reason, item.seq, item.count, mark)
@@ -96,8 +109,6 @@ class KvEventsState:
             self.events.apply(item, mark)
             if attribution is not None:
                 attribution.apply(item if units is None else units.units(item), mark)
-        if attribution is not None and self.misses is not None:
-            self.misses.record(ts, attribution.totals)
 
 
 class LoadPeaks:
@@ -159,9 +170,10 @@ class PollState:
         labels: dict[str, str] | None = None,
         attribution: Attribution | None = None,
         units: UnitView | None = None,
+        budget: float | None = None,
     ) -> KvEventsState:
         misses = None if attribution is None else MissHistory(self.retention)
-        part = KvEventsState(events, labels or {}, attribution, misses, units)
+        part = KvEventsState(events, labels or {}, attribution, misses, units, budget)
         self.kv_events.append(part)
         return part
 
@@ -176,6 +188,8 @@ class PollState:
         for part in self.kv_events:  # the what-if estimate needs vLLM's cache size, from /metrics
             if part.attribution is not None and capacity:
                 part.attribution.capacity_blocks = capacity
+            if part.attribution is not None and part.units is not None and part.units.hit_unit:
+                part.attribution.hit_unit = part.units.hit_unit  # what the groups say vLLM hits in
         load: dict[str, float] = {}
         for target in self.targets:
             if target.snapshot is None or not target.up:

