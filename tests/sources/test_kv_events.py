@@ -12,7 +12,6 @@ import zmq
 import zmq.asyncio
 
 from kvcache_exporter.derive.kv_events import EventState, kv_event_samples
-from kvcache_exporter.harness import free_port
 from kvcache_exporter.sources.base import SourceError
 from kvcache_exporter.sources.kv_events import (
     KvEventDecodeError,
@@ -21,6 +20,7 @@ from kvcache_exporter.sources.kv_events import (
     subscriber_mode,
 )
 from kvcache_exporter.sources.kv_events_decode import Batch, Event, TokenBucket
+from kvcache_exporter.tools.harness import free_port
 
 SYSTEM_BLOCK_HASHES = [
     12944168452656833345,

@@ -17,8 +17,8 @@ import msgspec
 import pytest
 import zmq
 
-from kvcache_exporter.harness import CLI, free_port
 from kvcache_exporter.sources.kv_events_decode import MAX_HASHES_PER_BATCH
+from kvcache_exporter.tools.harness import CLI, free_port
 
 
 def batch(events: int, hashes: int) -> bytes:

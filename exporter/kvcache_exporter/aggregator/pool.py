@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from .. import catalog as c
 from ..collector import Health
 from ..config import window_label
-from ..derive import fleet_pool
-from ..derive.fleet_residency import FleetResidency, HashRange
 from ..derive.windows import SeriesHistory
 from ..guard import Guard
 from ..samples import Sample
@@ -27,7 +25,9 @@ from ..sources.base import SourceError
 from ..sources.kv_events import Batch, KvEventSubscriber
 from ..sources.kv_events_decode import Dropped, weight
 from ..sources.vllm import VllmSource
+from . import fleet_pool
 from .discovery import DiscoveryError, Replica, bounded
+from .fleet_residency import FleetResidency, HashRange
 
 log = logging.getLogger("kvcache_exporter.aggregate")
 DRAIN_SECONDS = 0.25

@@ -1,7 +1,7 @@
 """The poll state: everything the sources delivered, kept as history for the derivations.
 
 Sources hand snapshots to the `ingest` of one part (a vLLM target, the GPU, a KV-event stream);
-derivations (derive/exporter.py and the modules it calls) only read it. Ingesting is the one place
+derivations (derive/registry.py and the modules it calls) only read it. Ingesting is the one place
 state changes, so deriving twice from the same state gives the same samples.
 
 A new kind of source adds a part here (a dataclass with `ingest(snapshot, ts)`) and a pure
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ..sources.gpu import GpuSnapshot
-from ..sources.vllm import EngineKey, VllmSnapshot
+from ..sources.vllm_snapshot import EngineKey, VllmSnapshot
 from .attribution import Attribution
 from .gpu import GpuHistory
 from .kv_budget import within_budget
