@@ -1,7 +1,7 @@
 """Valid but heavy KV-event batches (issue 23 item 1): bounded per message (bytes before decoding,
 hashes and token ids per batch), per poll (what the subscriber queues, the time spent applying),
 counted when dropped, and never in the way of /metrics polling of vLLM. The figures (stall seconds,
-RSS) are in `python -m kvcache_exporter.bench_kv_heavy`; here the bounds are asserted generously."""
+RSS) are in `python -m kvcache_exporter.tools.bench_kv_heavy`; here the bounds are asserted generously."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 how long vLLM's series go stale, how long a scrape waits, and the process's RSS. Figures only,
 never asserted (tests/sources/test_kv_events_heavy.py asserts the bounds generously).
 
-`python -m kvcache_exporter.bench_kv_heavy [--batches 1 4] [--replicas 1 4] [--at-bound 200]` prints
+`python -m kvcache_exporter.tools.bench_kv_heavy [--batches 1 4] [--replicas 1 4] [--at-bound 200]` prints
 one row per run: the probe's 14.4 MiB batches (230 BlockStored x 65,536 one-byte hashes) into serve,
 one into each of N aggregator replicas, and N batches at every per-message bound (65,536 one-byte
 hashes, 64 KiB each) into serve and into each of 4 aggregator replicas.
