@@ -297,7 +297,7 @@ class KvEventSubscriber:
             if batch.seq >= gap.stop:
                 return True  # the live stream delivers the rest
             if batch.seq >= gap.start:
-                room = [left - w for left, w in zip(room, weight(batch.events), strict=True)]
+                room = [r - w for r, w in zip(room, weight(batch.events), strict=True)]
                 if min(room) < 0:
                     return True
                 got.append(batch)
