@@ -39,6 +39,7 @@ __all__ = [
     "KvEventDrain",
     "KvEventSubscriber",
     "decode_message",
+    "rank_endpoint",
     "subscriber_mode",
 ]
 
@@ -62,6 +63,19 @@ def subscriber_mode(vllm_endpoint: str) -> str:
     """Our SUB's mode for vLLM's `endpoint`: its PUB binds on wildcards and ipc/inproc, else connects."""
     binds = "*" in vllm_endpoint or "::" in vllm_endpoint or vllm_endpoint.startswith(("ipc://", "inproc://"))
     return "connect" if binds else "bind"
+
+
+def rank_endpoint(endpoint: str, rank: int) -> str:
+    """Where data-parallel rank `rank` publishes, as vLLM derives it (offset_endpoint_port): a tcp
+    port plus the rank (port 0 stays 0), `_dp<rank>` after ipc/inproc addresses; rank 0 unchanged."""
+    if rank == 0:
+        return endpoint
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return f"{endpoint}_dp{rank}"
+    base, _, port = endpoint.rpartition(":")
+    if not port.isdigit() or int(port) == 0:
+        return endpoint
+    return f"{base}:{int(port) + rank}"
 
 
 class KvEventSubscriber:
