@@ -175,6 +175,13 @@ def facts(bs, num_gpu_blocks, replicas, routing, observed, unbounded, one, by_se
         "granularity_loss": shape.block_granularity_loss,
         "dyn_requests": dyn and dyn.requests,
         "dyn_start": dyn and dyn.start,
+        "dyn_where": dyn
+        and (
+            "from the first token"
+            if dyn.start == 0
+            else f"from token {dyn.start} on (after the {dyn.start} tokens at least half the requests start "
+            "with: a chat template's role header, a field label)"
+        ),
         "dyn_end": dyn and dyn.end,
         "dyn_len": dyn and dyn.median_len,
         "dyn_template": dyn and dyn.template_tokens,
