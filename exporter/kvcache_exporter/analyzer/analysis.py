@@ -179,8 +179,8 @@ def facts(bs, num_gpu_blocks, replicas, routing, observed, unbounded, one, by_se
         and (
             "from the first token"
             if dyn.start == 0
-            else f"from token {dyn.start} on (after the {dyn.start} tokens at least half the requests start "
-            "with: a chat template's role header, a field label)"
+            else f"from token {dyn.start} on (after the first {dyn.start} token{'s' * (dyn.start > 1)}, which"
+            " at least half the requests share: a chat template's role header, a field label)"
         ),
         "dyn_end": dyn and dyn.end,
         "dyn_len": dyn and dyn.median_len,
