@@ -17,7 +17,7 @@ FACTS = {
     "session_text": "",
     "reordered": 0.8,
     "needed_blocks": 1024,
-    "needed_tokens": 16384,
+    "needed_text": "about 1024 blocks per replica (16384 tokens)",
     "preemptions": 0,
     "first_block_unique": 0.6,
     "granularity_loss": 0.06,

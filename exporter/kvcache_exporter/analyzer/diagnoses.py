@@ -70,7 +70,7 @@ CAUSES = (
         lambda f: f["needed_blocks"] is not None,
         lambda f: f["unbounded"],
         "hit ratio {observed:.3f} with {num_gpu_blocks} blocks per replica vs {unbounded:.3f} with no "
-        "eviction; about {needed_blocks} blocks per replica ({needed_tokens} tokens) reach it. "
+        "eviction; {needed_text} reach it. "
         "Preemptions: {preemptions}.",
         (
             "raise KV capacity: a higher gpu_memory_utilization (or --kv-cache-memory-bytes)",
