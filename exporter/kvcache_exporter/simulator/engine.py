@@ -7,8 +7,9 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from .blocks import Block, BlockPool, KVEvent, block_hashes_for
+from .blocks import NO_ORIGIN, Block, BlockPool, KVEvent, Origin, block_hashes_for
 from .latency import LatencyModel
+from .layouts import HybridBlockPool, layout_named, unit_hashes
 from .residency import Residency
 from .stats import EngineStats
 
@@ -28,6 +29,8 @@ class EngineConfig:
     latency: LatencyModel = field(default_factory=LatencyModel)
     kv_events: bool = True
     """Record KV events (what the ZMQ publisher sends); the analyzer's replays turn them off."""
+    layout: str = "llama"
+    """The KV-cache groups (layouts.py); a hybrid layout's unit is the block size."""
 
 
 @dataclass(eq=False)
@@ -49,10 +52,20 @@ class Request:
     last_token_time: float | None = None
     finish_time: float | None = None
     finished_reason: str | None = None
+    origin: Origin = NO_ORIGIN
+    report_full: bool = False
+    """vLLM's `kv_cache_report_mode: full`: re-announce the blocks a prefix hit reused."""
+    fine_hashes: list[bytes] = field(default_factory=list)
+    """Hybrid layouts: the chain at every `hash_block_size` tokens (block_hashes are its unit ends)."""
 
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def hash_extra(self) -> bytes:
+        name = self.origin.lora_name
+        return b"" if name is None else b"lora:" + name.encode()
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -64,7 +77,7 @@ class Request:
 
     def hash_full_blocks(self, block_size: int) -> list[bytes]:
         """`block_hashes` extended to every full block of the tokens so far."""
-        return block_hashes_for(self.all_token_ids, block_size, self.block_hashes)
+        return block_hashes_for(self.all_token_ids, block_size, self.block_hashes, self.hash_extra)
 
     def stored_token_ids(self) -> Sequence[int]:
         """What a BlockStored event's token_ids are sliced from."""
@@ -127,7 +140,13 @@ class Engine:
     def __init__(self, config: EngineConfig, index: int = 0) -> None:
         self.config = config
         self.index = index
-        self.pool = BlockPool(config.num_gpu_blocks, config.block_size, record_events=config.kv_events)
+        self.layout = layout = layout_named(config.layout)
+        if layout is None:
+            self.pool = BlockPool(config.num_gpu_blocks, config.block_size, record_events=config.kv_events)
+        elif config.block_size != layout.unit:
+            raise ValueError(f"layout {layout.name} has a {layout.unit}-token unit, not {config.block_size}")
+        else:
+            self.pool = HybridBlockPool(config.num_gpu_blocks, layout, record_events=config.kv_events)
         self.stats = EngineStats(config.max_model_len)
         if config.kv_cache_metrics_sample:
             self.pool.residency = Residency(self.stats.histograms, config.kv_cache_metrics_sample, seed=index)
@@ -198,12 +217,24 @@ class Engine:
             budget -= num_new
         return scheduled
 
+    def _hash(self, request: Request) -> None:
+        """request.block_hashes: one per full block (per unit on a hybrid layout)."""
+        layout = self.layout
+        if layout is None:
+            request.hash_full_blocks(self.config.block_size)
+            return
+        h = layout.hash_block_size
+        fine = block_hashes_for(request.all_token_ids, h, request.fine_hashes, request.hash_extra)
+        request.block_hashes = unit_hashes(fine, layout.unit // h)
+
     def _lookup(self, request: Request) -> list[Block]:
         if not self.config.enable_prefix_caching:
             return []
-        request.hash_full_blocks(self.config.block_size)
+        self._hash(request)
         # The last token is always recomputed (its logits are needed), so at most num_tokens-1 hit.
         max_hit_blocks = (request.num_tokens - 1) // self.config.block_size
+        if self.layout is not None:
+            return self.pool.hit_units(request.block_hashes, max_hit_blocks)
         return self.pool.longest_cached_prefix(request.block_hashes[:max_hit_blocks])
 
     def _admit(self, request: Request, num_hit_tokens: int, now: float) -> None:
@@ -229,15 +260,35 @@ class Engine:
         if hit_blocks:
             self.pool.touch(hit_blocks)
             request.blocks.extend(hit_blocks)
+            if request.report_full:
+                hashes = request.block_hashes if self.layout is None else request.fine_hashes
+                self.pool.reuse_report(hashes, request.all_token_ids, len(hit_blocks), request.origin)
         if num_new_blocks:
             request.blocks.extend(self.pool.get_new_blocks(num_new_blocks))
         if self.config.enable_prefix_caching:
             num_cached = request.num_cached_blocks if not hit_blocks else len(hit_blocks)
             num_full = min(computed + num_new, request.num_tokens) // bs
-            if num_full > num_cached:  # most decode steps fill no block: nothing to hash
+            if num_full > num_cached and self.layout is not None:
+                self._hash(request)
+                self.pool.cache_units(
+                    request.blocks,
+                    request.block_hashes,
+                    request.fine_hashes,
+                    request.all_token_ids,
+                    num_cached,
+                    num_full,
+                    request.num_prompt_tokens,
+                    request.origin,
+                )
+            elif num_full > num_cached:  # most decode steps fill no block: nothing to hash
                 request.hash_full_blocks(bs)
                 self.pool.cache_full_blocks(
-                    request.blocks, request.block_hashes, request.stored_token_ids(), num_cached, num_full
+                    request.blocks,
+                    request.block_hashes,
+                    request.stored_token_ids(),
+                    num_cached,
+                    num_full,
+                    request.origin,
                 )
             request.num_cached_blocks = max(num_cached, num_full)
         return True

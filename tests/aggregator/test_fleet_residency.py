@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from kvcache_exporter.derive.fleet_residency import SPACE, FleetResidency, HashRange, hash_position
+from kvcache_exporter.aggregator.fleet_residency import SPACE, FleetResidency, HashRange, hash_position
 from kvcache_exporter.sources.kv_events_decode import Batch, Event, decode_message
 from tests.conftest import SHARED_FIXTURES
 

@@ -1,4 +1,4 @@
-"""The HTTP side: landing page, /metrics, /healthz, /readyz; TLS and basic auth from webconfig.py."""
+"""The HTTP side: landing page, /metrics, /healthz, /readyz; TLS and basic auth from config.py."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
+from ..exposition import families, render
 from .auth import Authenticator
-from .exposition import families, render
+from .config import WebConfig, load_web_config
 from .listener import REJECTIONS, Limits, Rejections, listen
-from .webconfig import WebConfig, load_web_config
 
 __all__ = ["AUTH_EXEMPT", "Limits", "WebConfig", "listen", "load_web_config", "make_app"]
 

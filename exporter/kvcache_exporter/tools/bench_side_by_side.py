@@ -7,7 +7,7 @@ the requests the targets counted from it (by User-Agent), so both figures are CP
 same payload: the exporter's includes parsing, history and every derivation, Prometheus's its
 parse and TSDB append.
 
-    python -m kvcache_exporter.bench_side_by_side serve-targets PORT...   # the targets process
+    python -m kvcache_exporter.tools.bench_side_by_side serve-targets PORT...   # the targets process
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def history_rows(targets: int = 20) -> list[tuple[str, str]]:
     rows = []
     for interval in (5.0,):  # the default; 1 s polls are in docs/memory.md (a 1 h fill takes minutes)
         out = subprocess.run(
-            [sys.executable, "-m", "kvcache_exporter.bench_history", str(targets), str(interval)],
+            [sys.executable, "-m", "kvcache_exporter.tools.bench_history", str(targets), str(interval)],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         r = json.loads(out.stdout.splitlines()[-1])

@@ -1,4 +1,4 @@
-"""The exporter-wide derivations (derive/exporter.py) over a replayed poll state: cost, energy, audit."""
+"""The exporter-wide derivations (derive/registry.py) over a replayed poll state: cost, energy, audit."""
 
 import pytest
 

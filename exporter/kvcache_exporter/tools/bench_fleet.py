@@ -17,12 +17,12 @@ from pathlib import Path
 
 import msgspec
 
-from .aggregator.pool import AggregateSettings, Aggregator
-from .derive.fleet_residency import FleetResidency, HashRange
-from .simulator.blocks import BlockRemoved, BlockStored
-from .simulator.kv_events import encode_batch
-from .sources.kv_events import KvEventSubscriber
-from .sources.kv_events_decode import Dropped, decode_message
+from ..aggregator.fleet_residency import FleetResidency, HashRange
+from ..aggregator.pool import AggregateSettings, Aggregator
+from ..simulator.blocks import BlockRemoved, BlockStored
+from ..simulator.kv_events import encode_batch
+from ..sources.kv_events import KvEventSubscriber
+from ..sources.kv_events_decode import Dropped, decode_message
 
 PUBLISHERS = 32
 BLOCKS_PER_EVENT, EVENTS_PER_BATCH, BLOCK_SIZE = 32, 4, 16
@@ -103,7 +103,7 @@ def live_rows(messages, seconds: float = 5.0) -> list[tuple[str, str]]:
     """The same frames over loopback ZMQ: 32 PUB sockets in a child process, the aggregator's 32
     subscriber threads here, drained into the fleet view every 0.2 s; CPU of this process only."""
     child = subprocess.Popen(
-        [sys.executable, "-m", "kvcache_exporter.bench_fleet", "--publish", str(seconds)],
+        [sys.executable, "-m", "kvcache_exporter.tools.bench_fleet", "--publish", str(seconds)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     endpoints = child.stdout.readline().split()
@@ -164,7 +164,7 @@ def rss_rows() -> list[tuple[str, str]]:
     """RSS of a fresh process holding the fleet view full: 32 replicas x the default bound, against
     the same process before filling it (the baseline), measured in a child so nothing else counts."""
     out = subprocess.run(
-        [sys.executable, "-m", "kvcache_exporter.bench_fleet", "--rss"],
+        [sys.executable, "-m", "kvcache_exporter.tools.bench_fleet", "--rss"],
         capture_output=True,
         text=True,
         check=True,
@@ -186,7 +186,7 @@ def _rss_mib() -> float:
 
 
 def _fill_and_report() -> None:
-    from .sources.kv_events_decode import Batch, Event
+    from ..sources.kv_events_decode import Batch, Event
 
     bound = AggregateSettings.max_blocks_per_replica
     before = _rss_mib()

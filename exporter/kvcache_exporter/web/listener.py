@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 
-from . import catalog as c
-from .config import ConfigError
-from .samples import Sample
+from .. import catalog as c
+from ..config import ConfigError
+from ..samples import Sample
 
 log = logging.getLogger("kvcache_exporter")
 REASONS = ("too_many_connections", "tls_handshake", "header_too_large", "bad_request", "auth_busy")
