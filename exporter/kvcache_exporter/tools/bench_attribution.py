@@ -26,6 +26,7 @@ import msgspec
 
 from ..derive.attribution import Attribution
 from ..derive.kv_events import EventState
+from ..simulator.streams import shape_frames
 from ..sources.kv_events_decode import Batch, Event, KvEventDrain, decode_message
 
 SEED = (
@@ -73,6 +74,8 @@ def rows(seconds: float = 3.0) -> list[tuple[str, str]]:
     plain = _blocks_per_second(frames, _plain_decode, seconds)
     full = _blocks_per_second(frames, _attribute, seconds)
     each = _blocks_per_second(frames, _attribute_each, seconds)
+    # The simulator's DeepSeek-V4 layout (6 groups, 25 hashes per 256-token unit; simulator/streams.py).
+    dsv4 = _blocks_per_second(shape_frames("deepseek-v4", 200, num_gpu_blocks=16), _attribute, seconds)
     memory = json.loads(
         subprocess.run(
             [sys.executable, "-m", "kvcache_exporter.tools.bench_attribution"],
@@ -87,6 +90,10 @@ def rows(seconds: float = 3.0) -> list[tuple[str, str]]:
             f"{full:,.0f} stored blocks/s per core, a poll's drain at a time ({each:,.0f} applying each "
             f"message as it is decoded; baseline, msgspec's untyped decode of the same frames: "
             f"{plain:,.0f} blocks/s)",
+        ),
+        (
+            "miss attribution on DeepSeek-V4-shaped frames (the simulator's --layout deepseek-v4)",
+            f"{dsv4:,.0f} stored hashes/s per core, a poll's drain at a time",
         ),
         (
             "miss attribution: memory with the default bounds full "
