@@ -35,6 +35,8 @@ class EngineConfig:
     offload_cpu_blocks: int = 0
     """Blocks of a CPU offload tier (offload.py; 0: none)."""
     offload_block_bytes: int = 0
+    max_loras: int = 0
+    """vLLM's --max-loras with --enable-lora (0: LoRA off): vllm:lora_requests_info is served."""
 
 
 @dataclass(eq=False)
@@ -134,6 +136,10 @@ class KeyedRequest(Request):
         return VOCAB_LOW
 
 
+def _adapters(requests) -> str:
+    return ",".join(sorted({r.origin.lora_name for r in requests if r.origin.lora_name is not None}))
+
+
 @dataclass
 class StepResult:
     duration: float
@@ -163,6 +169,8 @@ class Engine:
             self.pool.residency = Residency(self.stats.histograms, config.kv_cache_metrics_sample, seed=index)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.lora_requests: dict[tuple[str, str], float] = {}
+        """(running adapters, waiting adapters), comma-joined -> when last seen (vLLM keeps stale ones)."""
 
     @property
     def has_work(self) -> bool:
@@ -184,6 +192,8 @@ class Engine:
     def step(self, now: float) -> StepResult:
         self.pool.now = now
         scheduled = self._schedule(now)
+        if self.config.max_loras:
+            self.lora_requests[(_adapters(self.running), _adapters(self.waiting))] = now
         decode_seqs = sum(1 for r, n in scheduled if r.output_token_ids and n == 1)
         total = sum(n for _, n in scheduled)
         duration = self.config.latency.step_seconds(total - decode_seqs, decode_seqs)

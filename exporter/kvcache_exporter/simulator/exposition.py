@@ -164,6 +164,8 @@ def _collect_v1(state: ExpositionState) -> Iterator[Metric]:
             )
     if engines and engines[0].tier is not None:
         yield from _collect_offload(engines, labels, per_engine, created)
+    if engines and engines[0].config.max_loras:
+        yield _lora_info(engines)
     info = GaugeMetricFamily(
         "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=_info_labels(state, 0)
     )
@@ -216,6 +218,23 @@ def _collect_offload(engines, labels, per_engine, created) -> Iterator[Metric]:
     for engine in engines:  # transfers complete within a step here: nothing stays pinned between scrapes
         pinned.add_metric(per_engine(engine), 0.0)
     yield pinned
+
+
+def _lora_info(engines: list[Engine]) -> GaugeMetricFamily:
+    """vLLM's one LoRA family: no engine label, a series per (running, waiting) adapter set ever seen, its
+    value when it was last seen."""
+    family = GaugeMetricFamily(
+        "vllm:lora_requests_info",
+        "Running stats on lora requests.",
+        labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+    )
+    seen: dict[tuple[str, str], float] = {}
+    for engine in engines:
+        for key, when in engine.lora_requests.items():
+            seen[key] = max(when, seen.get(key, when))
+    for (running, waiting), when in seen.items():
+        family.add_metric([str(engines[0].config.max_loras), running, waiting], when)
+    return family
 
 
 def _info_labels(state: ExpositionState, engine_index: int) -> list[str]:
