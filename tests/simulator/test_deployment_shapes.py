@@ -7,11 +7,16 @@ import random
 
 import msgspec
 import pytest
+from prometheus_client import generate_latest
 
+from kvcache_exporter.derive.audit import audit_samples
+from kvcache_exporter.derive.state import PollState
 from kvcache_exporter.simulator.blocks import Origin
 from kvcache_exporter.simulator.config import SimulatorConfig, cache_config_labels
 from kvcache_exporter.simulator.engine import Engine, EngineConfig, Request
+from kvcache_exporter.simulator.exposition import ExpositionState, make_registry
 from kvcache_exporter.simulator.kv_events import encode_batch
+from kvcache_exporter.sources.vllm_parse import parse
 
 from .conftest import VLLM_CPU, read_jsonl
 
@@ -253,3 +258,18 @@ def test_hybrid_report_mode_re_announces_every_group(layout):
         if e["type"] == "BlockStored" and e["parent_block_hash"] is None and e["block_hashes"]
     ]
     assert sorted(e["group_idx"] for e in reports) == list(range(6))
+
+
+def test_deepseek_v4_metrics_parse_and_the_audit_names_the_hit_unit():
+    rng = random.Random(10)
+    run = Run("deepseek-v4", block_size=256, num_gpu_blocks=8)
+    config = SimulatorConfig(engine=run.engine.config)
+    state = ExpositionState("dsv4", [run.engine], 1.0, lambda i: cache_config_labels(config, i))
+    poll = PollState(retention=600)
+    target = poll.add_target("sim")
+    for ts in (0.0, 60.0):
+        run.send(tokens(rng, 600))
+        target.ingest(parse(generate_latest(make_registry(lambda: state)).decode()), ts)
+    checks = {s.labels["check"]: s.value for s in audit_samples(poll, 0.9, (60.0,))}
+    assert checks["hit_unit_near_block_size"] == 0.0  # block_size 4, hits in 256-token units
+    assert checks["prefix_caching_effective"] == 1.0
