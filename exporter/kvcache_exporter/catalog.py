@@ -124,6 +124,8 @@ PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO = "kvcache_prefix_cache_miss_attrib
 PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED = "kvcache_prefix_cache_miss_attribution_tracked"
 PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED_LIMIT = "kvcache_prefix_cache_miss_attribution_tracked_limit"
 PREFIX_CACHE_HIT_RATIO_ESTIMATE = "kvcache_prefix_cache_hit_ratio_estimate"
+PREFIX_CACHE_HIT_RATIO_REORDERED_ESTIMATE = "kvcache_prefix_cache_hit_ratio_reordered_estimate"
+PREFIX_CACHE_HIT_UNIT_SHORTFALL_TOKENS_TOTAL = "kvcache_prefix_cache_hit_unit_shortfall_tokens_total"
 FLEET_STORED_TOKENS_TOTAL = "kvcache_fleet_stored_tokens_total"
 FLEET_QUERY_TOKENS_TOTAL = "kvcache_fleet_query_tokens_total"
 FLEET_HIT_TOKENS_TOTAL = "kvcache_fleet_hit_tokens_total"
@@ -658,7 +660,9 @@ CATALOG: tuple[Metric, ...] = (
         KV_EVENTS_DROPPED_TOTAL,
         "counter",
         "Batches the exporter dropped itself: rate_limited (over --kv-events.max-batches-per-second), "
-        "too_many_blocks (resident-hash bound), parse_error (undecodable).",
+        "too_many_blocks (resident-hash bound), parse_error (undecodable), batch_too_heavy (one batch "
+        "over the bytes, hashes or token-ids bound), budget_exceeded (over what one poll may queue or "
+        "spend applying).",
         ("reason",),
         "",
         "events",
@@ -890,6 +894,31 @@ CATALOG: tuple[Metric, ...] = (
         "num_gpu_blocks",
         "(increase(hits) + increase(evicted tokens recomputed within (f-1) x num_gpu_blocks stored blocks)) "
         "/ increase(queries); docs/kv-events.md gives the bias",
+    ),
+    _m(
+        PREFIX_CACHE_HIT_RATIO_REORDERED_ESTIMATE,
+        "gauge",
+        "Estimated prefix-cache hit ratio over the window had the per-request fields come after the shared "
+        "part: the prefix_diverged tokens (whole hit units of known content behind a per-request front) "
+        "would have hit. Equal to the real ratio when nothing diverged.",
+        ("window",),
+        "ratio",
+        "attribution",
+        "kvcache_prefix_cache_miss_tokens_total{cause=prefix_diverged}; "
+        "vllm:prefix_cache_{hits,queries}_total",
+        "(increase(hits) + increase(prefix_diverged tokens)) / increase(queries); docs/kv-events.md",
+    ),
+    _m(
+        PREFIX_CACHE_HIT_UNIT_SHORTFALL_TOKENS_TOTAL,
+        "counter",
+        "Tokens of shared content computed because they fall short of a whole hit unit: known content at "
+        "the point where a prompt leaves the cached prefix, shorter than the unit vLLM hits in (the block "
+        "size, 256 tokens on DeepSeek-V4). Part of the cold miss tokens; no layout fix serves them.",
+        (),
+        "tokens",
+        "attribution",
+        "BlockStored token_ids, parent_block_hash, block_size",
+        "per stored run of blocks: the known tokens at its start when fewer than a hit unit",
     ),
     # --- vLLM schema and exporter health ------------------------------------------------
     _m(

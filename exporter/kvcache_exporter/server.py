@@ -25,6 +25,9 @@ from .sources.vllm import VllmSource
 from .web.app import Limits, listen, load_web_config, make_app
 
 log = logging.getLogger("kvcache_exporter")
+# Of each poll interval, the time the KV events it drained may take to apply (the rest are dropped,
+# budget_exceeded): vLLM's series are published when the poll ends, never a whole interval late.
+KV_EVENTS_APPLY_SHARE = 0.25
 
 
 def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Exporter:
@@ -63,7 +66,11 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
         )
         subscriber.start()  # needs the running event loop: build_exporter is called from serve()
         attribution = Attribution(s.kv_events_max_tracked_blocks, s.kv_events_max_fingerprints)
-        events = state.add_kv_events(EventState(s.kv_events_max_tracked_blocks), attribution=attribution)
+        events = state.add_kv_events(
+            EventState(s.kv_events_max_tracked_blocks),
+            attribution=attribution,
+            budget=KV_EVENTS_APPLY_SHARE * s.collect_interval,
+        )
         polls.append(Poll(subscriber, events.ingest, offload=True))  # up to 100k batches a poll
     options = DeriveOptions(
         windows=tuple(sorted(s.collect_windows)),

@@ -99,6 +99,8 @@ def test_real_stream_state(kv_frames, num_gpu_blocks):
         ("kvcache_kv_events_dropped_total", ("reason", "rate_limited")): 0,
         ("kvcache_kv_events_dropped_total", ("reason", "too_many_blocks")): 0,
         ("kvcache_kv_events_dropped_total", ("reason", "parse_error")): 0,
+        ("kvcache_kv_events_dropped_total", ("reason", "batch_too_heavy")): 0,
+        ("kvcache_kv_events_dropped_total", ("reason", "budget_exceeded")): 0,
         ("kvcache_kv_events_cached_blocks",): 1375 - 1281,
     }
 

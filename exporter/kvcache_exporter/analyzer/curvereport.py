@@ -67,6 +67,17 @@ def render_curve(curve: dict, num_gpu_blocks: int, block_size: int) -> list[str]
     return lines
 
 
+def render_units(units: list[dict] | None) -> list[str]:
+    """The hit unit's cost: hit ratio with no eviction at each unit, and the shared tokens it loses."""
+    if not units:
+        return []
+    lines = ["", "hit unit (tokens per block; vLLM hits whole units only), with no eviction"]
+    for row in units:
+        lost = f"  {row['lost_tokens']:,} shared tokens short of a whole unit" if row["lost_tokens"] else ""
+        lines.append(f"  {row['unit']:5d}  {row['unbounded_hit_ratio']:6.3f}{lost}")
+    return lines
+
+
 def render_block_text(report: dict) -> str:
     s = report["settings"]
     lines = [
@@ -84,4 +95,6 @@ def render_block_text(report: dict) -> str:
             "  (unbounded, the curve and the causes: sequential per replica)",
         ]
     lines += render_curve(report["curve"], s["num_gpu_blocks"], s["block_size"])
+    lines += render_units(report.get("units"))
+    lines += ["", *[f"note: {n}" for n in report.get("notes", [])]]
     return "\n".join(lines) + "\n"

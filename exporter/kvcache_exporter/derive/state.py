@@ -11,13 +11,16 @@ their `labels`.
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ..sources.gpu import GpuSnapshot
 from ..sources.vllm_snapshot import EngineKey, VllmSnapshot
 from .attribution import Attribution
 from .gpu import GpuHistory
+from .kv_budget import within_budget
 from .kv_events import EventState, KvEventDrain
 from .miss_windows import MissHistory, num_gpu_blocks
 from .windows import SeriesHistory
@@ -68,20 +71,25 @@ class GpuState:
 @dataclass
 class KvEventsState:
     """One KV-event stream: the batches drained from its subscriber, applied in arrival order
-    to the event view and, when on, to miss attribution (whose totals are kept per poll)."""
+    to the event view and, when on, to miss attribution (whose totals are kept per poll), within
+    `budget` seconds a poll (None: no limit; see kv_budget.py)."""
 
     events: EventState = field(default_factory=EventState)
     labels: dict[str, str] = field(default_factory=dict)
     attribution: Attribution | None = None
     misses: MissHistory | None = None
+    budget: float | None = None
+    clock: Callable[[], float] = time.monotonic
 
     def ingest(self, drain: KvEventDrain | None, ts: float) -> None:
+        attribution = self.attribution if self.misses is not None else None
         if drain is not None:
-            self.events.ingest(drain)
-        if self.attribution is not None and self.misses is not None:
-            if drain is not None:
-                self.attribution.ingest(drain)
-            self.misses.record(ts, self.attribution.totals)
+            for part in within_budget(drain, self.budget, self.clock):
+                self.events.ingest(part)
+                if attribution is not None:
+                    attribution.ingest(part)
+        if attribution is not None and self.misses is not None:
+            self.misses.record(ts, attribution.totals)
 
 
 class LoadPeaks:
@@ -138,10 +146,14 @@ class PollState:
         return self.gpu
 
     def add_kv_events(
-        self, events: EventState, labels: dict[str, str] | None = None, attribution: Attribution | None = None
+        self,
+        events: EventState,
+        labels: dict[str, str] | None = None,
+        attribution: Attribution | None = None,
+        budget: float | None = None,
     ) -> KvEventsState:
         misses = None if attribution is None else MissHistory(self.retention)
-        part = KvEventsState(events, labels or {}, attribution, misses)
+        part = KvEventsState(events, labels or {}, attribution, misses, budget)
         self.kv_events.append(part)
         return part
 
