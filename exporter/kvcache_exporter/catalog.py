@@ -563,7 +563,7 @@ CATALOG: tuple[Metric, ...] = (
         ("model_name", "check"),
         "",
         "config",
-        "vllm:cache_config_info, observed concurrency, metric schema",
+        "vllm:cache_config_info, observed concurrency and tokens, GPU memory, KV events, metric schema",
         per_target=False,  # one result per model, over every target
     ),
     # --- cost and energy --------------------------------------------------------------

@@ -244,7 +244,7 @@ OPTIONS: tuple[Option, ...] = (
         "audit.gpu_memory_utilization_ceiling",
         ratio,
         0.9,
-        "highest gpu_memory_utilization that passes the audit",
+        "highest gpu_memory_utilization that passes the audit on a GPU shared with other processes",
     ),
 )
 BY_KEY = {o.key: o for o in OPTIONS}
