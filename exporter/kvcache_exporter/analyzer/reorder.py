@@ -18,7 +18,7 @@ import itertools
 import math
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 GRAM = 8
@@ -60,16 +60,19 @@ def frequent_grams(prompts: Sequence[Sequence[int]]) -> set[tuple[int, ...]]:
     return {g for g, n in seen.items() if n >= threshold}
 
 
-def covered_runs(prompt: Sequence[int], frequent: set[tuple[int, ...]]) -> list[tuple[int, int]]:
-    """[start, end) spans of the prompt covered by frequent n-grams."""
-    runs: list[tuple[int, int]] = []
+def covered_runs(prompt: Sequence[int], frequent: set[tuple[int, ...]]) -> Iterator[tuple[int, int]]:
+    """[start, end) spans of the prompt covered by frequent n-grams, in order (lazily: callers stop early)."""
+    run = None
     for i in range(len(prompt) - GRAM + 1):
         if tuple(prompt[i : i + GRAM]) in frequent:
-            if runs and runs[-1][1] >= i:
-                runs[-1] = (runs[-1][0], i + GRAM)
-            else:
-                runs.append((i, i + GRAM))
-    return runs
+            if run is not None and run[1] >= i:
+                run = (run[0], i + GRAM)
+                continue
+            if run is not None:
+                yield run
+            run = (i, i + GRAM)
+    if run is not None:
+        yield run
 
 
 def _lcp(a: Sequence[int], b: Sequence[int]) -> int:

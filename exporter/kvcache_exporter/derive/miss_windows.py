@@ -88,7 +88,7 @@ def window_samples(label: str, mine: dict[str, float], vllm: dict[str, float]) -
     if queries is None or hits is None or queries <= 0:
         return []
     out = []
-    computed = queries - hits
+    computed = queries - hits - vllm.get("external_hit_tokens", 0.0)  # loaded from a tier: not computed
     if computed > 0 and "attributed" in mine:
         coverage = min(max(mine["attributed"] / computed, 0.0), 1.0)
         name = c.PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO
