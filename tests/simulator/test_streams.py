@@ -5,6 +5,8 @@ import pytest
 
 from kvcache_exporter.derive.attribution import Attribution
 from kvcache_exporter.derive.kv_events import EventState
+from kvcache_exporter.derive.state import PollState
+from kvcache_exporter.derive.units import UnitView
 from kvcache_exporter.simulator.streams import shape_frames
 from kvcache_exporter.sources.kv_events_decode import KvEventDrain, decode_message
 
@@ -31,3 +33,17 @@ def test_streams_decode_and_carry_their_layout(layout, groups, tier):
     state.ingest(drain)
     attribution.ingest(drain)
     assert state.batches == len(frames) and state.missed == 0
+
+
+@pytest.mark.parametrize(("layout", "unit"), [("llama", 16), ("gemma-3", 32), ("deepseek-v4", 256)])
+def test_serve_group_model_on_each_shape_learns_the_hit_unit_and_stays_below_what_was_computed(layout, unit):
+    engines = []
+    frames = shape_frames(layout, 120, num_gpu_blocks=16 if layout == "deepseek-v4" else 64, engines=engines)
+    state = PollState(retention=600)
+    part = state.add_kv_events(EventState(), attribution=Attribution(), units=UnitView())
+    part.ingest(KvEventDrain(tuple(decode_message(f, with_tokens=True) for f in frames)), 1.0)
+    assert part.units.hit_unit == unit
+    stats = engines[0].stats
+    computed = stats.prompt_tokens - stats.prompt_tokens_cached
+    attributed = sum(part.attribution.totals.tokens.values())
+    assert 0 < attributed <= computed  # misses are tokens vLLM computed, never more
