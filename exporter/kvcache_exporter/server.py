@@ -64,6 +64,7 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
         )
         subscriber.start()  # needs the running event loop: build_exporter is called from serve()
         attribution = Attribution(s.kv_events_max_tracked_blocks, s.kv_events_max_fingerprints)
+        state.host_tier_bytes = s.whatif_host_tier_bytes
         events = state.add_kv_events(EventState(s.kv_events_max_tracked_blocks), attribution=attribution)
         polls.append(Poll(subscriber, events.ingest, offload=True))  # up to 100k batches a poll
     options = DeriveOptions(

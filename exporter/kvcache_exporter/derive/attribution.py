@@ -69,6 +69,8 @@ class Totals:
     tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
     decode_tokens: int = 0
     unit_shortfall_tokens: int = 0
+    host_hit_tokens: int | None = None  # None while no host tier is known (whatif.py)
+    host_load_bytes: float = 0.0  # what loading those tokens from the host would move
     extra_hit_tokens: dict[int, int] = field(default_factory=lambda: dict.fromkeys(CAPACITY_FACTORS, 0))
     offset_counts: list[int] = field(default_factory=lambda: [0] * (len(OFFSET_BUCKETS) + 1))
     offset_sum: float = 0.0
@@ -91,6 +93,8 @@ class Attribution:
         hit_unit: int | None = None,
     ):
         self.hit_unit = hit_unit  # tokens vLLM hits in (a whole number of blocks); None: the block size
+        self.host_tier_blocks: int | None = None  # the what-if host tier (whatif.py), set once known
+        self.kv_bytes_per_token = 0.0
         self.capacity_blocks = capacity_blocks  # vLLM's num_gpu_blocks when known (cache_config_info)
         self.other_replica = other_replica
         self.totals = Totals()
@@ -102,6 +106,12 @@ class Attribution:
         self._stored = 0  # blocks stored so far: the clock of the what-if estimate
         self._era = 0
         self._next: int | None = None
+
+    def set_host_tier(self, blocks: int | None, bytes_per_token: float | None) -> None:
+        """The what-if host tier (whatif.host_tier_blocks) and the KV bytes of a token, once known."""
+        self.host_tier_blocks, self.kv_bytes_per_token = blocks, bytes_per_token or 0.0
+        if blocks is not None and self.totals.host_hit_tokens is None:
+            self.totals.host_hit_tokens = 0
 
     @property
     def tracked(self) -> tuple[int, int]:
@@ -252,6 +262,10 @@ class Attribution:
         for factor in CAPACITY_FACTORS:
             if capacity and stored_since <= (factor - 1) * capacity:
                 self.totals.extra_hit_tokens[factor] += size
+        host = self.host_tier_blocks
+        if host is not None and stored_since <= host:
+            self.totals.host_hit_tokens += size
+            self.totals.host_load_bytes += size * self.kv_bytes_per_token
 
     def _track(self, hashes: Sequence, depth: int | None, marked: tuple[int, int]) -> None:
         """Remember the event's blocks: resident, in this era, blocks marked[0] to marked[1] (not

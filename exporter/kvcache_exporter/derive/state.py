@@ -20,6 +20,7 @@ from .attribution import Attribution
 from .gpu import GpuHistory
 from .kv_events import EventState, KvEventDrain
 from .miss_windows import MissHistory, num_gpu_blocks
+from .whatif import host_tier_blocks, kv_bytes_per_token
 from .windows import SeriesHistory
 
 
@@ -123,6 +124,7 @@ class PollState:
     gpu: GpuState | None = None
     kv_events: list[KvEventsState] = field(default_factory=list)
     now: float = 0.0  # when the latest poll ended
+    host_tier_bytes: int | None = None  # --whatif.host-tier-bytes (whatif.py)
     load_peaks: LoadPeaks = field(init=False)
 
     def __post_init__(self) -> None:
@@ -152,10 +154,15 @@ class PollState:
     def end_poll(self, now: float) -> None:
         """After every source was ingested: the running + waiting load per model, for the audit's peak."""
         self.now = now
-        capacity = num_gpu_blocks(self.targets[0].snapshot) if self.targets else None
-        for part in self.kv_events:  # the what-if estimate needs vLLM's cache size, from /metrics
+        snapshot = self.targets[0].snapshot if self.targets else None
+        capacity = num_gpu_blocks(snapshot)
+        config = next(iter(snapshot.cache_configs.values()), None) if snapshot is not None else None
+        host = host_tier_blocks(config, self.host_tier_bytes)
+        for part in self.kv_events:  # the what-if estimates need vLLM's cache sizes, from /metrics
             if part.attribution is not None and capacity:
                 part.attribution.capacity_blocks = capacity
+            if part.attribution is not None and host is not None:
+                part.attribution.set_host_tier(host, kv_bytes_per_token(config))
         load: dict[str, float] = {}
         for target in self.targets:
             if target.snapshot is None or not target.up:
