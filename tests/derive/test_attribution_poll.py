@@ -9,8 +9,8 @@ import pytest
 
 from kvcache_exporter.collector import Exporter, Poll, target_polls
 from kvcache_exporter.derive.attribution import Attribution
-from kvcache_exporter.derive.exporter import DeriveOptions
 from kvcache_exporter.derive.kv_events import EventState
+from kvcache_exporter.derive.registry import DeriveOptions
 from kvcache_exporter.derive.state import PollState
 from kvcache_exporter.sources.kv_events_decode import KvEventDrain, decode_message
 from tests.replay import ReplaySource, seed_snapshots, values

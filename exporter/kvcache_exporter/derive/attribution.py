@@ -38,7 +38,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..sources.kv_events_decode import MAX_SEQ_GAP, Batch, Dropped, Event, KvEventDrain
+from ..sources.kv_events_decode import IN_ORDER, Batch, Dropped, Event, KvEventDrain, Mark, SeqCursor
 from .fingerprints import FingerprintSet, Generations, anchors
 from .reorder import KnownRun, first_known_run, overlaps, served_span, served_tokens, unit_shortfall_tokens
 
@@ -56,10 +56,6 @@ _ERA_MASK = (1 << 16) - 1
 
 _KEEP_ON_REMOVE = ((1 << 40) - 1) & ~_OPEN_TIP  # flags, depth and era; the stamp is replaced
 _STEP = 1 << 4 | 1 << 40  # from one block of an event to the next: depth + 1, stamp + 1
-
-
-def _depth(info: int) -> int | None:
-    return (info >> 4) & _DEPTH_MAX if info & _DEPTH_KNOWN else None
 
 
 @dataclass
@@ -105,7 +101,7 @@ class Attribution:
         self.limits = (max_blocks, max_fingerprints)
         self._stored = 0  # blocks stored so far: the clock of the what-if estimate
         self._era = 0
-        self._next: int | None = None
+        self.cursor = SeqCursor()  # used when driven alone; the poll state passes marks instead
 
     def set_host_tier(self, blocks: int | None, bytes_per_token: float | None) -> None:
         """The what-if host tier (whatif.host_tier_blocks) and the KV bytes of a token, once known."""
@@ -119,22 +115,28 @@ class Attribution:
         return len(self._blocks), len(self._content)
 
     def ingest(self, drain: KvEventDrain) -> None:
-        """A poll's drained stream: batches applied, dropped ones only move the expected seq (the
-        exporter chose to drop them: not lost, but not attributed either, which coverage shows)."""
+        """A poll's drained stream, read alone (the poll state passes marks to `apply` instead):
+        dropped batches only move the sequence (the exporter chose to drop them: not lost, but not
+        attributed either, which coverage shows)."""
         for item in drain.items:
             if isinstance(item, Dropped):
-                if item.seq is not None:
-                    self._advance(item.seq)
-                    self._next = item.seq + item.count
+                self.mark(self.cursor.skip(item.seq, item.count))
             else:
                 self.apply(item)
 
-    def apply(self, batch: Batch) -> None:
-        seq = batch.seq
-        if seq == self._next:  # the common case, without a call
-            self._next = seq + 1
-        else:
-            self._advance(seq)
+    def mark(self, mark: Mark) -> None:
+        """Lost batches counted; a restart (a new publisher with an empty cache) starts a new era."""
+        self.totals.missed_batches += mark.lost
+        if mark.restart:
+            self.totals.restarts += 1
+            self._new_era()
+
+    def apply(self, batch: Batch, mark: Mark | None = None) -> None:
+        """One batch (of hit-unit events: derive/units.py folds groups first), in stream order."""
+        if mark is None:
+            mark = self.cursor.advance(batch.seq)
+        if mark is not IN_ORDER:
+            self.mark(mark)
         self.totals.batches += 1
         removed: list[int | bytes] = []  # consecutive BlockRemoved (one per evicted block) applied at once
         for event in batch.events:
@@ -151,17 +153,6 @@ class Attribution:
                 self._new_era()
         if removed:
             self._remove(removed)
-
-    def _advance(self, seq: int) -> None:
-        expected, self._next = self._next, seq + 1
-        if seq == expected or expected is None:
-            return
-        if expected <= seq <= expected + MAX_SEQ_GAP:
-            self.totals.missed_batches += seq - expected
-        else:  # back to a lower seq (or an absurd jump): a new publisher with an empty cache
-            self.totals.restarts += 1
-            self.totals.missed_batches += seq if seq <= MAX_SEQ_GAP else 0
-            self._new_era()
 
     def _new_era(self) -> None:
         self._era += 1

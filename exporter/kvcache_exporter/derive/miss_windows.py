@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from .. import catalog as c
 from ..samples import Sample
-from ..sources.vllm import EngineSample, VllmSnapshot
+from ..sources.vllm_snapshot import EngineSample, VllmSnapshot
 from .attribution import CAPACITY_FACTORS, OFFSET_BUCKETS, Totals
 from .cache_config import config_number
 from .reorder import reordered_hit_ratio
@@ -95,7 +95,7 @@ def window_samples(
     if queries is None or hits is None or queries <= 0:
         return []
     out = []
-    computed = queries - hits
+    computed = queries - hits - vllm.get("external_hit_tokens", 0.0)  # loaded from a tier: not computed
     if computed > 0 and "attributed" in mine:
         coverage = min(max(mine["attributed"] / computed, 0.0), 1.0)
         name = c.PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO
