@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..sources.kv_events_decode import IN_ORDER, Batch, Dropped, Event, KvEventDrain, Mark, SeqCursor
-from .fingerprints import FingerprintSet, Generations, anchors
+from .fingerprints import ANCHOR_SPACING, FingerprintSet, Generations, anchors
 from .reorder import KnownRun, first_known_run, overlaps, served_span, served_tokens, unit_shortfall_tokens
 
 CAUSES = ("evicted", "restart", "prefix_diverged", "other_replica", "cold")
@@ -234,8 +234,10 @@ class Attribution:
             found.intersection_update(prints)
             if not found:
                 return None
-        seen = [True] * len(prints) if found.issuperset(prints) else list(map(found.__contains__, prints))
-        return first_known_run(positions, seen, length, root)
+        if found.issuperset(prints):  # all known (the common case when any is): the run is the rest
+            start = max(positions[0] - ANCHOR_SPACING // 4, 0)
+            return KnownRun(start, length, root and start > 0)
+        return first_known_run(positions, list(map(found.__contains__, prints)), length, root)
 
     def _seen_before(self, info: int, size: int) -> str:
         """The cause of a block whose hash is tracked: rules 1 and 2, or a duplicate store."""
