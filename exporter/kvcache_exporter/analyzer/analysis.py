@@ -10,10 +10,10 @@ overlapping with `concurrency` / `speed` (replay.concurrent_replay).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from . import reorder
-from .curvereport import render_curve, render_units
+from .curvereport import render_curve, render_diagnoses, render_units
 from .diagnoses import SIGNIFICANT, Diagnosis, diagnose
 from .replay import Replay, blocks_needed_unbounded, concurrent_replay, replay
 from .structure import Structure, structure
@@ -56,15 +56,7 @@ class Report:
 def reordered(requests: Sequence[TraceRequest], layouts) -> list[TraceRequest]:
     """The same requests with their per-request part moved after the shared content."""
     return [
-        TraceRequest(
-            reorder.reorder(r.prompt_token_ids, lay),
-            r.max_tokens,
-            r.session,
-            r.send_ts,
-            r.forced_output,
-            r.index,
-            r.instance,
-        )
+        replace(r, prompt_token_ids=reorder.reorder(r.prompt_token_ids, lay))
         for r, lay in zip(requests, layouts, strict=True)
     ]
 
@@ -134,12 +126,10 @@ def analyze(
             bs, num_gpu_blocks, replicas, routing, observed, unbounded, one, by_session, moved, needed, shape
         )
     )
-    notes: list[str] = []
-    notes.append(
-        f"block size {bs} is tokens per KV block (a cache hit is counted in whole blocks); it does not "
-        "need to "
-        "match the model's layer count."
-    )
+    notes = [
+        f"block size {bs} is tokens per KV block (a cache hit is counted in whole blocks); it does not need "
+        "to match the model's layer count."
+    ]
     if observed.rejected:
         notes.append(f"{observed.rejected} requests never fit the pool or max_model_len and were skipped")
     if observed.preemptions:
@@ -169,12 +159,19 @@ def facts(bs, num_gpu_blocks, replicas, routing, observed, unbounded, one, by_se
         "session_text": "" if by_session is None else f" Routing by session: {by_session.hit_ratio:.3f}.",
         "reordered": None if moved is None else moved.hit_ratio,
         "needed_blocks": needed,
-        "needed_tokens": None if needed is None else needed * bs,
+        "needed_text": needed and f"about {needed} blocks per replica ({needed * bs} tokens)",
         "preemptions": observed.preemptions,
         "first_block_unique": shape.first_block_unique_share,
         "granularity_loss": shape.block_granularity_loss,
         "dyn_requests": dyn and dyn.requests,
         "dyn_start": dyn and dyn.start,
+        "dyn_where": dyn
+        and (
+            "from the first token"
+            if dyn.start == 0
+            else f"from token {dyn.start} on (after the first {dyn.start} token{'s' * (dyn.start > 1)}, which"
+            " at least half the requests share: a chat template's role header, a field label)"
+        ),
         "dyn_end": dyn and dyn.end,
         "dyn_len": dyn and dyn.median_len,
         "dyn_template": dyn and dyn.template_tokens,
@@ -232,16 +229,7 @@ def render_text(report: Report) -> str:
             f"  per-request part: requests differ at token {d.start}-{d.end} (shared content from token "
             f"{d.median_len:g}, median) then share {d.template_tokens} tokens ({d.requests} requests)"
         )
-    lines += ["", "diagnosis"]
-    if not report.diagnoses:
-        lines.append("  no significant cache loss found")
-    for n, d in enumerate(report.diagnoses, 1):
-        lines.append(
-            f"  {n}. [{d.kind}] {d.title}: fixing it is worth {d.gain:+.3f} (hit ratio {d.after:.3f} instead "
-            f"of {report.observed.hit_ratio:.3f})"
-        )
-        lines.append(f"     {d.evidence}")
-        lines += [f"     - {r}" for r in d.remedies]
+    lines += render_diagnoses([asdict(d) for d in report.diagnoses], report.observed.hit_ratio)
     if report.curve is not None:
         lines += render_curve(report.curve, s["num_gpu_blocks"], s["block_size"])
     lines += render_units(report.units)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..derive.cache_config import config_number
 from ..sources.textformat import parse_line
-from .lines import read_lines
+from .lines import json_object, read_lines
 
 INFO = "vllm:cache_config_info"
 DEFAULT_BLOCK_SIZE = 16
@@ -30,21 +30,36 @@ class CacheShape:
 
 
 def read_capture(path: str | Path) -> list[dict[str, str]]:
-    """The cache_config_info labels of each engine in an exposition-format capture."""
-    engines = []
+    """The cache_config_info labels of each engine in a capture: exposition text, or JSON lines of
+    snapshots (`{"text": <exposition>}` each, as ../shared's fixtures record them: the last one counts)."""
+    engines: list[dict[str, str]] = []
     with open(path, "rb") as stream:
         for number, line in read_lines(stream):
-            if isinstance(line, ValueError) or not line.startswith(INFO):
+            if isinstance(line, ValueError):
                 continue
-            try:
-                sample = parse_line(line.rstrip("\n"))
-            except ValueError as err:
-                raise ValueError(f"{path}:{number}: {err}") from None
-            if sample.name == INFO:
-                engines.append(sample.labels)
+            if line.startswith("{"):
+                snapshot = json_object(line).get("text")
+                if isinstance(snapshot, str):
+                    found = _engines(snapshot.splitlines(), f"{path}:{number}")
+                    engines = found or engines
+            elif line.startswith(INFO):
+                engines += _engines([line], f"{path}:{number}")
     if not engines:
         raise ValueError(f"{path}: no {INFO} sample (a capture of vLLM's /metrics is expected)")
     return engines
+
+
+def _engines(lines: list[str], where: str) -> list[dict[str, str]]:
+    out = []
+    for line in lines:
+        if line.startswith(INFO):
+            try:
+                sample = parse_line(line.rstrip("\n"))
+            except ValueError as err:
+                raise ValueError(f"{where}: {err}") from None
+            if sample.name == INFO:
+                out.append(sample.labels)
+    return out
 
 
 def cache_shape(block_size: int | None, num_gpu_blocks: int | None, capture: str | None) -> CacheShape:

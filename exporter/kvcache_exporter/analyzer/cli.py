@@ -242,6 +242,7 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace, encoder=None):
     report = curvereport.block_report(parsed, curve, settings)
     report["units"] = hitunit.unit_rows(parsed.requests, [], bs, tbs, args.replicas, args.routing)
     if args.concurrency is None and not args.arrivals:
+        report["diagnoses"] = curvereport.block_diagnoses(report)
         return report, curve, None
     overlapping = replay.concurrent_replay(
         parsed.requests,
@@ -255,6 +256,7 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace, encoder=None):
         frozenset(mrc.restart_points(parsed.requests, args.restart_at)),
     )
     report["observed"] = curvereport.replay_dict(overlapping)
+    report["diagnoses"] = curvereport.block_diagnoses(report)
     return report, curve, overlapping.per_request_hits
 
 

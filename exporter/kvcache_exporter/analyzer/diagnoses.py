@@ -45,9 +45,8 @@ CAUSES = (
         "per-request fields come before the shared content",
         lambda f: f["reordered"] is not None,
         lambda f: f["reordered"],
-        "{dyn_requests} requests differ from token {dyn_start} on (after the {dyn_start} tokens every "
-        "request starts with: a chat template's role header, a field label) up to the shared content "
-        "(at token {dyn_len:g}, median), then carry {dyn_template} tokens of it. Replayed with the "
+        "{dyn_requests} requests differ {dyn_where} up to the shared content (at token {dyn_len:g}, median), "
+        "then carry {dyn_template} tokens of it. Replayed with the "
         "per-request part moved after the shared content: hit ratio {observed:.3f} -> {reordered:.3f}.",
         (
             "move the per-request fields (timestamp, customer or user id, order number, request id) after "
@@ -71,7 +70,7 @@ CAUSES = (
         lambda f: f["needed_blocks"] is not None,
         lambda f: f["unbounded"],
         "hit ratio {observed:.3f} with {num_gpu_blocks} blocks per replica vs {unbounded:.3f} with no "
-        "eviction; about {needed_blocks} blocks per replica ({needed_tokens} tokens) reach it. "
+        "eviction; {needed_text} reach it. "
         "Preemptions: {preemptions}.",
         (
             "raise KV capacity: a higher gpu_memory_utilization (or --kv-cache-memory-bytes)",

@@ -32,6 +32,8 @@ CAUSE_COLORS = {
 }
 """One colour per miss cause (Grafana's classic palette): a layout problem red, capacity orange, routing
 purple, restarts blue, cold grey, the hit unit yellow."""
+VERDICT_COLOR = "#b03a2e"
+"""the verdict's left rule: a screenshot finds the diagnosis by it"""
 W, H, PAD = 1200, 300, 56
 """SVG user units: every plot is drawn at the page's full width (width 100%, this aspect)"""
 
@@ -54,7 +56,7 @@ def _xy(fx: float, fy: float) -> tuple[float, float]:
 
 def _polyline(points: Sequence[tuple[float, float]], color: str) -> str:
     coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in (_xy(fx, fy) for fx, fy in points))
-    return f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="3"/>'
+    return f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="4"/>'
 
 
 def _y_ticks() -> str:
@@ -281,7 +283,7 @@ def render(
         "<!doctype html><html><head><meta charset='utf-8'><title>kvcache-exporter analyze</title><style>"
         "body{font-family:sans-serif;margin:24px;background:#fff;color:#222}figure{margin:16px 0}"
         "figcaption{font-weight:bold;margin-bottom:4px}th{text-align:left;padding-right:16px}"
-        "#verdict{border-left:6px solid #e24d42;padding:4px 16px;margin-bottom:20px}"
+        f"#verdict{{border-left:8px solid {VERDICT_COLOR};padding:4px 16px;margin-bottom:20px}}"
         "#verdict h2{margin:2px 0 10px}"
         ".label{margin:6px 0 0;color:#666;font-size:13px;text-transform:uppercase}"
         ".worth{font-size:20px;margin:2px 0 8px}.evidence{color:#444}"

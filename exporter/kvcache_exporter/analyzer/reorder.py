@@ -18,8 +18,10 @@ import itertools
 import math
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+from ..derive.reorder import reordered_hit_ratio
 
 GRAM = 8
 """Token n-gram used to find shared content that does not start at token 0."""
@@ -60,16 +62,19 @@ def frequent_grams(prompts: Sequence[Sequence[int]]) -> set[tuple[int, ...]]:
     return {g for g, n in seen.items() if n >= threshold}
 
 
-def covered_runs(prompt: Sequence[int], frequent: set[tuple[int, ...]]) -> list[tuple[int, int]]:
-    """[start, end) spans of the prompt covered by frequent n-grams."""
-    runs: list[tuple[int, int]] = []
+def covered_runs(prompt: Sequence[int], frequent: set[tuple[int, ...]]) -> Iterator[tuple[int, int]]:
+    """[start, end) spans of the prompt covered by frequent n-grams, in order (lazily: callers stop early)."""
+    run = None
     for i in range(len(prompt) - GRAM + 1):
         if tuple(prompt[i : i + GRAM]) in frequent:
-            if runs and runs[-1][1] >= i:
-                runs[-1] = (runs[-1][0], i + GRAM)
-            else:
-                runs.append((i, i + GRAM))
-    return runs
+            if run is not None and run[1] >= i:
+                run = (run[0], i + GRAM)
+                continue
+            if run is not None:
+                yield run
+            run = (i, i + GRAM)
+    if run is not None:
+        yield run
 
 
 def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
@@ -145,8 +150,6 @@ def dynamic_field(found: Sequence[Layout | None]) -> DynamicField | None:
 
 
 def live_estimate(hit_tokens: int, prompt_tokens: int, diverged_tokens: int) -> float | None:
-    """The sidecar's estimate of the reorder's worth: the prefix_diverged tokens would have hit (derive's
-    reordered_hit_ratio, issue 21; the exact replay of `reordered_prompts` is its offline check)."""
-    if prompt_tokens <= 0:
-        return None
-    return min(max((hit_tokens + diverged_tokens) / prompt_tokens, 0.0), 1.0)
+    """The sidecar's estimate of the reorder's worth (derive/reorder.py: the prefix_diverged tokens would
+    have hit); the exact replay of `reordered_prompts` is its offline check."""
+    return reordered_hit_ratio(hit_tokens, prompt_tokens, diverged_tokens)

@@ -290,9 +290,11 @@ class KvEventSubscriber:
         return got
 
     def _fetch(self, dealer: zmq.Socket, gap: range, got: list[Batch], deadline: float) -> bool:
-        """Collect replayed batches of `gap` into `got`; False when the deadline passed first."""
+        """Collect replayed batches of `gap` into `got`; False when the deadline passed first.
+        What the queue could not take is not fetched: the rest of the gap counts as missed."""
         # The empty frame makes the request [identity, b"", start] at the ROUTER, as vLLM expects.
         dealer.send_multipart([b"", gap.start.to_bytes(8, "big")])
+        room = [bound - queued for bound, queued in zip(self.max_pending, self._pending_work, strict=True)]
         while (left := deadline - time.monotonic()) > 0:
             if not dealer.poll(int(left * 1000) + 1):
                 continue
@@ -309,6 +311,9 @@ class KvEventSubscriber:
             if batch.seq >= gap.stop:
                 return True  # the live stream delivers the rest
             if batch.seq >= gap.start:
+                room = [r - w for r, w in zip(room, weight(batch.events), strict=True)]
+                if min(room) < 0:
+                    return True
                 got.append(batch)
         return False
 

@@ -260,10 +260,18 @@ def main() -> int:
     parser.add_argument("--output", default="-")
     parser.add_argument("--repeat", type=int, default=200)
     args = parser.parse_args()
-    from . import bench_analyzer, bench_attribution, bench_endpoint, bench_fleet, bench_side_by_side
+    from . import (
+        bench_analyzer,
+        bench_attribution,
+        bench_endpoint,
+        bench_fleet,
+        bench_kv_heavy,
+        bench_side_by_side,
+    )
 
     side_by_side = bench_side_by_side.rows() + bench_side_by_side.history_rows()
     rest = bench_fleet.rows() + bench_attribution.rows() + bench_analyzer.rows() + bench_endpoint.rows()
+    rest += bench_kv_heavy.rows()
     text = markdown(run(args.repeat) + side_by_side + rest)
     if args.output == "-":
         print(text)

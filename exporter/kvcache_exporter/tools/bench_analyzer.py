@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from ..analyzer import blocktrace, mrc
+from ..analyzer import blocktrace, hitunit, mrc
 from ..analyzer.replay import concurrent_replay
 
 DAY_REQUESTS, BLOCK_SIZE, NUM_GPU_BLOCKS = 12_000, 16, 65_536
@@ -71,6 +71,7 @@ def day_rows() -> list[tuple[str, str]]:
 
     def report():
         parsed = blocktrace.parse_lines(lines, "day", BLOCK_SIZE)
+        hitunit.unit_rows(parsed.requests, [], BLOCK_SIZE, blocktrace.MOONCAKE_BLOCK)
         return mrc.stack_curve(parsed.requests, BLOCK_SIZE, NUM_GPU_BLOCKS)
 
     def arrivals():
@@ -90,7 +91,7 @@ def day_rows() -> list[tuple[str, str]]:
         ),
         (
             "analyzer: default report (parse, observed, unbounded, curve of "
-            f"{len(curve.sizes)} sizes, causes)",
+            f"{len(curve.sizes)} sizes, causes, hit-unit rows)",
             f"{ours:.2f} s (target <= 10 s); observed hit ratio {curve.ratio(curve.observed_hit_tokens):.3f}",
         ),
         (
