@@ -85,6 +85,7 @@ class Memory:
         self.max_entries = max_entries
         self.max_run_chars = max_run_chars  # vLLM 0.32: ~25 KB of runs per engine
         self.runs: dict[str, Run] = {}  # the last successful poll's, by family name as written
+        self.histograms: dict[tuple, Histogram] = {}  # the last poll's, by (engine key, logical)
         self.heads: dict[str, Series | str] = {}
         self.bounds: dict[tuple[float, ...], tuple[float, ...]] = {}  # one tuple per bucket layout
         self.values: dict[str, float] = {}  # value texts already read ("0.0", "42.0": most buckets)
@@ -95,6 +96,9 @@ class Memory:
             self.heads.clear()
             self.bounds.clear()
             self.shared.clear()
+            self.histograms.clear()
+        if len(self.histograms) > 4096:  # engines come and go
+            self.histograms.clear()
         if len(self.values) > 600:  # counters make new ones every poll; ~60 KB at most
             self.values.clear()
 
@@ -340,7 +344,7 @@ def parse(
     block_counted = set()  # early-V1 prefix-cache counters whose HELP says they count blocks
     if seen & _BLOCK_COUNTABLE:
         block_counted = {_normal(m.group(1)) for m in _HELP_IN_BLOCKS.finditer(body)}
-    engines = _finish(acc, block_counted, memory.bounds)
+    engines = _finish(acc, block_counted, memory)
     present = set(acc.chosen) | {k for e in engines.values() for k in e.histograms}
     if acc.cache_configs:
         present.add("cache_config")
@@ -374,19 +378,20 @@ def _read_run(text: str, memory: Memory, budget: int, acc: _Accumulator) -> Run:
     return Run(text, len(lines), samples)
 
 
-def _finish(
-    acc: _Accumulator, block_counted: set[str], layouts: dict[tuple[float, ...], tuple[float, ...]]
-) -> dict[EngineKey, EngineSample]:
+def _finish(acc: _Accumulator, block_counted: set[str], memory: Memory) -> dict[EngineKey, EngineSample]:
+    layouts, last = memory.bounds, memory.histograms
     for (key, logical), parts in acc.gauge_parts.items():
         total = sum(parts)
         acc.engines[key].gauges[logical] = total / len(parts) if logical in names.RATIO_GAUGES else total
-    for (key, logical), buckets in acc.buckets.items():
+    for hkey, buckets in acc.buckets.items():
         bounds = tuple(sorted(buckets))
         if bounds and math.isinf(bounds[-1]):
             bounds = layouts.setdefault(bounds, bounds)  # histories then hold one tuple per layout
-            acc.engines[key].histograms[logical] = Histogram(
-                bounds, tuple(buckets[b] for b in bounds), acc.sums.get((key, logical), 0.0)
-            )
+            histogram = Histogram(bounds, tuple(map(buckets.__getitem__, bounds)), acc.sums.get(hkey, 0.0))
+            if histogram != last.get(hkey):
+                last[hkey] = histogram
+            # An unchanged histogram is the last poll's object: the history sees `is` and skips it.
+            acc.engines[hkey[0]].histograms[hkey[1]] = last[hkey]
     for (_, engine), sample in acc.engines.items():
         if sample.start_time is None:
             sample.start_time = acc.process_start
