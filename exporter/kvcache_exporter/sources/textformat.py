@@ -92,12 +92,12 @@ def family_runs(names: Iterable[str], ray: bool = False) -> re.Pattern[str]:
     `names` (group 1: the name as written; a line's name ends at `{`, a blank or the line's end),
     each with its leading line feed. With `ray`, a `vllm:` name may also be written `ray_vllm:`.
     The names form a prefix tree, so each line costs one walk of its first characters."""
-    vllm = [n[len("vllm:") :] for n in names if n.startswith("vllm:")]
+    vllm = [n.removeprefix("vllm:") for n in names if n.startswith("vllm:")]
     other = [n for n in names if not n.startswith("vllm:")]
+    alternatives = [f"{'(?:ray_)?' if ray else ''}vllm:{_tree(vllm)}"] if vllm else []
+    alternatives += [_tree(other)] if other else []
     end = r"(?=[{ \t\n]|\Z)"
-    name = "|".join(filter(None, [f"{'(?:ray_)?' if ray else ''}vllm:{_tree(vllm)}" if vllm else "",
-                                  _tree(other) if other else ""]))  # fmt: skip
-    return re.compile(rf"\n({name}){end}[^\n]*(?:\n\1{end}[^\n]*)*")
+    return re.compile(rf"\n({'|'.join(alternatives)}){end}[^\n]*(?:\n\1{end}[^\n]*)*")
 
 
 def _tree(words: Iterable[str]) -> str:
