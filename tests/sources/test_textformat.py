@@ -89,5 +89,5 @@ def test_family_runs_find_exactly_the_runs_of_the_named_families(shared_fixtures
         names = {"vllm:a", "process_start_time_seconds"}
         names |= {line.split("{")[0].split(" ")[0] for line in text.splitlines()[::7] if line[:1] != "#"}
         names = {n.removeprefix("ray_") for n in names if n}
-        found = [m.group(0) for m in family_runs(names, ray).finditer("\n" + text)]
+        found = [run for run, _ in family_runs(names, ray).findall("\n" + text)]
         assert found == naive_runs(text, names, ray)

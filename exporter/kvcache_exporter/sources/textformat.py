@@ -89,15 +89,16 @@ def parse_line_and_head(line: str) -> tuple[Line, str | None]:
 
 def family_runs(names: Iterable[str], ray: bool = False) -> re.Pattern[str]:
     """A pattern whose matches in "\n" + body are the runs of consecutive sample lines of one of
-    `names` (group 1: the name as written; a line's name ends at `{`, a blank or the line's end),
-    each with its leading line feed. With `ray`, a `vllm:` name may also be written `ray_vllm:`.
-    The names form a prefix tree, so each line costs one walk of its first characters."""
+    `names`, each with its leading line feed (group 1; group 2 the name as written: a line's name
+    ends at `{`, a blank or the line's end), so `findall` gives (run, name) pairs. With `ray`, a
+    `vllm:` name may also be written `ray_vllm:`. The names form a prefix tree, so each line costs
+    one walk of its first characters."""
     vllm = [n.removeprefix("vllm:") for n in names if n.startswith("vllm:")]
     other = [n for n in names if not n.startswith("vllm:")]
     alternatives = [f"{'(?:ray_)?' if ray else ''}vllm:{_tree(vllm)}"] if vllm else []
     alternatives += [_tree(other)] if other else []
     end = r"(?=[{ \t\n]|\Z)"
-    return re.compile(rf"\n({'|'.join(alternatives)}){end}[^\n]*(?:\n\1{end}[^\n]*)*")
+    return re.compile(rf"(\n({'|'.join(alternatives)}){end}[^\n]*(?:\n\2{end}[^\n]*)*)")
 
 
 def _tree(words: Iterable[str]) -> str:

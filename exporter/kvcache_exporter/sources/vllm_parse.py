@@ -313,17 +313,15 @@ def parse(
     runs: dict[str, Run] = {}  # this poll's, for the next one
     kept = read = 0
     try:
-        for match in _RUNS[prefix == _RAY].finditer(body):
-            written = match.group(1)
+        for run_text, written in _RUNS[prefix == _RAY].findall(body):
             name = _normal(written)
             seen.add(name)
             if name not in _READ:
                 continue  # a deprecated name the exporter only counts
-            run_text = match.group(0)
             run = memory.runs.get(written)
             if run is None or run.text != run_text:
                 run = _read_run(run_text, memory, limits.max_samples - read, acc)
-            elif read + run.lines <= limits.max_samples:
+            elif run.samples and read + run.lines <= limits.max_samples:
                 acc.add(run)
             read += run.lines
             if read > limits.max_samples:
