@@ -8,7 +8,7 @@ import time
 import pytest
 from dashboard_harness import ROOT, all_queries, prometheus
 
-from kvcache_exporter.harness import CLI, Services, free_port
+from kvcache_exporter.tools.harness import CLI, Services, free_port
 
 pytestmark = pytest.mark.prometheus
 RUN_S = 30
@@ -67,6 +67,7 @@ def test_every_panel_has_data_from_the_demo_stack(tmp_path):
             "--collect.interval", "1s",
             "--cost.gpu-hour-price", "2.5", "--cost.energy-price-per-kwh", "0.2",
             "--kv-events.endpoint", f"tcp://127.0.0.1:{zmq}", "--kv-events.mode", "bind",
+            "--whatif.host-tier-bytes", "64GiB",  # the host-tier what-if panels
         )  # fmt: skip
         simulator = services.simulator(
             "--speed=2", "--kv-cache-metrics", f"--kv-events-endpoint=tcp://127.0.0.1:{zmq}", port=sim
