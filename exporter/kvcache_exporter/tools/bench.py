@@ -222,7 +222,8 @@ How to read it:
   (/proc/<pid>/stat) over the requests the targets counted from it, so both are CPU per fetch of
   the same payload; the goal is a ratio of at most 0.5. The box is shared (2 cores, other
   engineers' builds and tests running): both figures move with its load from run to run, so read
-  the ratio of one run, and the header names the CPU it ran on.
+  the ratio of one run, and the header names the CPU it ran on. /proc counts CPU in 10 ms ticks:
+  the 1-target figures (20 polls) are good to about a quarter.
 - One poll by stage (bench_poll.py): the same targets polled in this process through the real
   VllmSource and poll state (serve's default 4 windows, 3 quantiles), one stage at a time: fetch
   (aiohttp GET of every target, concurrently), parse, ingest (history), derive (every sample and
