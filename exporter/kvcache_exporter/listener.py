@@ -54,6 +54,7 @@ class Connection:
     close: Callable[[], None]
     busy: int = 0  # requests in flight
     proven: bool = False  # has made an authorized request
+    spoke: bool = False  # has sent a byte (a ClientHello, a request line)
     established: bool = False  # TLS handshake done (at once without TLS)
     last_active: float = field(init=False)  # opened, handshake done, bytes received, request done
 
@@ -65,17 +66,18 @@ def victim(connections: Iterable[Connection]) -> Connection | None:
     """The connection a new one replaces when every slot is taken; None while all are busy.
 
     First one that never made an authorized request, taken from the address holding most of those:
-    a flood from one address evicts itself before anyone else. Within it, one that could send a
-    request (established) before a handshake in progress, the one quiet longest first: a scraper's
-    connection is active from its handshake to its request, so a flood that reconnects as fast as
-    it is evicted must turn over every slot in between to reach it. Then the idle connection quiet
-    longest, so a scraper's kept-alive connection goes last; Prometheus reconnects if it goes.
+    a flood from one address evicts itself before anyone else. Within it, the one quiet longest
+    (since it connected, finished its handshake or sent a byte), a handshake under way (a
+    ClientHello came) last: a scraper speaks at once and is active from its handshake to its
+    request, so a flood that reconnects as fast as it is evicted must turn over every other slot to
+    reach it. Then the idle connection quiet longest, so a scraper's kept-alive connection goes
+    last; Prometheus reconnects if it goes.
     """
     idle = [c for c in connections if not c.busy]
     unproven = [c for c in idle if not c.proven]
     if unproven:
         held = Counter(c.address for c in unproven)
-        return min(unproven, key=lambda c: (-held[c.address], not c.established, c.last_active))
+        return min(unproven, key=lambda c: (-held[c.address], c.spoke and not c.established, c.last_active))
     return min(idle, key=lambda c: c.last_active, default=None)
 
 
@@ -166,6 +168,12 @@ class Listener:
         this.close = asyncio.current_task().cancel  # from here on, asyncio closes what it opened
         closed, transport = loop.create_future(), None
         try:
+            if not await self._first_bytes(conn):
+                conn.close()
+                if self.tls:
+                    self.rejections.count("tls_handshake", "no ClientHello")
+                return
+            this.spoke, this.last_active = True, self.connections.clock()
             transport, _ = await loop.connect_accepted_socket(
                 lambda: _Tracked(self.runner.server(), closed, this, self.connections.clock),
                 conn,
@@ -183,13 +191,30 @@ class Listener:
             self.connections.all.discard(this)
             self.connections.by_transport.pop(transport, None)
 
+    async def _first_bytes(self, conn: socket.socket) -> bool:
+        """Waits for the client's first byte (or its hang-up): False if none came in time."""
+        loop, fd = asyncio.get_running_loop(), conn.fileno()
+        ready = loop.create_future()
+        loop.add_reader(fd, lambda: ready.done() or ready.set_result(True))
+        try:
+            timeout = self.limits.handshake_timeout if self.tls else self.limits.idle_timeout
+            return await asyncio.wait_for(ready, timeout)
+        except TimeoutError:
+            return False
+        except asyncio.CancelledError:  # evicted: asyncio has not taken the socket over yet
+            loop.remove_reader(fd)
+            conn.close()
+            raise
+        finally:
+            loop.remove_reader(fd)
+
     async def close(self) -> None:
         self.accepting.cancel()
         self.sock.close()
         logging.getLogger("aiohttp.server").removeFilter(self.rejections)
-        await self.runner.cleanup()  # closes the open connections
-        for task in list(self.tasks):
+        for task in list(self.tasks):  # first: one still waiting for its first byte has no server after
             task.cancel()
+        await self.runner.cleanup()  # closes the open connections
 
 
 def _close_unstarted(task: asyncio.Task, conn: socket.socket) -> None:

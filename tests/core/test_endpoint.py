@@ -169,8 +169,8 @@ def test_a_connection_is_refused_only_while_every_slot_has_a_request_in_flight()
     assert asyncio.run(main()) == (True, [200, 200, 200], 1.0)
 
 
-def idle(address: str, opened: float, *, busy=0, proven=False, last=0.0, established=True):
-    connection = Connection(address, opened, lambda: None, busy, proven, established)
+def idle(address: str, opened: float, *, busy=0, proven=False, last=0.0, spoke=True, established=True):
+    connection = Connection(address, opened, lambda: None, busy, proven, spoke, established)
     connection.last_active = last or opened
     return connection
 
@@ -182,6 +182,9 @@ def test_the_victim_is_an_unproven_idle_connection_of_the_address_holding_most_o
     assert victim([scraper, b_oldest, idle("a", 0.1, busy=1)]) is b_oldest  # in flight: never
     spoke, handshaking = idle("a", 0.1, last=4.0), idle("a", 0.2, established=False)
     assert victim([spoke, a_new, handshaking]) is a_new  # quiet longest, handshakes last
+    newborn, silent = idle("a", 5.0, spoke=False, established=False), idle("a", 1.0, spoke=False)
+    assert victim([spoke, a_new, handshaking, newborn]) is a_new  # the newborn has had no time yet
+    assert victim([spoke, a_new, handshaking, silent]) is silent
     quiet = idle("c", 0.1, proven=True, last=5.0)
     assert victim([scraper, quiet]) is quiet  # all proven: the longest idle goes
     assert victim([idle("a", 1.0, busy=1), idle("b", 2.0, busy=2, proven=True)]) is None
