@@ -40,7 +40,7 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from .server import serve
-    from .webconfig import load_web_config
+    from .web.config import load_web_config
 
     flags = {o.key: getattr(args, o.attr) for o in OPTIONS}
     try:

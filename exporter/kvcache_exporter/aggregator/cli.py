@@ -12,10 +12,10 @@ from collections.abc import Mapping
 
 from .. import logs
 from ..config import ConfigError, duration, listen_address, window_label
-from ..derive.fleet_residency import HashRange
 from ..exposition import registry_for
-from ..web import Limits, listen, load_web_config, make_app
+from ..web.app import Limits, listen, load_web_config, make_app
 from .discovery import DEFAULT_KV_EVENTS_PORT, DnsSd, FileSd, StaticSd, parse_flag
+from .fleet_residency import HashRange
 from .pool import AggregateSettings, Aggregator
 
 log = logging.getLogger("kvcache_exporter.aggregate")
