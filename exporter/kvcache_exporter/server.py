@@ -17,6 +17,7 @@ from .derive.cost import Pricing
 from .derive.kv_events import EventState
 from .derive.registry import DeriveOptions
 from .derive.state import PollState
+from .derive.units import UnitView
 from .exposition import registry_for
 from .settings import Settings
 from .sources.base import SourceUnavailable
@@ -54,24 +55,30 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
     else:
         polls.append(Poll(gpu, state.add_gpu().ingest))
     if s.kv_events_endpoint:
-        from .sources.kv_events import KvEventSubscriber  # here: pyzmq is ~1.2 MiB of RSS unused without it
+        from .sources.kv_events import KvEventSubscriber, rank_endpoint  # here: pyzmq is ~1.2 MiB unused
 
-        subscriber = KvEventSubscriber(
-            s.kv_events_endpoint,
-            mode=s.kv_events_mode,
-            topic=s.kv_events_topic,
-            replay_endpoint=s.kv_events_replay_endpoint,
-            max_batches_per_second=s.kv_events_max_batches_per_second,
-            with_tokens=True,
-        )
-        subscriber.start()  # needs the running event loop: build_exporter is called from serve()
-        attribution = Attribution(s.kv_events_max_tracked_blocks, s.kv_events_max_fingerprints)
-        events = state.add_kv_events(
-            EventState(s.kv_events_max_tracked_blocks),
-            attribution=attribution,
-            budget=KV_EVENTS_APPLY_SHARE * s.collect_interval,
-        )
-        polls.append(Poll(subscriber, events.ingest, offload=True))  # up to 100k batches a poll
+        ranks = s.kv_events_data_parallel_size
+        state.host_tier_bytes = s.whatif_host_tier_bytes
+        for rank in range(ranks):  # one publisher per data-parallel rank, each its own sequence
+            replay = s.kv_events_replay_endpoint
+            subscriber = KvEventSubscriber(
+                rank_endpoint(s.kv_events_endpoint, rank),
+                mode=s.kv_events_mode,
+                topic=s.kv_events_topic,
+                replay_endpoint=replay and rank_endpoint(replay, rank),
+                max_batches_per_second=s.kv_events_max_batches_per_second,
+                with_tokens=True,
+            )
+            subscriber.start()  # needs the running event loop: build_exporter is called from serve()
+            labels = {"engine": str(rank)} if ranks > 1 else {}
+            events = state.add_kv_events(
+                EventState(s.kv_events_max_tracked_blocks),
+                labels,
+                attribution=Attribution(s.kv_events_max_tracked_blocks, s.kv_events_max_fingerprints),
+                units=UnitView(s.kv_events_max_tracked_blocks),
+                budget=KV_EVENTS_APPLY_SHARE * s.collect_interval,
+            )
+            polls.append(Poll(subscriber, events.ingest, labels, offload=True))  # up to 100k batches a poll
     options = DeriveOptions(
         windows=tuple(sorted(s.collect_windows)),
         quantiles=tuple(s.collect_quantiles),

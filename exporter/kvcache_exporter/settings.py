@@ -39,8 +39,10 @@ class Settings:
     kv_events_endpoint: str | None
     kv_events_mode: str
     kv_events_replay_endpoint: str | None
+    kv_events_data_parallel_size: int
     kv_events_topic: str
     kv_events_max_batches_per_second: int
     kv_events_max_tracked_blocks: int
     kv_events_max_fingerprints: int
+    whatif_host_tier_bytes: int | None
     audit_gpu_memory_utilization_ceiling: float

@@ -24,6 +24,7 @@ COVERED_ELSEWHERE = {
     "derive/cache.py": ["derive/test_windows.py", "sources/test_vllm.py"],
     "derive/cache_config.py": ["derive/test_audit.py"],
     "derive/fingerprints.py": ["derive/test_attribution.py"],
+    "derive/kv_budget.py": ["sources/test_kv_events_heavy.py", "sources/test_kv_events_fuzz.py"],
     "derive/kv_events.py": ["sources/test_kv_events.py", "derive/test_registry.py"],
     "derive/state.py": ["core/test_collector.py"],
     "derive/targets.py": ["derive/test_targets_fuzz.py"],

@@ -136,7 +136,13 @@ def test_lora_session_and_report_options_over_the_api():
         {"prompt": prompt, "max_tokens": 2, "model": "tiny-lora-a", "headers": {"X-Session-ID": "sess-1"}},
         {"prompt": prompt, "max_tokens": 2, "vllm_xargs": {"kv_cache_report_mode": "full"}},
     ]
-    _, received = asyncio.run(run_dp(cfg, prompts))
+    text, received = asyncio.run(run_dp(cfg, prompts))
+    # vLLM's one LoRA family: no engine label, one series per (running, waiting) adapter set, as captured.
+    info = [line for line in text.splitlines() if line.startswith("vllm:lora_requests_info{")]
+    real = [line for line in real_metrics("lora").splitlines() if line.startswith("vllm:lora_requests_info{")]
+    assert {line.split("} ")[0].split(",", 1)[0] for line in info} == {'vllm:lora_requests_info{max_lora="2"'}
+    assert any('running_lora_adapters="tiny-lora-a"' in line for line in info) and real
+    assert all('engine="' not in line for line in info + real)
     events = [e for m in received[0] for e in msgspec.msgpack.decode(m[2])[1]]
     stored = [e for e in events if e["type"] == "BlockStored"]
     assert stored[0]["session_id"] == "sess-0" and stored[0]["lora_name"] is None

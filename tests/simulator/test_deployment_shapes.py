@@ -7,11 +7,16 @@ import random
 
 import msgspec
 import pytest
+from prometheus_client import generate_latest
 
+from kvcache_exporter.derive.audit import audit_samples
+from kvcache_exporter.derive.state import PollState
 from kvcache_exporter.simulator.blocks import Origin
 from kvcache_exporter.simulator.config import SimulatorConfig, cache_config_labels
 from kvcache_exporter.simulator.engine import Engine, EngineConfig, Request
+from kvcache_exporter.simulator.exposition import ExpositionState, make_registry
 from kvcache_exporter.simulator.kv_events import encode_batch
+from kvcache_exporter.sources.vllm_parse import parse
 
 from .conftest import VLLM_CPU, read_jsonl
 
@@ -176,13 +181,13 @@ def test_deepseek_v4_decode_crossing_a_unit_and_evictions():
     run = Run("deepseek-v4", block_size=256, num_gpu_blocks=4)
     run.send(tokens(rng, 250), max_tokens=16)  # decode fills the first unit
     crossing = [e for batch in run.batches for e in batch]
-    assert [len(e["block_hashes"]) for e in crossing] == [0, 0, 0, 1, 0, 0]
+    assert [len(e["block_hashes"]) for e in crossing] == [0, 0, 0, 1, 1, 0, 0]  # + group 3's prompt tail
     for _ in range(4):
         run.send(tokens(rng, 600))
     removed = [e for e in run.events if e["type"] == "BlockRemoved"]
     assert removed and all(e["medium"] == "GPU" and len(e["block_hashes"]) == 1 for e in removed)
     window_share = sum(e["group_idx"] != 3 for e in removed) / len(removed)
-    assert window_share > 0.9  # the issue's measurement: 95 % of removals are window/state blocks
+    assert window_share >= 0.9  # most removals are window/state blocks (the issue measured 95 %)
     for batch in run.batches:  # removals come before stores in a batch
         types = [e["type"] for e in batch]
         assert types == sorted(types, key=lambda t: t != "BlockRemoved")
@@ -253,3 +258,119 @@ def test_hybrid_report_mode_re_announces_every_group(layout):
         if e["type"] == "BlockStored" and e["parent_block_hash"] is None and e["block_hashes"]
     ]
     assert sorted(e["group_idx"] for e in reports) == list(range(6))
+
+
+def test_deepseek_v4_metrics_parse_and_the_audit_names_the_hit_unit():
+    rng = random.Random(10)
+    run = Run("deepseek-v4", block_size=256, num_gpu_blocks=8)
+    config = SimulatorConfig(engine=run.engine.config)
+    state = ExpositionState("dsv4", [run.engine], 1.0, lambda i: cache_config_labels(config, i))
+    poll = PollState(retention=600)
+    target = poll.add_target("sim")
+    for ts in (0.0, 60.0):
+        run.send(tokens(rng, 600))
+        target.ingest(parse(generate_latest(make_registry(lambda: state)).decode()), ts)
+    checks = {s.labels["check"]: s.value for s in audit_samples(poll, 0.9, (60.0,))}
+    assert checks["hit_unit_near_block_size"] == 0.0  # block_size 4, hits in 256-token units
+    assert checks["prefix_caching_effective"] == 1.0
+
+
+# A real run of ../shared/tools/deepseek-v4-cpu (vLLM 0.32, 42M KV cache, no eviction) on 2026-12-03 with
+# these prompts (random token ids of these lengths): per message, per event (group, kind, block_size, hashes,
+# token ids); the prefix-cache counters ended at queries 3308, hits 1024.
+REAL_DSV4_MESSAGES = [
+    [(0, "sliding_window_mla", 64, 2, 256), (1, "sliding_window_mla", 64, 2, 256),
+     (2, "sliding_window_mla", 64, 2, 256), (3, "mla_attention", 256, 1, 256),
+     (4, "sliding_window_mla", 4, 2, 256), (5, "sliding_window_mla", 8, 16, 256)],
+    [(0, "sliding_window_mla", 64, 0, 256), (1, "sliding_window_mla", 64, 0, 256),
+     (2, "sliding_window_mla", 64, 0, 256), (3, "mla_attention", 256, 1, 256), (3, "mla_attention", 4, 1, 4),
+     (4, "sliding_window_mla", 4, 0, 256), (5, "sliding_window_mla", 8, 0, 256)],
+    [(0, "sliding_window_mla", 64, 2, 512), (1, "sliding_window_mla", 64, 2, 512),
+     (2, "sliding_window_mla", 64, 2, 512), (3, "mla_attention", 256, 2, 512),
+     (4, "sliding_window_mla", 4, 2, 512), (5, "sliding_window_mla", 8, 16, 512)],
+    [(0, "sliding_window_mla", 64, 2, 256), (1, "sliding_window_mla", 64, 2, 256),
+     (2, "sliding_window_mla", 64, 2, 256), (3, "mla_attention", 256, 1, 256),
+     (4, "sliding_window_mla", 4, 2, 256), (5, "sliding_window_mla", 8, 16, 256)],
+    [(0, "sliding_window_mla", 64, 4, 256), (1, "sliding_window_mla", 64, 4, 256),
+     (2, "sliding_window_mla", 64, 4, 256), (3, "mla_attention", 256, 1, 256),
+     (4, "sliding_window_mla", 4, 64, 256), (5, "sliding_window_mla", 8, 32, 256)],
+]  # fmt: skip
+
+
+def test_deepseek_v4_matches_a_real_run_of_the_shim():
+    rng = random.Random(11)
+    a, b, c = tokens(rng, 476), tokens(rng, 250), tokens(rng, 700)
+    run = Run("deepseek-v4", block_size=256, num_gpu_blocks=32)
+    cached = [
+        run.send(a).num_cached_tokens,
+        run.send(a).num_cached_tokens,
+        run.send(b, max_tokens=16).num_cached_tokens,  # decode crosses the first unit
+        run.send(c).num_cached_tokens,
+        run.send(c[:300] + tokens(rng, 50)).num_cached_tokens,  # the windows sit at 512 only: no hit
+        run.send(c[:530] + tokens(rng, 50)).num_cached_tokens,
+        run.send(a, origin=Origin(session_id="s1"), report_full=True).num_cached_tokens,
+    ]
+    assert cached == [0, 256, 0, 0, 0, 512, 256]
+    stats = run.engine.stats
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (3308, 1024)
+    ours = [
+        [
+            (
+                e["group_idx"],
+                e["kv_cache_spec_kind"],
+                e["block_size"],
+                len(e["block_hashes"]),
+                len(e["token_ids"]),
+            )
+            for e in batch
+        ]
+        for batch in run.batches
+    ]
+    assert ours == REAL_DSV4_MESSAGES
+    partial = run.batches[1][4]  # the prompt's tail inside the unit: tokens 244-248 of the 250
+    assert partial["token_ids"] == b[244:248] and partial["parent_block_hash"] is not None
+    assert all(e["session_id"] == "s1" for e in run.batches[4])
+    assert all(("extra_keys" in e) == bool(e["block_hashes"]) for batch in run.batches for e in batch)
+
+
+def replay(capture: str, layout: str, num_gpu_blocks: int) -> tuple[list[tuple[int, int]], Run]:
+    """The capture's requests (48 one by one, then 12 three at a time) -> (ours, real) cached tokens."""
+    rows = read_jsonl(DEPLOYMENTS / capture / "trace.jsonl")
+    run = Run(layout, block_size=32, num_gpu_blocks=num_gpu_blocks)
+    engine, pairs, i = run.engine, [], 0
+    while i < len(rows):
+        group = rows[i : i + 1] if rows[i]["phase"] == "sequential" else rows[i : i + 3]
+        for row in group:
+            request = Request(
+                str(row["i"]),
+                row["prompt_token_ids"],
+                row["max_tokens"],
+                run.now,
+                row["completion_token_ids"],
+            )
+            engine.add_request(request)
+            pairs.append((request, row["usage"]["prompt_tokens_details"]["cached_tokens"]))
+        while engine.has_work:
+            result = engine.step(run.now)
+            run.now += result.duration
+            if result.events:
+                run.batches.append(msgspec.msgpack.decode(encode_batch(result.events, 0, ts=run.now))[1])
+        i += len(group)
+    return [(request.num_cached_tokens, real) for request, real in pairs], run
+
+
+def test_gemma2_layout_replays_the_real_hybrid_capture():
+    # 128 blocks shared by 2 groups: kv_cache_size_tokens 2016 = 63 units of 32 tokens (+ the null block).
+    cached, run = replay("hybrid-gemma2-swa", "gemma-2", 64)
+    assert len(cached) == 60 and sum(ours == real for ours, real in cached) >= 58
+    ours, real = sum(o for o, _ in cached), sum(r for _, r in cached)
+    assert real == 11360 and abs(ours - real) <= 0.01 * real
+    empty = [e for e in run.events if e["type"] == "BlockStored" and not e["block_hashes"]]
+    assert len(empty) == 19 and {e["group_idx"] for e in empty} == {0}  # the capture's 19 decode stores
+    stored = [e for e in run.events if e["type"] == "BlockStored"]
+    assert sum(e["group_idx"] == 0 for e in stored) == sum(e["group_idx"] == 1 for e in stored)
+
+
+def test_llama_replays_the_baseline_capture_exactly():
+    cached, _ = replay("baseline-llama", "llama", 64)
+    assert all(ours == real for ours, real in cached) and sum(r for _, r in cached) == 11296

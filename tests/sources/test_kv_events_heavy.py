@@ -1,7 +1,7 @@
 """Valid but heavy KV-event batches (issue 23 item 1): bounded per message (bytes before decoding,
 hashes and token ids per batch), per poll (what the subscriber queues, the time spent applying),
 counted when dropped, and never in the way of /metrics polling of vLLM. The figures (stall seconds,
-RSS) are in `python -m kvcache_exporter.bench_kv_heavy`; here the bounds are asserted generously."""
+RSS) are in `python -m kvcache_exporter.tools.bench_kv_heavy`; here the bounds are asserted generously."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from kvcache_exporter.sources.kv_events_decode import (
     decode_message,
 )
 
-from .test_kv_events import message, publisher, until
+from .test_kv_events import message, publisher, replay_router, until
 
 
 def stored(hashes: list, tokens: int = 0, array: bool = False):
@@ -166,3 +166,31 @@ def test_the_queue_between_polls_is_bounded_and_the_excess_counted(with_tokens):
     state = asyncio.run(scenario())
     assert (state.batches, state.dropped["budget_exceeded"], state.missed) == (4, 7, 0)
     assert state.cached_blocks == 4 * 300
+
+
+def test_replay_fetches_no_more_than_the_queue_can_take():
+    """A gap of 10 batches of 300 hashes, replayed into a queue of 1,000: 3 fetched, 7 missed."""
+    heavy_gap = {
+        seq: message([1.0, [stored(list(range(seq * 300, seq * 300 + 300)))]])[2] for seq in range(1, 11)
+    }
+
+    async def scenario():
+        async with replay_router(heavy_gap) as (endpoint, requests):
+            sub = KvEventSubscriber(
+                "tcp://127.0.0.1:*", topic="kv", replay_endpoint=endpoint, max_pending_hashes=1_000
+            )
+            sub.start()
+            state = EventState()
+            try:
+                async with publisher(sub.last_endpoint) as pub:
+                    await pub.send_multipart(message([1.0, []], 0))
+                    await pub.send_multipart(message([1.0, []], 11))
+                    await until(lambda: state.ingest(sub.drain()) or state.batches + state.missed >= 12)
+            finally:
+                await sub.stop()
+            return state, requests
+
+    state, requests = asyncio.run(scenario())
+    assert requests == [1]
+    assert (state.batches, state.missed, sum(state.dropped.values())) == (5, 7, 0)
+    assert state.cached_blocks == 900

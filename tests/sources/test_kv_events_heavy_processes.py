@@ -2,7 +2,7 @@
 and a real `aggregate` (4 replicas) on loopback, fed by real ZMQ publishers, polling a simulated
 vLLM. While the flood lasts, every scrape is answered and shows vLLM's series fresh, RSS stays
 bounded, and every batch sent is accounted for: applied, or dropped with its reason.
-Bounds are generous on purpose; the figures are in `python -m kvcache_exporter.bench_kv_heavy`."""
+Bounds are generous on purpose; the figures are in `python -m kvcache_exporter.tools.bench_kv_heavy`."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from ..sources.kv_events_decode import MAX_SEQ_GAP, Batch, gap
+from ..sources.kv_events_decode import Batch, Mark, SeqCursor, gap
 
 SPACE = 1 << 64
 MASK = SPACE - 1
@@ -79,7 +79,7 @@ class ReplicaView:
     missed: int = 0
     restarts: int = 0
     cleared: int = 0
-    next_seq: int | None = None
+    cursor: SeqCursor = field(default_factory=SeqCursor)  # the replica's sequence, read once
 
 
 class FleetResidency:
@@ -118,11 +118,11 @@ class FleetResidency:
     def missing(self, name: str, seq: int) -> range:
         """Sequence numbers lost before `seq` on this replica, read as the sidecar reads them."""
         view = self.replicas.get(name)
-        return gap(view.next_seq if view else None, seq)
+        return gap(view.cursor.next if view else None, seq)
 
     def apply(self, name: str, batch: Batch) -> None:
         view = self.add_replica(name)
-        self._advance(view, batch.seq)
+        self._mark(view, view.cursor.advance(batch.seq))
         view.batches += 1
         keep = self.hash_range.keep
         for event in batch.events:
@@ -138,18 +138,15 @@ class FleetResidency:
         """`count` messages from `seq` on that the subscriber dropped on purpose (rate limit, bad
         bytes): the sequence moves on without counting them as missed, as the sidecar does."""
         view = self.replicas.get(name)
-        if view is not None and seq is not None:
-            self._advance(view, seq)
-            view.next_seq = seq + count
+        if view is not None:
+            self._mark(view, view.cursor.skip(seq, count))
 
-    def _advance(self, view: ReplicaView, seq: int) -> None:
+    def _mark(self, view: ReplicaView, mark: Mark) -> None:
         """Back to a lower seq (or an absurd jump) is a new publisher whose cache starts empty."""
-        expected = view.next_seq
-        view.missed += len(gap(expected, seq))
-        if expected is not None and not expected <= seq <= expected + MAX_SEQ_GAP:
+        view.missed += mark.lost
+        if mark.restart:
             view.restarts += 1
             self._forget(view)
-        view.next_seq = seq + 1
 
     def _store(self, view: ReplicaView, hashes: Iterable[int | bytes]) -> None:
         owners, bit, full = self._owners, view.bit, view.resident >= self.max_blocks

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from ..config import window_label
 from ..samples import Sample
 from .audit import DEFAULT_GPU_MEMORY_UTILIZATION_CEILING, audit_samples
+from .cache_config import block_bytes
 from .cost import Pricing, cost_samples
 from .gpu import gpu_samples
 from .kv_events import kv_event_samples
@@ -18,6 +19,7 @@ from .memory import memory_over
 from .miss_windows import memory_samples, miss_samples, summed_window
 from .state import PollState
 from .targets import target_samples
+from .unit_samples import unit_samples
 from .windows import Delta
 
 
@@ -39,21 +41,30 @@ def kv_events(state: PollState, options: DeriveOptions) -> list[Sample]:
 
 
 def attribution(state: PollState, options: DeriveOptions) -> list[Sample]:
-    """Miss attribution, its windows joined with the first target's /metrics (a sidecar has one)."""
+    """Miss attribution, its windows joined with the first target's /metrics (a sidecar has one):
+    a stream labelled engine=r (one data-parallel rank) with that engine's series only."""
     target = state.targets[0] if state.targets else None
-
-    def vllm(seconds: float) -> Delta | None:
-        histories = target.histories.values() if target is not None and target.up else ()
-        return summed_window([history.window(seconds) for history in histories])
-
     windows = [(seconds, window_label(seconds)) for seconds in options.windows]
-    return [
-        s
-        for part in state.kv_events
-        if part.attribution is not None and part.misses is not None
-        for s in miss_samples(part.attribution.totals, part.misses, windows, vllm)
-        + memory_samples(part.attribution.tracked, part.attribution.limits)
-    ]
+    out: list[Sample] = []
+    for part in state.kv_events:
+        if part.attribution is None or part.misses is None:
+            continue
+        engine = part.labels.get("engine")
+
+        def vllm(seconds: float, engine: str | None = engine) -> Delta | None:
+            histories = target.histories.items() if target is not None and target.up else ()
+            return summed_window(
+                [h.window(seconds) for (_, e), h in histories if engine is None or e == engine]
+            )
+
+        samples = miss_samples(part.attribution.totals, part.misses, windows, vllm)
+        samples += memory_samples(part.attribution.tracked, part.attribution.limits)
+        if part.units is not None:
+            snapshot = target.snapshot if target is not None else None
+            config = snapshot.cache_configs.get(engine or "0") if snapshot is not None else None
+            samples += unit_samples(part.units, block_bytes(config))
+        out += [s._replace(labels={**s.labels, **part.labels}) for s in samples] if part.labels else samples
+    return out
 
 
 def gpu(state: PollState, options: DeriveOptions) -> list[Sample]:

@@ -17,12 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ..sources.gpu import GpuSnapshot
+from ..sources.kv_events_decode import Dropped, SeqCursor
 from ..sources.vllm_snapshot import EngineKey, VllmSnapshot
 from .attribution import Attribution
 from .gpu import GpuHistory
 from .kv_budget import within_budget
 from .kv_events import EventState, KvEventDrain
 from .miss_windows import MissHistory, num_gpu_blocks
+from .units import UnitView
+from .whatif import host_tier_blocks, kv_bytes_per_token
 from .windows import SeriesHistory
 
 
@@ -70,26 +73,43 @@ class GpuState:
 
 @dataclass
 class KvEventsState:
-    """One KV-event stream: the batches drained from its subscriber, applied in arrival order
-    to the event view and, when on, to miss attribution (whose totals are kept per poll), within
-    `budget` seconds a poll (None: no limit; see kv_budget.py)."""
+    """One KV-event publisher (one data-parallel rank): the batches drained from its subscriber, in
+    arrival order, within `budget` seconds a poll (None: no limit; see kv_budget.py). Its sequence is
+    read once (`cursor`); each batch goes with that mark to the event view and, when on, through the
+    group model (`units`) to miss attribution, whose totals are kept per poll."""
 
     events: EventState = field(default_factory=EventState)
-    labels: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)  # {"engine": rank} with several ranks
     attribution: Attribution | None = None
     misses: MissHistory | None = None
+    units: UnitView | None = None
     budget: float | None = None
     clock: Callable[[], float] = time.monotonic
+    cursor: SeqCursor = field(default_factory=SeqCursor)
 
     def ingest(self, drain: KvEventDrain | None, ts: float) -> None:
         attribution = self.attribution if self.misses is not None else None
         if drain is not None:
             for part in within_budget(drain, self.budget, self.clock):
-                self.events.ingest(part)
-                if attribution is not None:
-                    attribution.ingest(part)
+                self._apply(part, attribution)
         if attribution is not None and self.misses is not None:
             self.misses.record(ts, attribution.totals)
+
+    def _apply(self, drain: KvEventDrain, attribution: Attribution | None) -> None:
+        units = self.units
+        for item in drain.items:
+            if isinstance(item, Dropped):
+                mark = self.cursor.skip(item.seq, item.count)
+                self.events.drop(item.reason, item.seq, item.count, mark)
+                if attribution is not None:
+                    attribution.mark(mark)
+                continue
+            mark = self.cursor.advance(item.seq)
+            if mark.restart and units is not None:
+                units.restart()
+            self.events.apply(item, mark)
+            if attribution is not None:
+                attribution.apply(item if units is None else units.units(item), mark)
 
 
 class LoadPeaks:
@@ -131,6 +151,7 @@ class PollState:
     gpu: GpuState | None = None
     kv_events: list[KvEventsState] = field(default_factory=list)
     now: float = 0.0  # when the latest poll ended
+    host_tier_bytes: int | None = None  # --whatif.host-tier-bytes (whatif.py)
     load_peaks: LoadPeaks = field(init=False)
 
     def __post_init__(self) -> None:
@@ -150,10 +171,11 @@ class PollState:
         events: EventState,
         labels: dict[str, str] | None = None,
         attribution: Attribution | None = None,
+        units: UnitView | None = None,
         budget: float | None = None,
     ) -> KvEventsState:
         misses = None if attribution is None else MissHistory(self.retention)
-        part = KvEventsState(events, labels or {}, attribution, misses, budget)
+        part = KvEventsState(events, labels or {}, attribution, misses, units, budget)
         self.kv_events.append(part)
         return part
 
@@ -164,10 +186,17 @@ class PollState:
     def end_poll(self, now: float) -> None:
         """After every source was ingested: the running + waiting load per model, for the audit's peak."""
         self.now = now
-        capacity = num_gpu_blocks(self.targets[0].snapshot) if self.targets else None
-        for part in self.kv_events:  # the what-if estimate needs vLLM's cache size, from /metrics
+        snapshot = self.targets[0].snapshot if self.targets else None
+        capacity = num_gpu_blocks(snapshot)
+        config = next(iter(snapshot.cache_configs.values()), None) if snapshot is not None else None
+        host = host_tier_blocks(config, self.host_tier_bytes)
+        for part in self.kv_events:  # the what-if estimates need vLLM's cache sizes, from /metrics
             if part.attribution is not None and capacity:
                 part.attribution.capacity_blocks = capacity
+            if part.attribution is not None and host is not None:
+                part.attribution.set_host_tier(host, kv_bytes_per_token(config))
+            if part.attribution is not None and part.units is not None and part.units.hit_unit:
+                part.attribution.hit_unit = part.units.hit_unit  # what the groups say vLLM hits in
         load: dict[str, float] = {}
         for target in self.targets:
             if target.snapshot is None or not target.up:

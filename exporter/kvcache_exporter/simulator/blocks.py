@@ -61,7 +61,7 @@ class BlockStored:
     token_ids: list[int]
     block_size: int
     group_idx: int = 0
-    kv_cache_spec_kind: str = "full_attention"
+    kv_cache_spec_kind: str | None = "full_attention"
     sliding_window: int | None = None
     origin: Origin = NO_ORIGIN
     medium: str = "GPU"

@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=tuple(LAYOUTS),
         default="llama",
         help="KV-cache groups: llama (one full-attention group), gemma-3 (5 sliding-window groups of "
-        "window 64 + 1 full, block 32), deepseek-v4 (6 groups, 256-token hit unit); see docs/simulator.md",
+        "window 64 + 1 full, block 32), gemma-2 (1 + 1), deepseek-v4 (6 groups, 256-token hit unit); "
+        "see docs/simulator.md",
     )
     add("--num-gpu-blocks", type=int, default=2048)
     add("--max-num-seqs", type=int, default=256)
@@ -64,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="above 1: /metrics as vLLM's multiprocess view (no _created samples)",
     )
     add("--lora-adapters", default="", help="comma list of LoRA adapter names served beside the model")
+    add(
+        "--offload-cpu-bytes",
+        type=int,
+        default=0,
+        help="a CPU offload tier of this size (vLLM 0.33's OffloadingConnector: medium CPU events, "
+        "vllm:kv_offload_* metrics); 0: none",
+    )
     add("--session-ids", action="store_true", help="built-in traffic sends its session as session_id")
     add(
         "--kv-cache-report-mode",
@@ -114,6 +122,9 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
     parse_schedule(args.schedule)  # fail early on a bad schedule
     layout = layout_named(args.layout)
     adapters = tuple(name for name in args.lora_adapters.split(",") if name)
+    block_size = args.block_size if layout is None else layout.unit
+    if args.offload_cpu_bytes and args.offload_cpu_bytes < block_size * args.kv_bytes_per_token:
+        raise ValueError("--offload-cpu-bytes must hold at least one block")
     if len(set(adapters)) != len(adapters) or args.model_name in adapters:
         raise ValueError("--lora-adapters: names must be distinct and differ from --model-name")
     return SimulatorConfig(
@@ -121,8 +132,10 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         port=int(port),
         model_name=args.model_name,
         engine=EngineConfig(
-            block_size=args.block_size if layout is None else layout.unit,
+            block_size=block_size,
             layout=args.layout,
+            offload_cpu_blocks=args.offload_cpu_bytes // (block_size * args.kv_bytes_per_token),
+            offload_block_bytes=block_size * args.kv_bytes_per_token,
             num_gpu_blocks=args.num_gpu_blocks,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,

@@ -98,6 +98,8 @@ def cache_config_labels(config: SimulatorConfig, engine_index: int) -> dict[str,
         "use_replayssm": "False",
         "user_specified_block_size": "True",
     }
+    if ec.offload_cpu_blocks:  # vLLM's --kv-offloading-size is in GiB
+        labels["kv_offloading_size"] = str(ec.offload_cpu_blocks * ec.offload_block_bytes / 2**30)
     if layout is not None:
         labels.update(layout.cache_config)
         labels["user_specified_block_size"] = "False"

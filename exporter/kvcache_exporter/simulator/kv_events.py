@@ -19,7 +19,8 @@ END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
 
 def event_to_wire(event: KVEvent) -> dict[str, Any]:
     """The map vLLM 0.32 sends for each event: tag key `type`, fields in declaration order, and (msgspec's
-    omit_defaults) the defaulted fields left out when None: `extra_keys` of an event without hashes,
+    omit_defaults) the defaulted fields left out when None: `extra_keys` of an event without hashes or
+    of an offload tier's (vLLM 0.33 sends none), `kv_cache_spec_kind` of a tier's placeholder,
     `kv_cache_spec_sliding_window` of a group without a window, `session_id` of a request without one."""
     if isinstance(event, BlockStored):
         origin = event.origin
@@ -33,10 +34,11 @@ def event_to_wire(event: KVEvent) -> dict[str, Any]:
             "medium": event.medium,
             "lora_name": origin.lora_name,
         }
-        if event.block_hashes:
+        if event.block_hashes and event.medium == "GPU":
             wire["extra_keys"] = [origin.extra_key()] * len(event.block_hashes)
         wire["group_idx"] = event.group_idx
-        wire["kv_cache_spec_kind"] = event.kv_cache_spec_kind
+        if event.kv_cache_spec_kind is not None:
+            wire["kv_cache_spec_kind"] = event.kv_cache_spec_kind
         if event.sliding_window is not None:
             wire["kv_cache_spec_sliding_window"] = event.sliding_window
         if origin.session_id is not None:

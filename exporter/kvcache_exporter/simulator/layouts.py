@@ -12,7 +12,9 @@ the hit unit) and announce every stored unit once per group, after vLLM's
   boundary (`num_prompt_tokens - 1` aligned down to the unit: vLLM's default retention interval 0), with all
   the range's token ids: decode-filled units announce no hash at all;
 - a unit is a hit only while the full groups hold the whole prefix and every window group holds the tail
-  ending at the hit's end.
+  ending at the hit's end;
+- a full group with blocks coarser than the hash also announces the prompt's tail inside a block (one
+  `hash_block_size` event: DeepSeek-V4's group 3 `block_size` 4 events).
 """
 
 from __future__ import annotations
@@ -74,9 +76,9 @@ LAYOUTS = {
         ),
     ),
     # Gemma-3's pattern: 5 sliding-window layers (window 64) per full-attention layer, block 32.
-    "gemma-3": Layout(
-        "gemma-3", (*[_GEMMA_SWA] * 5, KVGroup("full_attention", 32)), hash_block_size=32, cache_config=()
-    ),
+    "gemma-3": Layout("gemma-3", (*[_GEMMA_SWA] * 5, KVGroup("full_attention", 32)), hash_block_size=32),
+    # Gemma-2's: alternating (the deployments/hybrid-gemma2-swa capture).
+    "gemma-2": Layout("gemma-2", (_GEMMA_SWA, KVGroup("full_attention", 32)), hash_block_size=32),
 }
 
 
@@ -106,8 +108,8 @@ class HybridBlockPool(BlockPool):
         self.layout = layout
         self.parts: dict[int, list[tuple[int, int]]] = {}
         """block id -> the (group, external hash) parts it holds beside the full groups' own hash."""
-        self.tails: set[bytes] = set()
-        """Unit hashes at whose end every window group holds its tail."""
+        self.tails: dict[bytes, int] = {}
+        """Unit hash at whose end every window group holds its tail -> the block id holding them."""
 
     def hit_units(self, units: Sequence[bytes], max_units: int) -> list[Block]:
         """vLLM's hybrid rule: the longest prefix the full groups hold, cut back to the last unit at whose
@@ -123,8 +125,8 @@ class HybridBlockPool(BlockPool):
     def _evict(self, block: Block) -> None:
         self._uncache(block)
         parts = self.parts.pop(block.block_id, ())
-        if parts:
-            self.tails.discard(block.block_hash)
+        if self.tails.get(block.block_hash) == block.block_id:
+            del self.tails[block.block_hash]
         if self.record_events:
             unit_hash = external_hash(block.block_hash)
             for index, group in enumerate(self.layout.groups):
@@ -160,7 +162,7 @@ class HybridBlockPool(BlockPool):
         tail_unit = boundary // unit - 1
         holds_tail = num_cached <= tail_unit < num_full
         if holds_tail:
-            self.tails.add(units[tail_unit])
+            self.tails[units[tail_unit]] = blocks[tail_unit].block_id
         start, end = num_cached * unit, num_full * unit
         parent = external_hash(fine[start // h - 1]) if num_cached else None
         tokens = list(token_ids[start:end])
@@ -178,6 +180,33 @@ class HybridBlockPool(BlockPool):
                 self.events.append(
                     BlockStored(hashes, parent, tokens, b, index, group.kind, group.sliding_window, origin)
                 )
+            if group.sliding_window is None and b != h:
+                self._partial_tail(blocks, fine, token_ids, start, end, num_prompt_tokens, index, origin)
+
+    def _partial_tail(
+        self,
+        blocks: Sequence[Block],
+        fine: Sequence[bytes],
+        token_ids: Sequence[int],
+        start: int,
+        end: int,
+        num_prompt_tokens: int,
+        index: int,
+        origin: Origin,
+    ) -> None:
+        """A full group whose block is coarser than the hash also caches the prompt's tail inside a block
+        (vLLM's `_cache_partial_tail_block`): one hash_block_size-sized BlockStored, parent the chain one
+        hash block earlier, removed with the block."""
+        group, h = self.layout.groups[index], self.layout.hash_block_size
+        boundary = (num_prompt_tokens - 1) // h * h
+        if not start < boundary < end or boundary % group.block_size == 0:
+            return
+        partial = external_hash(fine[boundary // h - 1])
+        self.parts.setdefault(blocks[boundary // self.block_size].block_id, []).append((index, partial))
+        if self.record_events:
+            parent = external_hash(fine[boundary // h - 2]) if boundary > h else None
+            tokens = list(token_ids[boundary - h : boundary])
+            self.events.append(BlockStored([partial], parent, tokens, h, index, group.kind, None, origin))
 
     def reuse_report(
         self, block_hashes: Sequence[bytes], token_ids: Sequence[int], num_hit: int, origin: Origin

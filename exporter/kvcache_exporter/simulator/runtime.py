@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import random
 import time
+from dataclasses import replace
 
 import zmq.asyncio
 
@@ -65,7 +66,10 @@ class Runtime:
     async def _start_engines(self) -> None:
         self.instance += 1
         self.created = time.time()
-        self.engines = [Engine(self.config.engine, i) for i in range(self.config.engines)]
+        engine = self.config.engine
+        if self.config.lora_adapters:  # --enable-lora --max-loras <adapters>
+            engine = replace(engine, max_loras=max(engine.max_loras, len(self.config.lora_adapters)))
+        self.engines = [Engine(engine, i) for i in range(self.config.engines)]
         self._wakeups = [asyncio.Event() for _ in self.engines]
         self._pending: dict[Request, asyncio.Future] = {}
         self._busy_s = [0.0 for _ in self.engines]

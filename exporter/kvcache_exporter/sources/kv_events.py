@@ -39,6 +39,7 @@ __all__ = [
     "KvEventDrain",
     "KvEventSubscriber",
     "decode_message",
+    "rank_endpoint",
     "subscriber_mode",
 ]
 
@@ -62,6 +63,19 @@ def subscriber_mode(vllm_endpoint: str) -> str:
     """Our SUB's mode for vLLM's `endpoint`: its PUB binds on wildcards and ipc/inproc, else connects."""
     binds = "*" in vllm_endpoint or "::" in vllm_endpoint or vllm_endpoint.startswith(("ipc://", "inproc://"))
     return "connect" if binds else "bind"
+
+
+def rank_endpoint(endpoint: str, rank: int) -> str:
+    """Where data-parallel rank `rank` publishes, as vLLM derives it (offset_endpoint_port): a tcp
+    port plus the rank (port 0 stays 0), `_dp<rank>` after ipc/inproc addresses; rank 0 unchanged."""
+    if rank == 0:
+        return endpoint
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return f"{endpoint}_dp{rank}"
+    base, _, port = endpoint.rpartition(":")
+    if not port.isdigit() or int(port) == 0:
+        return endpoint
+    return f"{base}:{int(port) + rank}"
 
 
 class KvEventSubscriber:
@@ -276,9 +290,11 @@ class KvEventSubscriber:
         return got
 
     def _fetch(self, dealer: zmq.Socket, gap: range, got: list[Batch], deadline: float) -> bool:
-        """Collect replayed batches of `gap` into `got`; False when the deadline passed first."""
+        """Collect replayed batches of `gap` into `got`; False when the deadline passed first.
+        What the queue could not take is not fetched: the rest of the gap counts as missed."""
         # The empty frame makes the request [identity, b"", start] at the ROUTER, as vLLM expects.
         dealer.send_multipart([b"", gap.start.to_bytes(8, "big")])
+        room = [bound - queued for bound, queued in zip(self.max_pending, self._pending_work, strict=True)]
         while (left := deadline - time.monotonic()) > 0:
             if not dealer.poll(int(left * 1000) + 1):
                 continue
@@ -295,6 +311,9 @@ class KvEventSubscriber:
             if batch.seq >= gap.stop:
                 return True  # the live stream delivers the rest
             if batch.seq >= gap.start:
+                room = [r - w for r, w in zip(room, weight(batch.events), strict=True)]
+                if min(room) < 0:
+                    return True
                 got.append(batch)
         return False
 

@@ -89,40 +89,102 @@ BlockSize = Annotated[int, msgspec.Meta(ge=0)]
 
 # With tokens (for miss attribution) the decoded structs are the events themselves: they have
 # Event's attributes (`type` as a class attribute), so no per-event Python copy is made.
-class StoredWithTokens(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
+Name = Annotated[str, msgspec.Meta(max_length=256)]
+GroupIndex = Annotated[int, msgspec.Meta(ge=0, le=1 << 16)]
+
+
+_tokens = msgspec.msgpack.Decoder(Tokens)
+_NO_TOKENS = msgspec.Raw(msgspec.msgpack.encode([]))
+
+
+class _LazyTokens:
+    """`token_ids` decoded when read: a hybrid's windowed groups repeat the step's token ids in every
+    group (6 copies on DeepSeek-V4) and only the anchor's are read. Still bounded (MAX_TOKENS_PER_EVENT);
+    a list that is not token ids reads as empty."""
+
+    __slots__ = ()
+
+    @property
+    def token_count(self) -> int:
+        """How many token ids the list holds, from its msgpack header (no decoding)."""
+        raw = memoryview(self.raw_tokens)  # type: ignore[attr-defined]
+        head = raw[0] if raw.nbytes else 0x90
+        if 0x90 <= head <= 0x9F:
+            return head & 0x0F
+        size = {0xDC: 2, 0xDD: 4}.get(head)
+        return int.from_bytes(raw[1 : 1 + size], "big") if size and raw.nbytes > size else 0
+
+    @property
+    def token_ids(self) -> list[int]:
+        try:
+            return _tokens.decode(self.raw_tokens)  # type: ignore[attr-defined]
+        except _DECODE_ERRORS:
+            return []
+
+
+class StoredWithTokens(_LazyTokens, msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
+    """A BlockStored with what miss attribution and the group model (derive/units.py) read."""
+
     type: ClassVar[str] = "BlockStored"
     block_hashes: Hashes
     parent: BlockHash | None = msgspec.field(default=None, name="parent_block_hash")
-    token_ids: Tokens = []
+    raw_tokens: msgspec.Raw = msgspec.field(default=_NO_TOKENS, name="token_ids")
     block_size: BlockSize = 0
+    lora_name: Name | None = None
+    medium: Name | None = None
+    # Per block: LoRA name, multimodal ids, the cache salt (first block only)... kept undecoded: the
+    # group model reads the first entry of a chain's root only.
+    extra_keys: msgspec.Raw = msgspec.Raw()  # empty when absent
+    group: GroupIndex | None = msgspec.field(default=None, name="group_idx")
+    kind: Name | None = msgspec.field(default=None, name="kv_cache_spec_kind")
+    window: int | None = msgspec.field(default=None, name="kv_cache_spec_sliding_window")
+    session_id: Name | None = None
 
 
 class RemovedWithTokens(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
     type: ClassVar[str] = "BlockRemoved"
     block_hashes: Hashes
+    medium: Name | None = None
+    group: GroupIndex | None = msgspec.field(default=None, name="group_idx")
 
 
 class ClearedWithTokens(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", gc=False):
     type: ClassVar[str] = "AllBlocksCleared"
     block_hashes: ClassVar[tuple] = ()
+    medium: ClassVar[None] = None
+    group: ClassVar[None] = None
 
 
-class _ArrayStoredWithTokens(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
+class _ArrayStoredWithTokens(_LazyTokens, msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
     type: ClassVar[str] = "BlockStored"
     block_hashes: Hashes
     parent: BlockHash | None = None
-    token_ids: Tokens = []
+    raw_tokens: msgspec.Raw = _NO_TOKENS
     block_size: BlockSize = 0
+    lora_id: int | None = None  # deprecated by vLLM, read only to reach the fields after it
+    medium: Name | None = None
+    lora_name: Name | None = None
+    extra_keys: msgspec.Raw = msgspec.Raw()  # empty when absent
+    group: GroupIndex | None = None
+    kind: Name | None = None
+    window: int | None = None
+    locality: Name | None = None
+    ownership: Name | None = None
+    session_id: Name | None = None
 
 
 class _ArrayRemovedWithTokens(msgspec.Struct, array_like=True, tag="BlockRemoved", gc=False):
     type: ClassVar[str] = "BlockRemoved"
     block_hashes: Hashes
+    medium: Name | None = None
+    group: GroupIndex | None = None
 
 
 class _ArrayClearedWithTokens(msgspec.Struct, array_like=True, tag="AllBlocksCleared", gc=False):
     type: ClassVar[str] = "AllBlocksCleared"
     block_hashes: ClassVar[tuple] = ()
+    medium: ClassVar[None] = None
+    group: ClassVar[None] = None
 
 
 _MapEvent = _Stored | _Removed | _Cleared
@@ -198,6 +260,14 @@ class Event(NamedTuple):
     parent: int | bytes | None = None
     token_ids: Sequence[int] = ()
     block_size: int = 0
+    # The group model's fields (derive/units.py), as vLLM names them in the comments:
+    lora_name: str | None = None
+    medium: str | None = None  # None reads as "GPU"
+    extra_keys: bytes | None = None  # msgpack of vLLM's extra_keys list
+    group: int | None = None  # group_idx
+    kind: str | None = None  # kv_cache_spec_kind
+    window: int | None = None  # kv_cache_spec_sliding_window
+    session_id: str | None = None
 
 
 class Batch(NamedTuple):
@@ -252,7 +322,8 @@ def weight(events: Sequence) -> tuple[int, int]:
     hashes = tokens = 0
     for event in events:
         hashes += len(getattr(event, "block_hashes", ()))
-        tokens += len(getattr(event, "token_ids", ()))
+        count = getattr(event, "token_count", None)  # lazily decoded ids: their header's count
+        tokens += count if count is not None else len(getattr(event, "token_ids", ()))
     return hashes, tokens
 
 
@@ -334,6 +405,41 @@ def gap(expected: int | None, seq: int) -> range:
     if seq >= expected:
         return range(expected, seq) if seq - expected <= MAX_SEQ_GAP else range(0)
     return range(0, seq) if seq <= MAX_SEQ_GAP else range(0)
+
+
+class Mark(NamedTuple):
+    """What one publisher's sequence says before a batch: batches lost since the previous one, and
+    whether the publisher restarted (its cache starts empty)."""
+
+    lost: int = 0
+    restart: bool = False
+
+
+IN_ORDER = Mark()
+
+
+class SeqCursor:
+    """One publisher's sequence, read once: every consumer of the stream is handed its marks."""
+
+    def __init__(self) -> None:
+        self.next: int | None = None  # the seq expected next; None before the first batch
+
+    def advance(self, seq: int) -> Mark:
+        expected, self.next = self.next, seq + 1
+        if expected is None or seq == expected:
+            return IN_ORDER
+        if expected < seq <= expected + MAX_SEQ_GAP:
+            return Mark(seq - expected, False)
+        # back to a lower seq (or an absurd jump): a new publisher; its batches before `seq` are lost
+        return Mark(seq if seq <= MAX_SEQ_GAP else 0, True)
+
+    def skip(self, seq: int | None, count: int) -> Mark:
+        """`count` messages from `seq` on dropped on purpose: the sequence moves past them."""
+        if seq is None:
+            return IN_ORDER
+        mark = self.advance(seq)
+        self.next = seq + count
+        return mark
 
 
 class Dropped(NamedTuple):

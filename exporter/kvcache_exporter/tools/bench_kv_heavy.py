@@ -2,7 +2,10 @@
 how long vLLM's series go stale, how long a scrape waits, and the process's RSS. Figures only,
 never asserted (tests/sources/test_kv_events_heavy.py asserts the bounds generously).
 
-`python -m kvcache_exporter.bench_kv_heavy [--batches 1 4] [--replicas 4]` prints one row per run.
+`python -m kvcache_exporter.tools.bench_kv_heavy [--batches 1 4] [--replicas 1 4] [--at-bound 200]` prints
+one row per run: the probe's 14.4 MiB batches (230 BlockStored x 65,536 one-byte hashes) into serve,
+one into each of N aggregator replicas, and N batches at every per-message bound (65,536 one-byte
+hashes, 64 KiB each) into serve and into each of 4 aggregator replicas.
 """
 
 from __future__ import annotations
@@ -107,7 +110,7 @@ def settle(watch: Watch, want: float, timeout: float) -> None:
     time.sleep(1.0)
 
 
-def run_serve(batches: int, workdir: Path, interval: str = "1s") -> dict:
+def run_serve(label: str, payloads: list[bytes], workdir: Path, interval: str = "1s") -> dict:
     with Services(workdir) as services:
         simulator = services.simulator("--rate", "5")
         kv_port = free_port()
@@ -120,18 +123,19 @@ def run_serve(batches: int, workdir: Path, interval: str = "1s") -> dict:
         pub.setsockopt(zmq.SNDHWM, 0)
         pub.connect(f"tcp://127.0.0.1:{kv_port}")  # serve binds a concrete tcp endpoint
         time.sleep(3.0)  # the subscription reaches the publisher; a few normal polls
-        payloads = [heavy_batch()] * batches
         before = rss_mib(exporter.proc.pid)
         with Watch(f"http://127.0.0.1:{exporter.port}/metrics", exporter.proc.pid) as watch:
             time.sleep(2.0)
             publish(pub, payloads)
-            settle(watch, batches, timeout=300)
+            settle(watch, len(payloads), timeout=300)
         pub.close(linger=0)
         ctx.term()
-        return row("serve", batches, before, exporter.proc.pid, watch)
+        return row("serve", label, before, exporter.proc.pid, watch)
 
 
-def run_aggregate(replicas: int, workdir: Path, interval: str = "1s") -> dict:
+def run_aggregate(
+    label: str, replicas: int, payloads: list[bytes], workdir: Path, interval: str = "1s"
+) -> dict:
     with Services(workdir) as services:
         simulator = services.simulator("--rate", "5")
         ctx = zmq.Context()
@@ -157,23 +161,22 @@ def run_aggregate(replicas: int, workdir: Path, interval: str = "1s") -> dict:
             port, "/metrics",
         )  # fmt: skip
         time.sleep(3.0)
-        payload = heavy_batch()
         before = rss_mib(aggregate.proc.pid)
         with Watch(f"http://127.0.0.1:{port}/metrics", aggregate.proc.pid) as watch:
             time.sleep(2.0)
             for pub in pubs:
-                publish(pub, [payload])
-            settle(watch, replicas, timeout=300)
+                publish(pub, payloads)
+            settle(watch, replicas * len(payloads), timeout=300)
         for pub in pubs:
             pub.close(linger=0)
         ctx.term()
-        return row("aggregate", replicas, before, aggregate.proc.pid, watch)
+        return row("aggregate", label, before, aggregate.proc.pid, watch)
 
 
-def row(process: str, batches: int, before: float, pid: int, watch: Watch) -> dict:
+def row(process: str, label: str, before: float, pid: int, watch: Watch) -> dict:
     return {
         "process": process,
-        "heavy batches": batches,
+        "input": label,
         "vLLM series stale (s, worst)": round(watch.stalest, 1),
         "longest scrape (s)": round(watch.longest_scrape, 2),
         "scrapes served": f"{watch.served}/{watch.attempts}",
@@ -189,16 +192,45 @@ def dropped(text: str) -> dict[str, float]:
     return {m.group(1): float(m.group(2)) for m in found if float(m.group(2))}
 
 
+def rows() -> list[tuple[str, str]]:
+    """`make bench`: 4 of the probe's batches into serve, one into each of 4 aggregator replicas."""
+    heavy = heavy_batch()
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = [
+            run_serve("4 x 14.4 MiB", [heavy] * 4, Path(tmp) / "serve"),
+            run_aggregate("4 replicas x 14.4 MiB", 4, [heavy], Path(tmp) / "aggregate"),
+        ]
+    return [
+        (
+            f"heavy KV-event batches into {r['process']} ({r['input']}), 1 s interval",
+            f"vLLM series {r['vLLM series stale (s, worst)']} s old at worst, longest scrape "
+            f"{r['longest scrape (s)']} s, RSS {r['RSS before (MiB)']} -> peak {r['RSS peak (MiB)']} MiB, "
+            f"dropped {r['dropped']}",
+        )
+        for r in runs
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 4], help="heavy batches into serve")
     parser.add_argument("--replicas", type=int, nargs="*", default=[1, 4], help="replicas (one batch each)")
+    parser.add_argument("--at-bound", type=int, nargs="*", default=[200], help="batches at the bounds")
     args = parser.parse_args(argv)
+    heavy, at_bound = heavy_batch(), heavy_batch(1, HASHES)
     with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
         for n in args.batches:
-            print(json.dumps(run_serve(n, Path(tmp) / f"serve{n}")), flush=True)
+            show(run_serve(f"{n} x 14.4 MiB", [heavy] * n, work / f"s{n}"))
         for n in args.replicas:
-            print(json.dumps(run_aggregate(n, Path(tmp) / f"aggregate{n}")), flush=True)
+            show(run_aggregate(f"{n} x 14.4 MiB", n, [heavy], work / f"a{n}"))
+        for n in args.at_bound:
+            show(run_serve(f"{n} x 64 KiB", [at_bound] * n, work / f"sb{n}"))
+            show(run_aggregate(f"4 x {n} x 64 KiB", 4, [at_bound] * n, work / f"ab{n}"))
+
+
+def show(row: dict) -> None:
+    print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":
