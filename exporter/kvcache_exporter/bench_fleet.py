@@ -17,7 +17,7 @@ from pathlib import Path
 
 import msgspec
 
-from .aggregator.pool import AggregateSettings, Aggregator
+from .aggregator.pool import Aggregator, PoolSettings
 from .derive.fleet_residency import FleetResidency, HashRange
 from .simulator.blocks import BlockRemoved, BlockStored
 from .simulator.kv_events import encode_batch
@@ -56,7 +56,7 @@ def ingest_rate(messages, hash_range: HashRange, seconds: float) -> tuple[float,
     stored = 0.0
     start = time.process_time()
     while (elapsed := time.process_time() - start) < seconds or not stored:
-        aggregator = Aggregator(AggregateSettings(hash_range=hash_range), [])
+        aggregator = Aggregator(PoolSettings(hash_range=hash_range), [])
         for publisher in range(PUBLISHERS):
             aggregator.fleet.add_replica(str(publisher))
         names = [str(p) for p in range(PUBLISHERS)]
@@ -107,7 +107,7 @@ def live_rows(messages, seconds: float = 5.0) -> list[tuple[str, str]]:
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     endpoints = child.stdout.readline().split()
-    aggregator = Aggregator(AggregateSettings(max_batches_per_second=0), [])
+    aggregator = Aggregator(PoolSettings(max_batches_per_second=0), [])
     subscribers = [KvEventSubscriber(e, mode="connect", max_batches_per_second=0) for e in endpoints]
     names = [str(i) for i in range(len(endpoints))]
     for name, subscriber in zip(names, subscribers, strict=True):
@@ -188,7 +188,7 @@ def _rss_mib() -> float:
 def _fill_and_report() -> None:
     from .sources.kv_events_decode import Batch, Event
 
-    bound = AggregateSettings.max_blocks_per_replica
+    bound = PoolSettings.max_blocks_per_replica
     before = _rss_mib()
     fleet, rng = FleetResidency(max_blocks_per_replica=bound), random.Random(2)
     shared = [rng.getrandbits(64) for _ in range(bound // 4)]  # a quarter of every replica is shared

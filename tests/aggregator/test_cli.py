@@ -59,22 +59,29 @@ def test_aggregate_without_replicas_says_how_to_name_them():
     done = subprocess.run(
         [sys.executable, "-m", "kvcache_exporter", "aggregate"], capture_output=True, text=True, timeout=30
     )
-    assert done.returncode == 2 and "--discovery.file-sd" in done.stdout
+    assert done.returncode == 2 and "--discovery.file-sd" in done.stderr
 
 
-def test_every_flag_has_an_environment_twin(monkeypatch):
+def test_every_flag_has_an_environment_twin():
     import argparse
 
     from kvcache_exporter.aggregator import cli
+    from kvcache_exporter.config import resolve_aggregate
 
-    monkeypatch.setenv("KVCACHE_AGGREGATE_DISCOVERY_DNS", "vllm-headless:8000")
-    monkeypatch.setenv("KVCACHE_AGGREGATE_COLLECT_INTERVAL", "2s")
-    monkeypatch.setenv("KVCACHE_AGGREGATE_REPLICA", "a:1 b:2")
+    environ = {
+        "KVCACHE_AGGREGATE_DISCOVERY_DNS": "vllm-headless:8000",
+        "KVCACHE_AGGREGATE_COLLECT_INTERVAL": "2s",
+        "KVCACHE_AGGREGATE_REPLICA": "a:1 b:2",
+    }
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers())
-    args = parser.parse_args(["aggregate", "--collect.interval", "3s"])
-    assert (args.dns, args.interval, args.replica) == ("vllm-headless:8000", 3.0, ["a:1", "b:2"])
-    settings, discoveries = cli.settings_from(parser.parse_args(["aggregate"]))
+    args = resolve_aggregate({"collect.interval": "3s"}, environ, None)
+    assert (args.discovery_dns, args.collect_interval, args.replica_targets) == (
+        "vllm-headless:8000",
+        3.0,
+        ["a:1", "b:2"],
+    )
+    settings, discoveries = cli.settings_from(parser.parse_args(["aggregate"]), environ)
     assert settings.interval == 2.0 and [d.name for d in discoveries] == ["discovery_static", "discovery_dns"]
 
 
@@ -88,11 +95,11 @@ def test_a_bad_web_config_or_a_taken_port_is_a_message_not_a_traceback(tmp_path)
         [*base, "--web.config.file", str(web_config)], capture_output=True, text=True, timeout=30
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    assert f"{web_config}:basic_auth_users: must be a mapping" in bad.stdout
+    assert f"{web_config}:basic_auth_users: must be a mapping" in bad.stderr
     with socket.create_server(("127.0.0.1", 0)) as taken:
         address = f"127.0.0.1:{taken.getsockname()[1]}"
         busy = subprocess.run(
             [*base, "--web.listen-address", address], capture_output=True, text=True, timeout=30
         )
     assert busy.returncode == 2 and "Traceback" not in busy.stderr
-    assert f"--web.listen-address: cannot listen on {address}" in busy.stdout
+    assert f"--web.listen-address: cannot listen on {address}" in busy.stderr

@@ -1,5 +1,5 @@
 """Every configuration the exporter would reject is rejected by --check-config too, and both say
-`location: message` (exit 1), never a traceback: through the real CLI."""
+`location: message` (exit 2), never a traceback: through the real CLI."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def run(*args, env=None):
 
 
 def assert_config_error(result, location):
-    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     assert f"kvcache-exporter: {location}" in result.stderr, result.stderr
 

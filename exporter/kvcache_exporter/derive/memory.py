@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from .. import catalog as c
-from ..config import window_label
+from ..durations import window_label
 from ..samples import Sample
 from ..sources.gpu import GpuSnapshot
 from .cache_config import config_number
