@@ -6,6 +6,7 @@ from config.AGGREGATE_OPTIONS through the same code as `serve`'s; service.py run
 from __future__ import annotations
 
 import argparse
+import logging
 from functools import partial
 
 from .. import service
@@ -13,7 +14,9 @@ from ..config import AGGREGATE_OPTIONS, ConfigError, add_options, resolve_aggreg
 from ..derive.fleet_residency import HashRange
 from ..settings import AggregateSettings
 from .discovery import DnsSd, FileSd, StaticSd, parse_flag
-from .pool import Aggregator, PoolSettings
+from .pool import Aggregator, PoolSettings, raise_open_file_limit
+
+log = logging.getLogger("kvcache_exporter.aggregate")
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -77,4 +80,6 @@ def discoveries_from(s: AggregateSettings) -> list:
 
 
 def build(s: AggregateSettings) -> Aggregator:
+    limit = raise_open_file_limit()
+    log.info("open-file limit %d: about %d replicas with KV events", limit, limit - 32)
     return Aggregator(pool_settings(s), discoveries_from(s))

@@ -42,6 +42,7 @@ log = logging.getLogger("kvcache_exporter.aggregate")
 RCV_HWM = 10_000  # messages queued per publisher in libzmq before it drops
 POLL_MS = 100
 BURST = 256  # messages taken off one lane before the next lane's turn
+RECONNECT_MAX_MS = 10_000
 MAX_PENDING = 100_000  # batches queued per replica between two drains; past it, only counted
 
 
@@ -237,6 +238,7 @@ class FleetEvents:
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, RCV_HWM)
+        sub.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_MAX_MS)  # a dead replica: back off, not 10/s
         sub.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)  # larger: the peer is disconnected
         sub.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
         return sub

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import resource
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -32,6 +34,31 @@ from .events import FleetEvents
 
 log = logging.getLogger("kvcache_exporter.aggregate")
 DRAIN_SECONDS = 0.25
+MIN_POLL_SLOTS, MAX_POLL_SLOTS, FD_RESERVE = 4, 64, 16
+
+
+def poll_slots() -> int:
+    """/metrics polls run at once: each opens one connection, so what the open-file limit leaves
+    beyond the descriptors open now (mostly one per KV-event publisher) and a reserve for scrapes."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        open_now = len(os.listdir("/proc/self/fd"))
+    except OSError:  # no procfs: the upper bound, as before
+        return MAX_POLL_SLOTS
+    return max(MIN_POLL_SLOTS, min(MAX_POLL_SLOTS, soft - open_now - FD_RESERVE))
+
+
+def raise_open_file_limit() -> int:
+    """The soft open-file limit up to the hard one, as Go programs (Prometheus) do at start: a
+    replica costs one descriptor and 1,024 is a common soft default. Returns the limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
 
 
 @dataclass(frozen=True)
@@ -110,7 +137,7 @@ class Aggregator:
             self.events.add(replica.name, replica.kv_events_endpoint)  # vLLM binds; we connect
         self.fleet.add_replica(replica.name)
         member = Member(replica, SeriesHistory(retention), SeriesHistory(retention))
-        source = VllmSource(replica.metrics_url, s.timeout, s.max_body_bytes)
+        source = VllmSource(replica.metrics_url, s.timeout, s.max_body_bytes, keep_alive=False)
         member.poll = Poll(
             source, lambda snapshot, ts: self._into(member, snapshot, ts), {"replica": replica.name}
         )
@@ -161,7 +188,13 @@ class Aggregator:
 
     async def poll_once(self) -> None:
         await self.reconcile(await self.discover())
-        await asyncio.gather(*(m.poll.run(self.clock, self.deadline) for m in self.members.values()))
+        slots = asyncio.Semaphore(poll_slots())
+
+        async def poll(member: Member) -> None:
+            async with slots:  # the deadline starts once a slot is free
+                await member.poll.run(self.clock, self.deadline)
+
+        await asyncio.gather(*(poll(m) for m in self.members.values()))
         self.drain_all()
         now = self.clock()
         sizes = {name: member.block_size for name, member in self.members.items()}
