@@ -103,3 +103,57 @@ def test_a_bad_web_config_or_a_taken_port_is_a_message_not_a_traceback(tmp_path)
         )
     assert busy.returncode == 2 and "Traceback" not in busy.stderr
     assert f"--web.listen-address: cannot listen on {address}" in busy.stderr
+
+
+AGGREGATE = [sys.executable, "-m", "kvcache_exporter", "aggregate", "--replica", "127.0.0.1:1"]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--collect.windows", ","], "--collect.windows: at least one window is needed"),
+        (
+            ["--web.telemetry-path", "/healthz"],
+            "--web.telemetry-path: /healthz is taken by the exporter itself",
+        ),
+        (["--web.telemetry-path", "metrics"], "--web.telemetry-path: must start with /"),
+        (["--replica.max", "-1"], "--replica.max: -1 is below 1"),
+        (["--fleet.hash-sampling", "0"], "--fleet.hash-sampling: 0 keeps no hash"),
+        (["--fleet.shard", "2/2"], '--fleet.shard: "2/2" is not K/N'),
+        (["--replica.kv-events-port", "70000"], "--replica.kv-events-port: 70000 is not a port"),
+        (["--collect.interval", "5"], "--collect.interval: 5 needs a unit"),
+        (["--discovery.dns", "vllm-headless"], "--discovery.dns: want NAME:PORT"),
+        (["--replica", "ftp://x:1"], "--replica: 'ftp://x:1': want host:port"),
+    ],
+)
+def test_every_aggregate_value_is_validated_before_it_starts(args, message):
+    """Issue 23 item 6: each of these was a traceback, a poll failing forever or a wrong count."""
+    for check in (["--check-config"], ["--web.listen-address", f"127.0.0.1:{free_port()}"]):
+        done = subprocess.run([*AGGREGATE, *args, *check], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert f"kvcache-exporter: {message}" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_aggregate_reports_every_problem_at_once_and_reads_a_config_file(tmp_path):
+    config = tmp_path / "aggregate.yaml"
+    config.write_text("replica:\n  targets: [127.0.0.1:1]\n  max: 3\nfleet:\n  shard: 0/2\n")
+    ok = subprocess.run(
+        [*AGGREGATE[:4], "--config.file", str(config), "--check-config"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert ok.returncode == 0, ok.stderr
+    config.write_text("replicas:\n  max: 3\ncollect:\n  windows: []\n")
+    bad = subprocess.run(
+        [*AGGREGATE, "--config.file", str(config), "--replica.max", "0", "--check-config"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert bad.returncode == 2
+    lines = bad.stderr.strip().splitlines()
+    assert f"kvcache-exporter: {config}:replicas: unknown key (did you mean replica?)" in lines
+    assert "kvcache-exporter: --replica.max: 0 is below 1" in lines
+    assert "kvcache-exporter: --collect.windows: at least one window is needed" in lines
+    assert len(lines) == 3, lines
