@@ -27,6 +27,13 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _docs(args: argparse.Namespace) -> int:
+    for path in args.flag_tables or ():
+        with open(path, encoding="utf-8") as f:
+            text = docs.with_flag_tables(f.read())
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    if args.flag_tables:
+        return 0
     text = docs.metrics_markdown()
     if args.output == "-":
         sys.stdout.write(text)
@@ -48,6 +55,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     _add_serve(subparsers)
     doc = subparsers.add_parser("docs", help="write docs/metrics.md from the metric catalog")
     doc.add_argument("--output", default="-", help="file to write (default stdout)")
+    doc.add_argument(
+        "--flag-tables", action="append", help="rewrite the flags:COMMAND tables of this file instead"
+    )
     doc.set_defaults(func=_docs)
     for module in _subcommand_modules() if command not in SIDECAR_COMMANDS else ():
         module.register(subparsers)  # each sets func= on its parser
