@@ -81,5 +81,5 @@ def discoveries_from(s: AggregateSettings) -> list:
 
 def build(s: AggregateSettings) -> Aggregator:
     limit = raise_open_file_limit()
-    log.info("open-file limit %d: about %d replicas with KV events", limit, limit - 32)
+    log.info("open-file limit %d (a replica's KV events cost one descriptor)", limit)
     return Aggregator(pool_settings(s), discoveries_from(s))
