@@ -287,7 +287,7 @@ def run_fleet(replicas: int, live: int, fd_limit: int, workdir: Path, settle: fl
     finally:
         aggregate.terminate()
         publisher.stdin.close()
-        aggregate.wait(timeout=30)
+        aggregate.wait(timeout=90)
         publisher.wait(timeout=30)
     stderr = (workdir / "aggregate.log").read_text()
     return {"fds": fds, "rss_mib": rss, "scrape_seconds": seconds, "metrics": text, "stderr": stderr}

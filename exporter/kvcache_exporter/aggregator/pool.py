@@ -10,12 +10,13 @@ replica's sequence numbers and residency itself (no second copy of each hash per
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import resource
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from .. import catalog as c
@@ -34,18 +35,36 @@ from .events import FleetEvents
 
 log = logging.getLogger("kvcache_exporter.aggregate")
 DRAIN_SECONDS = 0.25
-MIN_POLL_SLOTS, MAX_POLL_SLOTS, FD_RESERVE = 4, 64, 16
+MAX_POLL_SLOTS = 64
+BASE_FDS = 16  # measured: stdio, the event loop, the listener, ZMQ's context and first socket
+SCRAPE_RESERVE = 4  # descriptors kept for scrapes of our own /metrics
 
 
-def poll_slots() -> int:
+def poll_slots(publishers: int) -> int:
     """/metrics polls run at once: each opens one connection, so what the open-file limit leaves
-    beyond the descriptors open now (mostly one per KV-event publisher) and a reserve for scrapes."""
+    beyond what is open now or soon (one per KV-event publisher, once connected) and the scrapes.
+    At least one: 1,000 replicas under 1,024 poll one after another rather than fail."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     try:
         open_now = len(os.listdir("/proc/self/fd"))
-    except OSError:  # no procfs: the upper bound, as before
-        return MAX_POLL_SLOTS
-    return max(MIN_POLL_SLOTS, min(MAX_POLL_SLOTS, soft - open_now - FD_RESERVE))
+    except OSError:  # no procfs: what the publishers will take
+        open_now = 0
+    in_use = max(open_now, BASE_FDS + publishers)
+    return max(1, min(MAX_POLL_SLOTS, soft - in_use - SCRAPE_RESERVE))
+
+
+async def _unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
+    """Run `work` unless `stop` is set first (then cancel it); True when it finished."""
+    task, stopped = asyncio.ensure_future(work), asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return False
+    task.result()  # its exception, if any, to the caller
+    return True
 
 
 def raise_open_file_limit() -> int:
@@ -188,7 +207,8 @@ class Aggregator:
 
     async def poll_once(self) -> None:
         await self.reconcile(await self.discover())
-        slots = asyncio.Semaphore(poll_slots())
+        publishers = sum(1 for m in self.members.values() if m.replica.kv_events_endpoint)
+        slots = asyncio.Semaphore(poll_slots(publishers))
 
         async def poll(member: Member) -> None:
             async with slots:  # the deadline starts once a slot is free
@@ -274,7 +294,8 @@ class Aggregator:
         while not stop.is_set():
             started = time.monotonic()
             try:
-                await self.poll_once()
+                if not await _unless_stopped(self.poll_once(), stop):
+                    return  # a signal mid-poll: 1,000 replicas' poll is not worth waiting for
             except Exception:  # a bug must not end the loop: count it, log it, keep the last samples
                 self.loop_errors += 1
                 log.exception(
