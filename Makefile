@@ -83,11 +83,11 @@ fuzz: venv
 # The soak runs past the longest window (1 h) to show RSS plateau; `make bench SOAK_SECONDS=0` skips it.
 SOAK_SECONDS ?= 5700
 bench: venv
-	$(PY) -m kvcache_exporter.bench --output docs/benchmarks.md
+	$(PY) -m kvcache_exporter.tools.bench --output docs/benchmarks.md
 	@if [ "$(SOAK_SECONDS)" != 0 ]; then $(MAKE) --no-print-directory soak; fi
 
 soak: venv
-	$(PY) -m kvcache_exporter.soak --seconds $(SOAK_SECONDS) --output docs/soak.md
+	$(PY) -m kvcache_exporter.tools.soak --seconds $(SOAK_SECONDS) --output docs/soak.md
 
 demo: venv
 	-@$(MAKE) --no-print-directory system-deps

@@ -1,4 +1,4 @@
-"""Shared test helpers: where ../shared lives; ports and processes come from kvcache_exporter.harness."""
+"""Shared test helpers: where ../shared lives; ports and processes come from the tools harness."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_exporter.harness import Services, free_port
+from kvcache_exporter.tools.harness import Services, free_port
 
 __all__ = ["REPO", "SHARED_FIXTURES", "free_port"]
 

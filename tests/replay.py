@@ -6,7 +6,7 @@ import asyncio
 import json
 
 from kvcache_exporter.collector import Exporter, Poll, target_polls
-from kvcache_exporter.derive.exporter import DeriveOptions
+from kvcache_exporter.derive.registry import DeriveOptions
 from kvcache_exporter.derive.state import PollState
 from kvcache_exporter.sources.vllm import parse
 

@@ -98,6 +98,22 @@ KV_EVENTS_TOTAL = "kvcache_kv_events_total"
 KV_EVENTS_MISSED_BATCHES_TOTAL = "kvcache_kv_events_missed_batches_total"
 KV_EVENTS_DROPPED_TOTAL = "kvcache_kv_events_dropped_total"
 KV_EVENTS_CACHED_BLOCKS = "kvcache_kv_events_cached_blocks"
+KV_EVENTS_GROUP_INFO = "kvcache_kv_events_group_info"
+OFFLOAD_BYTES_PER_SECOND = "kvcache_offload_bytes_per_second"
+OFFLOAD_BUSY_RATIO = "kvcache_offload_busy_ratio"
+OFFLOAD_HOST_HIT_RATIO = "kvcache_offload_host_hit_ratio"
+OFFLOAD_STORES_WITHOUT_LOADS = "kvcache_offload_stores_without_loads"
+OFFLOAD_ALLOCATION_FAILURES_TOTAL = "kvcache_offload_allocation_failures_total"
+OFFLOAD_STORES_SKIPPED_TOTAL = "kvcache_offload_stores_skipped_total"
+KV_EVENTS_HIT_UNIT_TOKENS = "kvcache_kv_events_hit_unit_tokens"
+KV_EVENTS_STORED_TOKENS_TOTAL = "kvcache_kv_events_stored_tokens_total"
+KV_EVENTS_REUSED_TOKENS_TOTAL = "kvcache_kv_events_reused_tokens_total"
+KV_EVENTS_SESSION_TOKENS_TOTAL = "kvcache_kv_events_session_tokens_total"
+KV_EVENTS_SESSION_ID_RATIO = "kvcache_kv_events_session_id_ratio"
+KV_EVENTS_WINDOW_EVICTIONS_TOTAL = "kvcache_kv_events_window_evictions_total"
+KV_EVENTS_TIER_BLOCKS = "kvcache_kv_events_tier_blocks"
+KV_EVENTS_TIER_BYTES = "kvcache_kv_events_tier_bytes"
+KV_EVENTS_TIER_HIT_TOKENS_TOTAL = "kvcache_kv_events_tier_hit_tokens_total"
 VLLM_UP = "kvcache_vllm_up"
 VLLM_SCHEMA_INFO = "kvcache_vllm_schema_info"
 VLLM_DEPRECATED_METRICS = "kvcache_vllm_deprecated_metrics"
@@ -124,6 +140,8 @@ PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO = "kvcache_prefix_cache_miss_attrib
 PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED = "kvcache_prefix_cache_miss_attribution_tracked"
 PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED_LIMIT = "kvcache_prefix_cache_miss_attribution_tracked_limit"
 PREFIX_CACHE_HIT_RATIO_ESTIMATE = "kvcache_prefix_cache_hit_ratio_estimate"
+PREFIX_CACHE_HIT_RATIO_REORDERED_ESTIMATE = "kvcache_prefix_cache_hit_ratio_reordered_estimate"
+PREFIX_CACHE_HIT_UNIT_SHORTFALL_TOKENS_TOTAL = "kvcache_prefix_cache_hit_unit_shortfall_tokens_total"
 FLEET_STORED_TOKENS_TOTAL = "kvcache_fleet_stored_tokens_total"
 FLEET_QUERY_TOKENS_TOTAL = "kvcache_fleet_query_tokens_total"
 FLEET_HIT_TOKENS_TOTAL = "kvcache_fleet_hit_tokens_total"
@@ -545,7 +563,7 @@ CATALOG: tuple[Metric, ...] = (
         ("model_name", "check"),
         "",
         "config",
-        "vllm:cache_config_info, observed concurrency, metric schema",
+        "vllm:cache_config_info, observed concurrency and tokens, GPU memory, KV events, metric schema",
         per_target=False,  # one result per model, over every target
     ),
     # --- cost and energy --------------------------------------------------------------
@@ -658,7 +676,9 @@ CATALOG: tuple[Metric, ...] = (
         KV_EVENTS_DROPPED_TOTAL,
         "counter",
         "Batches the exporter dropped itself: rate_limited (over --kv-events.max-batches-per-second), "
-        "too_many_blocks (resident-hash bound), parse_error (undecodable).",
+        "too_many_blocks (resident-hash bound), parse_error (undecodable), batch_too_heavy (one batch "
+        "over the bytes, hashes or token-ids bound), budget_exceeded (over what one poll may queue or "
+        "spend applying).",
         ("reason",),
         "",
         "events",
@@ -811,6 +831,169 @@ CATALOG: tuple[Metric, ...] = (
         "fleet",
         "discovery",
     ),
+    # --- KV offloading (vLLM 0.33 /metrics, derive/offload.py) --------------------------------------
+    _m(
+        OFFLOAD_BYTES_PER_SECOND,
+        "gauge",
+        "KV offload transfer rate over the window: direction=load (offload tier -> GPU), store (GPU -> "
+        "tier). Absent where vLLM exports no offload family.",
+        ("model_name", "engine", "window", "direction"),
+        "bytes_per_second",
+        "cache",
+        "vllm:kv_offload_{load,store}_bytes (else vllm:kv_offload_tiering_{read,write}_bytes)",
+    ),
+    _m(
+        OFFLOAD_BUSY_RATIO,
+        "gauge",
+        "Share of the window vLLM spent transferring KV to (store) or from (load) the offload tier, summed "
+        "over transfers (capped at 1).",
+        ("model_name", "engine", "window", "direction"),
+        "ratio",
+        "cache",
+        "vllm:kv_offload_{load,store}_time (else vllm:kv_offload_tiering_{read,write}_time)",
+    ),
+    _m(
+        OFFLOAD_HOST_HIT_RATIO,
+        "gauge",
+        "Share of the window's prompt tokens served from the host (CPU) tier.",
+        ("model_name", "engine", "window"),
+        "ratio",
+        "cache",
+        'vllm:prompt_tokens_cached_by_source_total{source="host"}, vllm:prefix_cache_queries_total',
+    ),
+    _m(
+        OFFLOAD_STORES_WITHOUT_LOADS,
+        "gauge",
+        "1 when the window stored KV to the offload tier and loaded none back: a tier that costs transfer "
+        "time and memory and earns nothing; else 0.",
+        ("model_name", "engine", "window"),
+        "",
+        "cache",
+        "vllm:kv_offload_store_bytes, vllm:kv_offload_load_bytes",
+        allowed=(0.0, 1.0),
+    ),
+    _m(
+        OFFLOAD_ALLOCATION_FAILURES_TOTAL,
+        "counter",
+        "KV offload store allocation attempts that failed (the tier was full).",
+        ("model_name", "engine"),
+        "",
+        "cache",
+        "vllm:kv_offload_allocation_failure",
+    ),
+    _m(
+        OFFLOAD_STORES_SKIPPED_TOTAL,
+        "counter",
+        "KV offload stores the CPU tier skipped.",
+        ("model_name", "engine"),
+        "",
+        "cache",
+        "vllm:kv_offload_stores_skipped",
+    ),
+    # --- KV-event groups and hit units (derive/units.py) ------------------------------------------
+    _m(
+        KV_EVENTS_GROUP_INFO,
+        "gauge",
+        "One series per KV-cache group the event stream announced (vLLM's hybrid KV cache): its kind, "
+        "sliding window and block sizes (comma-joined when one group uses several). Value 1.",
+        ("group", "kind", "sliding_window", "block_size"),
+        "",
+        "attribution",
+        "BlockStored group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window, block_size",
+    ),
+    _m(
+        KV_EVENTS_HIT_UNIT_TOKENS,
+        "gauge",
+        "Tokens per hit unit: the granularity of vLLM's prefix hits (the full-attention group's block; "
+        "256 on DeepSeek-V4 whatever block_size says). Absent before the first store.",
+        (),
+        "tokens",
+        "attribution",
+        "BlockStored of the first full-attention group",
+    ),
+    _m(
+        KV_EVENTS_STORED_TOKENS_TOTAL,
+        "counter",
+        "Tokens vLLM stored on the GPU (computed: prompt units, their below-unit remainder, decode "
+        "blocks), each hit unit once whatever the number of groups, by LoRA adapter (`base` without; "
+        "the first 10 adapters seen keep their own series, later ones add to `other`).",
+        ("adapter",),
+        "tokens",
+        "attribution",
+        "BlockStored lora_name, token_ids",
+    ),
+    _m(
+        KV_EVENTS_REUSED_TOKENS_TOTAL,
+        "counter",
+        "Prefix-cache hits re-announced by requests with kv_cache_report_mode=full (a BlockStored "
+        "without parent whose blocks were all still held): hits, never misses. By adapter as above.",
+        ("adapter",),
+        "tokens",
+        "attribution",
+        "BlockStored (parent_block_hash null, hashes resident)",
+        "per-adapter hit ratio: reused / (reused + stored)",
+    ),
+    _m(
+        KV_EVENTS_SESSION_TOKENS_TOTAL,
+        "counter",
+        "Stored (kind=stored) and re-announced (kind=reused) tokens by session id, for the first 10 "
+        "sessions seen (later ones add to session=`other`).",
+        ("session", "kind"),
+        "tokens",
+        "attribution",
+        "BlockStored session_id",
+        "per-session hit ratio: reused / (reused + stored)",
+    ),
+    _m(
+        KV_EVENTS_SESSION_ID_RATIO,
+        "gauge",
+        "Share of stored tokens whose request carried a session id (request field, X-Session-ID "
+        "header or vllm_xargs): is the session id passed end to end? Since start.",
+        (),
+        "ratio",
+        "attribution",
+        "BlockStored session_id",
+    ),
+    _m(
+        KV_EVENTS_WINDOW_EVICTIONS_TOTAL,
+        "counter",
+        "Hit units made unhittable by the removal of a sliding-window or state block while the "
+        "full-attention group still held the unit (vLLM's hybrid hit rule needs every group's part).",
+        (),
+        "",
+        "attribution",
+        "BlockRemoved of windowed groups",
+    ),
+    _m(
+        KV_EVENTS_TIER_BLOCKS,
+        "gauge",
+        "Blocks an offload tier holds according to the event stream (events whose medium is not GPU: "
+        "CPU, STORAGE...), by medium.",
+        ("medium",),
+        "blocks",
+        "attribution",
+        "BlockStored/BlockRemoved medium",
+    ),
+    _m(
+        KV_EVENTS_TIER_BYTES,
+        "gauge",
+        "kvcache_kv_events_tier_blocks x the bytes of one GPU block (cache_config_info "
+        "kv_cache_memory_bytes / num_gpu_blocks), by medium. Absent while that is unknown.",
+        ("medium",),
+        "bytes",
+        "attribution",
+        "BlockStored/BlockRemoved medium; vllm:cache_config_info",
+    ),
+    _m(
+        KV_EVENTS_TIER_HIT_TOKENS_TOTAL,
+        "counter",
+        "Tokens stored on the GPU whose blocks an offload tier held: loads back from that tier (tier "
+        "hits), never computed misses. By medium.",
+        ("medium",),
+        "tokens",
+        "attribution",
+        "BlockStored medium",
+    ),
     # --- miss attribution (KV events) ---------------------------------------------------------
     _m(
         PREFIX_CACHE_MISS_TOKENS_TOTAL,
@@ -890,6 +1073,31 @@ CATALOG: tuple[Metric, ...] = (
         "num_gpu_blocks",
         "(increase(hits) + increase(evicted tokens recomputed within (f-1) x num_gpu_blocks stored blocks)) "
         "/ increase(queries); docs/kv-events.md gives the bias",
+    ),
+    _m(
+        PREFIX_CACHE_HIT_RATIO_REORDERED_ESTIMATE,
+        "gauge",
+        "Estimated prefix-cache hit ratio over the window had the per-request fields come after the shared "
+        "part: the prefix_diverged tokens (whole hit units of known content behind a per-request front) "
+        "would have hit. Equal to the real ratio when nothing diverged.",
+        ("window",),
+        "ratio",
+        "attribution",
+        "kvcache_prefix_cache_miss_tokens_total{cause=prefix_diverged}; "
+        "vllm:prefix_cache_{hits,queries}_total",
+        "(increase(hits) + increase(prefix_diverged tokens)) / increase(queries); docs/kv-events.md",
+    ),
+    _m(
+        PREFIX_CACHE_HIT_UNIT_SHORTFALL_TOKENS_TOTAL,
+        "counter",
+        "Tokens of shared content computed because they fall short of a whole hit unit: known content at "
+        "the point where a prompt leaves the cached prefix, shorter than the unit vLLM hits in (the block "
+        "size, 256 tokens on DeepSeek-V4). Part of the cold miss tokens; no layout fix serves them.",
+        (),
+        "tokens",
+        "attribution",
+        "BlockStored token_ids, parent_block_hash, block_size",
+        "per stored run of blocks: the known tokens at its start when fewer than a hit unit",
     ),
     # --- vLLM schema and exporter health ------------------------------------------------
     _m(

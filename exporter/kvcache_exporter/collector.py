@@ -9,7 +9,6 @@ logged once per reason, and an unexpected exception is an `internal_error`, neve
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 from collections import Counter
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import catalog as c
-from .derive.exporter import DERIVATIONS, Derivation, DeriveOptions
+from .derive.registry import DERIVATIONS, Derivation, DeriveOptions
 from .derive.state import PollState
 from .guard import Guard
 from .samples import Sample
@@ -120,9 +119,7 @@ class Poll:
         return self.health.samples({**self.labels, "collector": self.collector})
 
     async def close(self) -> None:
-        result = self.source.close()
-        if inspect.isawaitable(result):
-            await result
+        await self.source.close()
 
 
 class Exporter:
@@ -216,17 +213,3 @@ def target_polls(state: PollState, sources: dict[str, Source[Any]]) -> list[Poll
         labels = {"target": name} if len(sources) > 1 else {}
         polls.append(Poll(source, state.add_target(name, labels).ingest, labels))
     return polls
-
-
-def vllm_exporter(
-    sources: dict[str, Source[Any]],
-    *,
-    windows: Sequence[float],
-    quantiles: Sequence[float],
-    interval: float,
-    clock: Callable[[], float] = time.time,
-) -> Exporter:
-    """An exporter of vLLM targets only (name -> source), as benchmarks and tests drive it."""
-    state = PollState(retention=max(windows) + 2 * interval)
-    options = DeriveOptions(windows=tuple(sorted(windows)), quantiles=tuple(quantiles))
-    return Exporter(target_polls(state, sources), state, options, interval=interval, clock=clock)

@@ -209,6 +209,13 @@ OPTIONS: tuple[Option, ...] = (
         "bind (vLLM connects to a concrete host) or connect",
     ),
     Option("kv_events.replay_endpoint", str, None, "vLLM's replay ROUTER endpoint, to fill sequence gaps"),
+    Option(
+        "kv_events.data_parallel_size",
+        at_least(1),
+        1,
+        "vLLM's --data-parallel-size: one stream per rank (rank r on the endpoint's port + r),"
+        " each labelled engine=r like vLLM's /metrics",
+    ),
     Option("kv_events.topic", str, "", "ZMQ topic to subscribe to"),
     Option(
         "kv_events.max_batches_per_second",
@@ -233,7 +240,7 @@ OPTIONS: tuple[Option, ...] = (
         "audit.gpu_memory_utilization_ceiling",
         ratio,
         0.9,
-        "highest gpu_memory_utilization that passes the audit",
+        "highest gpu_memory_utilization that passes the audit on a GPU shared with other processes",
     ),
 )
 BY_KEY = {o.key: o for o in OPTIONS}

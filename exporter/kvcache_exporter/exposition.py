@@ -16,9 +16,9 @@ from .samples import Sample
 
 def families(samples: Iterable[Sample]) -> list[Metric]:
     """Group samples into metric families. A name missing from the catalog is a bug: KeyError.
-    A family's label names are every name its samples use, in order (collector success of a
-    discovery has no `replica`, a replica's has one; the first sample's names alone dropped the
-    `replica` of the others); a sample without one has it empty, which Prometheus reads as absent."""
+    A family takes its first sample's label names (one without some of them has them empty, which
+    Prometheus reads as absent); a sample with a name beyond them keeps its own labels (collector
+    success of a discovery has no `replica`, a replica's has one: it lost it, a duplicate series)."""
     grouped: dict[str, list[Sample]] = {}
     for sample in samples:
         grouped.setdefault(_summary_of(sample.name) or sample.name, []).append(sample)
@@ -32,11 +32,15 @@ def _family(family_name: str, samples: list[Sample]) -> Metric:
         for name, labels, value in samples:
             family.add_sample(name, labels, value)
         return family
-    label_names = list(dict.fromkeys(key for sample in samples for key in sample.labels))
+    label_names = list(samples[0].labels)
     kind = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
     family = kind(family_name, spec.help, labels=label_names)
+    sample_name = family.name + "_total" if spec.type == "counter" else family.name
     for _, labels, value in samples:
-        family.add_metric([labels.get(key, "") for key in label_names], value)
+        if labels.keys() <= set(label_names):
+            family.add_metric([labels.get(key, "") for key in label_names], value)
+        else:
+            family.add_sample(sample_name, dict(labels), value)
     return family
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -11,15 +10,19 @@ from urllib.parse import urlsplit
 from .collector import Exporter, Poll, target_polls
 from .derive.attribution import Attribution
 from .derive.cost import Pricing
-from .derive.exporter import DeriveOptions
 from .derive.kv_events import EventState
+from .derive.registry import DeriveOptions
 from .derive.state import PollState
+from .derive.units import UnitView
 from .settings import Settings
-from .sources.gpu import NoGpuSource
+from .sources.base import SourceUnavailable
 from .sources.gpu_factory import make_gpu_source
 from .sources.vllm import VllmSource
 
 log = logging.getLogger("kvcache_exporter")
+# Of each poll interval, the time the KV events it drained may take to apply (the rest are dropped,
+# budget_exceeded): vLLM's series are published when the poll ends, never a whole interval late.
+KV_EVENTS_APPLY_SHARE = 0.25
 
 
 def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Exporter:
@@ -30,36 +33,45 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
         for url in s.vllm_url
     }
     polls = target_polls(state, vllm)
-    gpu = make_gpu_source(
-        s.gpu_source,
-        devices=s.gpu_devices or None,
-        max_processes=s.gpu_max_processes,
-        dcgm_url=s.gpu_dcgm_url,
-        pod_name=s.gpu_pod or os.environ.get("POD_NAME"),
-        pod_namespace=s.gpu_namespace or os.environ.get("POD_NAMESPACE"),
-        gpu_uuids=s.gpu_uuids or None,
-        timeout_seconds=s.gpu_dcgm_timeout,
-    )
-    # No GPU source at all (switched off, or `auto` found none): no collector, so nothing reads as failing.
-    if isinstance(gpu, NoGpuSource):
-        log.info("GPU telemetry off: %s", gpu.why)
+    try:
+        gpu = make_gpu_source(
+            s.gpu_source,
+            devices=s.gpu_devices or None,
+            max_processes=s.gpu_max_processes,
+            dcgm_url=s.gpu_dcgm_url,
+            pod_name=s.gpu_pod,  # $POD_NAME already applied by config
+            pod_namespace=s.gpu_namespace,
+            gpu_uuids=s.gpu_uuids or None,
+            timeout_seconds=s.gpu_dcgm_timeout,
+        )
+    except SourceUnavailable as off:  # no collector at all, so nothing reads as failing
+        log.info("GPU telemetry off: %s", off)
     else:
         polls.append(Poll(gpu, state.add_gpu().ingest))
     if s.kv_events_endpoint:
-        from .sources.kv_events import KvEventSubscriber  # here: pyzmq is ~1.2 MiB of RSS unused without it
+        from .sources.kv_events import KvEventSubscriber, rank_endpoint  # here: pyzmq is ~1.2 MiB unused
 
-        subscriber = KvEventSubscriber(
-            s.kv_events_endpoint,
-            mode=s.kv_events_mode,
-            topic=s.kv_events_topic,
-            replay_endpoint=s.kv_events_replay_endpoint,
-            max_batches_per_second=s.kv_events_max_batches_per_second,
-            with_tokens=True,
-        )
-        subscriber.start()  # needs the running event loop: build_exporter is called from serve()
-        attribution = Attribution(s.kv_events_max_tracked_blocks, s.kv_events_max_fingerprints)
-        events = state.add_kv_events(EventState(s.kv_events_max_tracked_blocks), attribution=attribution)
-        polls.append(Poll(subscriber, events.ingest, offload=True))  # up to 100k batches a poll
+        ranks = s.kv_events_data_parallel_size
+        for rank in range(ranks):  # one publisher per data-parallel rank, each its own sequence
+            replay = s.kv_events_replay_endpoint
+            subscriber = KvEventSubscriber(
+                rank_endpoint(s.kv_events_endpoint, rank),
+                mode=s.kv_events_mode,
+                topic=s.kv_events_topic,
+                replay_endpoint=replay and rank_endpoint(replay, rank),
+                max_batches_per_second=s.kv_events_max_batches_per_second,
+                with_tokens=True,
+            )
+            subscriber.start()  # needs the running event loop: build_exporter is called from serve()
+            labels = {"engine": str(rank)} if ranks > 1 else {}
+            events = state.add_kv_events(
+                EventState(s.kv_events_max_tracked_blocks),
+                labels,
+                attribution=Attribution(s.kv_events_max_tracked_blocks, s.kv_events_max_fingerprints),
+                units=UnitView(s.kv_events_max_tracked_blocks),
+                budget=KV_EVENTS_APPLY_SHARE * s.collect_interval,
+            )
+            polls.append(Poll(subscriber, events.ingest, labels, offload=True))  # up to 100k batches a poll
     options = DeriveOptions(
         windows=tuple(sorted(s.collect_windows)),
         quantiles=tuple(s.collect_quantiles),

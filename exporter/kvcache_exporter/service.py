@@ -17,7 +17,7 @@ from . import logs
 from .config import ConfigError, Option
 from .exposition import registry_for
 from .samples import Sample
-from .web import Limits, listen, load_web_config, make_app
+from .web.app import Limits, listen, load_web_config, make_app
 
 log = logging.getLogger("kvcache_exporter")
 CONFIG_ERROR_EXIT = 2

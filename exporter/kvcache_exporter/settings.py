@@ -40,6 +40,7 @@ class Settings:
     kv_events_endpoint: str | None
     kv_events_mode: str
     kv_events_replay_endpoint: str | None
+    kv_events_data_parallel_size: int
     kv_events_topic: str
     kv_events_max_batches_per_second: int
     kv_events_max_tracked_blocks: int

@@ -5,7 +5,7 @@ too). One ZMQ context per replica ran out at 300. `make bench` runs all 1,000 as
 
 import pytest
 
-from kvcache_exporter.bench_fleet import run_fleet
+from kvcache_exporter.tools.bench_fleet import run_fleet
 
 REPLICAS, LIVE, LIMIT = 1000, 20, 1024
 

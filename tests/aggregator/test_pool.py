@@ -7,8 +7,8 @@ import time
 import pytest
 
 from kvcache_exporter.aggregator.discovery import FileSd
+from kvcache_exporter.aggregator.fleet_residency import FleetResidency, HashRange
 from kvcache_exporter.aggregator.pool import Aggregator, PoolSettings
-from kvcache_exporter.derive.fleet_residency import FleetResidency, HashRange
 from kvcache_exporter.samples import Sample
 from kvcache_exporter.simulator import EngineConfig, LatencyModel, SimulatorConfig
 from kvcache_exporter.simulator.config import Faults

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from alert_harness import AM_CONFIG, generate
 
-from kvcache_exporter.harness import Services
+from kvcache_exporter.tools.harness import Services
 
 pytestmark = [pytest.mark.slow, pytest.mark.prometheus]
 SCALE = 1 / 30  # 1m evaluation -> 2s, 5m windows and for: -> 10s

@@ -7,7 +7,7 @@ import json
 import subprocess
 
 from kvcache_exporter.analyzer import trace, warmup
-from kvcache_exporter.harness import CLI, Services, free_port
+from kvcache_exporter.tools.harness import CLI, Services, free_port
 
 
 def normalized(seed_lines) -> list[trace.TraceRequest]:

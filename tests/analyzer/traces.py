@@ -51,3 +51,41 @@ def qwen_lines(conversations: int, seed: int = 1, systems: int = 4, turns: int =
             ids += [rng.randrange(10**9) for _ in range(rng.randint(1, 4))]  # the answer, in the next turn
             parent, t = chat_id, t + rng.uniform(5, 60)
     return [line for _, line in sorted(events)]
+
+
+SUPPORT_TEMPLATE = (
+    "You are a helpful support agent for an online shop. Answer politely and briefly. Policies: returns "
+    "within 30 days with a receipt; shipping is free above 50 euros; refunds take 5 business days; never "
+    "share another customer's data. "
+) * 3
+QUESTIONS = [
+    "Where is my order? It was due yesterday.",
+    "Can I return shoes that I already wore once?",
+    "How long does a refund take?",
+    "Do you ship to Norway?",
+]
+
+
+def chat_lines(requests: int, fields: str, seed: int = 1) -> list[dict]:
+    """OpenAI chat bodies of a support bot: the shared system prompt with per-request fields in front of
+    it (`fields`: "timestamp" = a timestamp and a customer id, "customer" = a customer id only) or after
+    the shared part ("last": the layout the fix gives, the same fields at the end of the user message)."""
+    rng = random.Random(seed)
+    out = []
+    for n in range(requests):
+        stamp = f"2026-12-03T{10 + n // 3600:02d}:{n // 60 % 60:02d}:{n % 60:02d}Z"
+        customer = f"C{rng.randrange(10**6):06d}"
+        front = {"timestamp": f"Time: {stamp}. Customer: {customer}. ", "customer": f"Customer: {customer}. "}
+        question = rng.choice(QUESTIONS)
+        if fields == "last":
+            system, user = SUPPORT_TEMPLATE, f"{question} (Time: {stamp}. Customer: {customer}.)"
+        else:
+            system, user = front[fields] + SUPPORT_TEMPLATE, question
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        out.append({"messages": messages, "user": customer, "max_tokens": 32})
+    return out
+
+
+def batch_line(n: int, body: dict, url: str = "/v1/chat/completions") -> dict:
+    """An OpenAI Batch API input line."""
+    return {"custom_id": f"request-{n}", "method": "POST", "url": url, "body": body}

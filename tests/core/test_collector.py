@@ -9,7 +9,7 @@ import pytest
 
 from kvcache_exporter import catalog as c
 from kvcache_exporter.collector import Exporter, Poll, target_polls
-from kvcache_exporter.derive.exporter import DERIVATIONS, DeriveOptions
+from kvcache_exporter.derive.registry import DERIVATIONS, DeriveOptions
 from kvcache_exporter.derive.state import PollState
 from kvcache_exporter.sources.base import SourceError
 from tests.replay import ReplaySource, seed_snapshots

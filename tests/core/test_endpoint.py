@@ -12,11 +12,11 @@ import aiohttp
 import bcrypt
 import pytest
 
-from kvcache_exporter.auth import Authenticator
 from kvcache_exporter.exposition import registry_for
-from kvcache_exporter.listener import Limits, listen
-from kvcache_exporter.web import make_app
-from kvcache_exporter.webconfig import load_web_config
+from kvcache_exporter.web.app import make_app
+from kvcache_exporter.web.auth import Authenticator
+from kvcache_exporter.web.config import load_web_config
+from kvcache_exporter.web.listener import Limits, listen
 
 
 def basic(user: str, password: str) -> dict[str, str]:

@@ -5,8 +5,8 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from kvcache_exporter.collector import vllm_exporter
 from kvcache_exporter.sources.vllm import VllmSource
+from kvcache_exporter.tools.exporters import vllm_exporter
 
 GOOD = (
     'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 100\n'

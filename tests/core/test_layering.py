@@ -13,9 +13,7 @@ TOOLS = (
     "kvcache_exporter.demo",
     "kvcache_exporter.aggregator",
     "kvcache_exporter.mixin",
-    "kvcache_exporter.bench",
-    "kvcache_exporter.soak",
-    "kvcache_exporter.harness",
+    "kvcache_exporter.tools",
 )
 
 # What `kvcache-exporter serve` imports: the CLI, parsing a serve command line, the server wiring.
@@ -98,3 +96,50 @@ def test_no_import_cycles():
     assert "kvcache_exporter.sources.gpu" in graph["kvcache_exporter.sources.nvml"]
     assert cycles(graph) == []
     assert cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b", "a"]]  # the check can fail
+
+
+# The folders are the layers. derive/ sees the sources only through their snapshot types; nothing below
+# the tools imports a tool; the endpoint knows neither sources nor derivations.
+SNAPSHOT_TYPES = {
+    "kvcache_exporter.sources.vllm_snapshot",
+    "kvcache_exporter.sources.vllm_names",
+    "kvcache_exporter.sources.gpu",
+    "kvcache_exporter.sources.kv_events_decode",
+}
+FOLDER_RULES = {  # package -> the packages its modules may not import
+    "kvcache_exporter.sources": ("kvcache_exporter.derive", "kvcache_exporter.web"),
+    "kvcache_exporter.derive": (
+        "kvcache_exporter.sources",
+        "kvcache_exporter.web",
+        "kvcache_exporter.server",
+    ),
+    "kvcache_exporter.web": ("kvcache_exporter.sources", "kvcache_exporter.derive"),
+}
+SIDECAR = ("kvcache_exporter.sources", "kvcache_exporter.derive", "kvcache_exporter.web")
+
+
+def folder_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    bad = []
+    for module, deps in graph.items():
+        for package, banned in FOLDER_RULES.items():
+            if module.startswith(package + "."):
+                bad += [(module, d) for d in deps if d.startswith(banned) and d not in SNAPSHOT_TYPES]
+        if module.startswith(SIDECAR):
+            bad += [(module, d) for d in deps if d.startswith(TOOLS)]
+    return sorted(bad)
+
+
+def test_the_folders_are_the_layers():
+    graph = import_graph()
+    assert folder_violations(graph) == []
+    broken = {**graph, "kvcache_exporter.derive.cache": {"kvcache_exporter.sources.vllm"}}
+    assert folder_violations(broken) == [("kvcache_exporter.derive.cache", "kvcache_exporter.sources.vllm")]
+
+
+def test_the_derivations_load_no_http_client():
+    probe = """
+import json, sys
+import kvcache_exporter.derive.registry, kvcache_exporter.derive.state
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("aiohttp", "zmq", "yaml"))))
+"""
+    assert loaded(probe) == []

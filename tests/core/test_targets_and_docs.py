@@ -1,7 +1,7 @@
 import asyncio
 
 from kvcache_exporter import catalog, docs
-from kvcache_exporter.collector import vllm_exporter
+from kvcache_exporter.tools.exporters import vllm_exporter
 from tests.conftest import REPO
 from tests.replay import ReplaySource, seed_snapshots
 

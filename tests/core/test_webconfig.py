@@ -13,7 +13,7 @@ import bcrypt
 import pytest
 
 from kvcache_exporter.config import ConfigError
-from kvcache_exporter.webconfig import load_web_config
+from kvcache_exporter.web.config import load_web_config
 
 HASH = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4)).decode()
 TLS = "tls_server_config:\n  cert_file: cert.pem\n  key_file: key.pem\n"

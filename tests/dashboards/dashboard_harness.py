@@ -1,6 +1,6 @@
 """Helpers for the dashboard tests: the committed JSON, its queries, and a real Prometheus.
 
-Prometheus is Debian's `prometheus` binary, started by kvcache_exporter.harness on 127.0.0.1 with an
+Prometheus is Debian's `prometheus` binary, started by kvcache_exporter.tools.harness on 127.0.0.1 with an
 ephemeral port and a temp dir; a missing binary fails the tests (it never skips).
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kvcache_exporter.harness import Services, http_get
+from kvcache_exporter.tools.harness import Services, http_get
 
 ROOT = Path(__file__).resolve().parents[2]
 JSON_DIR = ROOT / "dashboards" / "json"

@@ -8,7 +8,7 @@ import time
 import pytest
 from dashboard_harness import ROOT, all_queries, prometheus
 
-from kvcache_exporter.harness import CLI, Services, free_port
+from kvcache_exporter.tools.harness import CLI, Services, free_port
 
 pytestmark = pytest.mark.prometheus
 RUN_S = 30

@@ -16,7 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kvcache_exporter.web import AUTH_EXEMPT
+from kvcache_exporter.web.app import AUTH_EXEMPT
 from tests.deploy import operator_schema
 
 ROOT = Path(__file__).resolve().parents[2]

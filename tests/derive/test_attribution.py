@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from kvcache_exporter.derive.attribution import OFFSET_BUCKETS, Attribution, _verdicts
+from kvcache_exporter.derive.attribution import OFFSET_BUCKETS, Attribution
 from kvcache_exporter.sources.kv_events_decode import Batch, Event
 
 BS = 16
@@ -205,30 +205,3 @@ def test_offsets_land_in_the_documented_buckets(stream):
     counts = stream.attribution.totals.offset_counts
     assert len(counts) == len(OFFSET_BUCKETS) + 1
     assert counts[OFFSET_BUCKETS.index(128)] == 1  # 100 tokens in: the (64, 128] bucket
-
-
-def _rule(positions: list[int], seen: list[bool], size: int, count: int) -> list[bool]:
-    """The documented per-block rule, block by block: at least half of its anchors seen; a block
-    without anchors reads like the one before it (the first ones like an unseen block)."""
-    verdicts, previous = [], False
-    for block in range(count):
-        mine = [s for p, s in zip(positions, seen, strict=True) if p // size == block]
-        previous = 2 * sum(mine) >= len(mine) if mine else previous
-        verdicts.append(previous)
-    return verdicts
-
-
-def test_block_verdicts_follow_the_per_block_rule_for_any_seen_pattern():
-    rng = random.Random(7)
-    for _ in range(5_000):
-        size, count = rng.choice([1, 2, 3, 16, 32]), rng.randrange(1, 10)
-        if count * size < 2:
-            continue
-        positions = sorted(rng.sample(range(count * size), rng.randrange(2, min(count * size, 20) + 1)))
-        if rng.random() < 0.5:  # two runs: where shared content starts or ends inside an event
-            change, head = rng.randrange(1, len(positions)), rng.random() < 0.5
-            seen = [head] * change + [not head] * (len(positions) - change)
-        else:
-            seen = [rng.random() < 0.5 for _ in positions]
-        if len(set(seen)) == 2:  # the classifier asks only when some anchors were seen and some not
-            assert _verdicts(positions, seen, size, count) == _rule(positions, seen, size, count)

@@ -9,8 +9,8 @@ import pytest
 
 from kvcache_exporter.collector import Exporter, Poll, target_polls
 from kvcache_exporter.derive.attribution import Attribution
-from kvcache_exporter.derive.exporter import DeriveOptions
 from kvcache_exporter.derive.kv_events import EventState
+from kvcache_exporter.derive.registry import DeriveOptions
 from kvcache_exporter.derive.state import PollState
 from kvcache_exporter.sources.kv_events_decode import KvEventDrain, decode_message
 from tests.replay import ReplaySource, seed_snapshots, values
@@ -71,7 +71,7 @@ def test_raw_phase_names_the_diverged_prefix_and_covers_the_misses(seed_run):
     raw_end = next(i for i, s in enumerate(snapshots) if s["n_done"] == 160) + 1
     exporter = run(snapshots, drains, raw_end)
     misses = values(exporter, "kvcache_prefix_cache_miss_tokens_total")
-    assert misses[(("cause", "prefix_diverged"),)] > 0.9 * sum(misses.values())
+    assert misses[(("cause", "prefix_diverged"),)] > 0.8 * sum(misses.values())
     coverage = values(exporter, "kvcache_prefix_cache_miss_attribution_coverage_ratio")[(("window", "1m"),)]
     assert 0.9 < coverage <= 1.0  # only each prompt's last partial block is never stored
     estimate = values(exporter, "kvcache_prefix_cache_hit_ratio_estimate")
@@ -92,6 +92,46 @@ def test_normalized_phase_hits_and_misses_are_not_the_prefix(seed_run):
     )
     offsets = values(exporter, "kvcache_prefix_divergence_offset_tokens_count")
     assert offsets[()] >= 150  # one per raw request whose header was followed by the shared template
+
+
+def normalized_hit_ratio(snapshots) -> float:
+    """The real outcome of the reorder: vLLM's hit ratio over the normalized phase (its snapshots)."""
+    counters = [_prefix_counters(s["text"]) for s in snapshots if s["n_done"] in (160, 320)]
+    (q0, h0), (q1, h1) = counters[0], counters[-1]
+    return (h1 - h0) / (q1 - q0)
+
+
+def _prefix_counters(text: str) -> tuple[float, float]:
+    found = {}
+    for line in text.splitlines():
+        for name in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"):
+            if line.startswith(name + "{"):
+                found[name] = float(line.rsplit(" ", 1)[1])
+    return found["vllm:prefix_cache_queries_total"], found["vllm:prefix_cache_hits_total"]
+
+
+def test_the_reordered_estimate_predicts_the_fix_while_only_the_raw_phase_was_seen(seed_run):
+    snapshots, drains = seed_run
+    target = normalized_hit_ratio(snapshots)
+    raw_end = next(i for i, s in enumerate(snapshots) if s["n_done"] == 160) + 1
+    for polls in range(raw_end - 3, raw_end + 1):  # every 1m window of the raw phase's last minutes
+        exporter = run(snapshots, drains, polls)
+        real = values(exporter, "kvcache_prefix_cache_hit_ratio")[
+            (("engine", "0"), ("model_name", "tiny"), ("window", "1m"))
+        ]
+        reordered = values(exporter, "kvcache_prefix_cache_hit_ratio_reordered_estimate")[(("window", "1m"),)]
+        assert real == 0.0 and abs(reordered - target) < 0.05, (polls, reordered, target)
+
+
+def test_in_the_normalized_phase_the_reordered_estimate_is_the_real_ratio(seed_run):
+    snapshots, drains = seed_run
+    exporter = run(snapshots, drains, len(snapshots))
+    real = values(exporter, "kvcache_prefix_cache_hit_ratio")[
+        (("engine", "0"), ("model_name", "tiny"), ("window", "1m"))
+    ]
+    reordered = values(exporter, "kvcache_prefix_cache_hit_ratio_reordered_estimate")[(("window", "1m"),)]
+    assert real > 0.8 and abs(reordered - real) < 0.05, (reordered, real)
+    assert abs(reordered - normalized_hit_ratio(snapshots)) < 0.05
 
 
 def test_attribution_memory_is_exported_and_never_exceeds_its_bounds(seed_run):

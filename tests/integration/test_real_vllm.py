@@ -18,7 +18,7 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvcache_exporter.harness import free_port
+from kvcache_exporter.tools.harness import free_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -17,7 +17,11 @@ from kvcache_exporter.sources.nvml import NvmlSource
 
 def main() -> None:
     if sys.argv[1] == "auto":
-        print(json.dumps([type(make_gpu_source("auto")).__name__]))
+        try:
+            picked = type(make_gpu_source("auto")).__name__
+        except SourceError as off:
+            picked = off.reason
+        print(json.dumps([picked]))
         return
     devices = [d for d in os.environ.get("NVML_DEVICES", "").split(",") if d]
     source = NvmlSource(devices=devices, max_processes=int(os.environ.get("NVML_MAX_PROCESSES", "8")))
@@ -28,7 +32,7 @@ def main() -> None:
             results.append({"snapshot": dataclasses.asdict(asyncio.run(source.collect()))})
         except SourceError as error:
             results.append({"error": error.reason, "type": type(error).__name__})
-    source.close()
+    source.release()
     print(json.dumps(results))
 
 

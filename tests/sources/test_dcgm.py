@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from kvcache_exporter.sources.base import SourceError
+from kvcache_exporter.sources.base import SourceError, SourceUnavailable
 from kvcache_exporter.sources.dcgm import MIB, DcgmSource, parse_dcgm
 from kvcache_exporter.sources.gpu_factory import make_gpu_source
 
@@ -80,7 +80,7 @@ def serve_and_collect(body: bytes, status: int = 200, **options):
         try:
             return await source.collect()
         finally:
-            source.close()
+            await source.close()
             await runner.cleanup()
 
     return asyncio.run(scenario())
@@ -118,4 +118,5 @@ def test_dcgm_needs_a_url_and_a_pod_or_uuids():
         make_gpu_source("dcgm")
     with pytest.raises(ValueError):
         DcgmSource("http://127.0.0.1:9400/metrics")
-    assert type(make_gpu_source("none")).__name__ == "NoGpuSource"
+    with pytest.raises(SourceUnavailable, match="disabled"):
+        make_gpu_source("none")

@@ -12,7 +12,6 @@ import zmq
 import zmq.asyncio
 
 from kvcache_exporter.derive.kv_events import EventState, kv_event_samples
-from kvcache_exporter.harness import free_port
 from kvcache_exporter.sources.base import SourceError
 from kvcache_exporter.sources.kv_events import (
     KvEventDecodeError,
@@ -21,6 +20,7 @@ from kvcache_exporter.sources.kv_events import (
     subscriber_mode,
 )
 from kvcache_exporter.sources.kv_events_decode import Batch, Event, TokenBucket
+from kvcache_exporter.tools.harness import free_port
 
 SYSTEM_BLOCK_HASHES = [
     12944168452656833345,
@@ -99,6 +99,8 @@ def test_real_stream_state(kv_frames, num_gpu_blocks):
         ("kvcache_kv_events_dropped_total", ("reason", "rate_limited")): 0,
         ("kvcache_kv_events_dropped_total", ("reason", "too_many_blocks")): 0,
         ("kvcache_kv_events_dropped_total", ("reason", "parse_error")): 0,
+        ("kvcache_kv_events_dropped_total", ("reason", "batch_too_heavy")): 0,
+        ("kvcache_kv_events_dropped_total", ("reason", "budget_exceeded")): 0,
         ("kvcache_kv_events_cached_blocks",): 1375 - 1281,
     }
 

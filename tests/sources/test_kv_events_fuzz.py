@@ -2,8 +2,10 @@
 
 The contract (issue 14): no exception but KvEventDecodeError leaves the decoder, none at all
 leaves the state, every exported value is finite and non-negative, the tracked set stays within
-its bound. `make fuzz` runs the same properties with FUZZ_EXAMPLES=100000; an input that breaks
-them is written to tests/fixtures/fuzz/kv-events/ and replayed here from then on.
+its bound. Heavy but valid batches (issue 23) are applied within the per-batch bounds and refused
+(`batch_too_heavy`) beyond them; a drain under any time budget is applied or dropped, never missed.
+`make fuzz` runs the same properties with FUZZ_EXAMPLES=100000; an input that breaks them is
+written to tests/fixtures/fuzz/kv-events/ and replayed here from then on.
 """
 
 from __future__ import annotations
@@ -12,14 +14,31 @@ import hashlib
 import math
 import os
 from pathlib import Path
+from unittest import mock
 
 import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvcache_exporter.derive import kv_budget
+from kvcache_exporter.derive.attribution import Attribution
 from kvcache_exporter.derive.kv_events import EventState, kv_event_samples
-from kvcache_exporter.sources.kv_events_decode import KvEventDecodeError, decode_message
+from kvcache_exporter.derive.state import PollState
+from kvcache_exporter.sources.kv_events_decode import (
+    DROP_REASONS,
+    MAX_BATCH_BYTES,
+    MAX_HASH_BYTES,
+    MAX_HASHES_PER_BATCH,
+    MAX_HASHES_PER_EVENT,
+    MAX_TOKENS_PER_BATCH,
+    Batch,
+    Dropped,
+    Event,
+    KvEventDecodeError,
+    KvEventDrain,
+    decode_message,
+)
 
 from .conftest import load_seed_kv_frames
 
@@ -133,3 +152,100 @@ def test_arbitrary_frames_keep_the_contract(messages):
 )
 def test_kept_regressions_keep_the_contract(path):
     check([list(m) for m in msgspec.msgpack.decode(path.read_bytes())])
+
+
+# --- heavy but valid (issue 23): every message is well-formed; only its size varies --------------
+
+# Each example builds up to ~1M-element lists: a twentieth of the examples keeps `make fuzz` in minutes.
+HEAVY_FUZZ = settings(FUZZ, max_examples=max(EXAMPLES // 20, 50))
+near = st.sampled_from((-1, 0, 1))
+
+
+@st.composite
+def heavy_valid(draw) -> tuple[list[bytes], int, int]:
+    """A valid batch near the heavy-batch bounds, in either encoding: (frames, hashes, token ids).
+    Every event stays within its own bounds; the batch's total hashes, token ids and bytes vary."""
+    total = draw(st.integers(0, 2 * MAX_HASHES_PER_BATCH) | near.map(lambda d: MAX_HASHES_PER_BATCH + d))
+    events = draw(st.integers(1, 300))
+    sizes = [min(total // events + (i < total % events), MAX_HASHES_PER_EVENT) for i in range(events)]
+    tokens_total = draw(
+        st.integers(0, MAX_TOKENS_PER_BATCH + 16) | near.map(lambda d: MAX_TOKENS_PER_BATCH + d)
+    )
+    tokens = [tokens_total // events + (i < tokens_total % events) for i in range(events)]
+    block_hash = draw(
+        st.integers(0, 127) | st.integers(2**32, 2**64 - 1) | st.binary(min_size=1, max_size=MAX_HASH_BYTES)
+    )
+    token = draw(st.integers(0, 2**31 - 1))
+    array_events, array_batch = draw(st.booleans()), draw(st.booleans())
+    out = []
+    for n, t in zip(sizes, tokens, strict=True):
+        hashes, token_ids = [block_hash] * n, [token] * t
+        if array_events:
+            out.append(["BlockStored", hashes, None, token_ids, 16, None])
+        else:
+            out.append(
+                {"type": "BlockStored", "block_hashes": hashes, "token_ids": token_ids, "block_size": 16}
+            )
+    batch = [1.0, out, 0] if array_batch else {"ts": 1.0, "events": out, "data_parallel_rank": 0}
+    seq = draw(st.integers(0, 2**64 - 1)).to_bytes(8, "big")
+    return [b"kv", seq, msgspec.msgpack.encode(batch)], sum(sizes), sum(tokens)
+
+
+@HEAVY_FUZZ
+@given(heavy_valid(), st.booleans())
+def test_heavy_valid_batches_are_applied_within_the_bounds_and_refused_beyond(heavy, with_tokens):
+    frames, hashes, tokens = heavy
+    over = (
+        len(frames[-1]) > MAX_BATCH_BYTES
+        or hashes > MAX_HASHES_PER_BATCH
+        or (with_tokens and tokens > MAX_TOKENS_PER_BATCH)
+    )
+    try:
+        batch = decode_message(frames, with_tokens)
+    except KvEventDecodeError as err:
+        assert over and err.reason == "batch_too_heavy", (
+            err
+        )  # a valid batch within the bounds is never refused
+    else:
+        assert not over and sum(len(e.block_hashes) for e in batch.events) == hashes
+    check([frames])
+
+
+SLICE = 16  # kv_budget.CHUNK_HASHES in these examples: the same cuts, at a thousandth of the work
+
+
+@st.composite
+def heavy_drain(draw) -> tuple[KvEventDrain, int]:
+    """A poll's drain of batches of any weight among drops, seqs in order from 0: (drain, messages)."""
+    items, seq = [], 0
+    for _ in range(draw(st.integers(0, 30))):
+        if draw(st.integers(0, 4)) == 0:
+            count = draw(st.integers(1, 5))
+            items.append(Dropped(draw(st.sampled_from(DROP_REASONS)), seq, count))
+            seq += count
+        else:
+            weight = draw(st.integers(0, 4) | st.sampled_from((SLICE - 1, SLICE, SLICE + 1, 2 * SLICE)))
+            hashes = tuple(range(seq * 100, seq * 100 + weight))
+            items.append(Batch(seq, 1.0, (Event("BlockStored", hashes),)))
+            seq += 1
+    return KvEventDrain(tuple(items)), seq
+
+
+@FUZZ
+@given(heavy_drain(), st.none() | st.floats(0, 50), st.lists(st.floats(0, 10), min_size=1, max_size=50))
+def test_a_heavy_drain_under_any_budget_is_applied_or_dropped_never_missed(drain, budget, steps):
+    drain, messages = drain
+    times = iter(range(10**6))
+    clock = lambda: sum(steps[: next(times) % len(steps)])  # noqa: E731 (any non-decreasing clock)
+    part = PollState(retention=60).add_kv_events(EventState(max_blocks=10**6), attribution=Attribution())
+    part.budget, part.clock = budget, clock
+    with mock.patch.object(kv_budget, "CHUNK_HASHES", SLICE):
+        part.ingest(drain, 1.0)
+    events, totals = part.events, part.attribution.totals
+    assert events.batches + sum(events.dropped.values()) == messages
+    assert events.missed == totals.missed_batches == 0
+    assert totals.batches == events.batches
+    if budget is None:
+        assert events.dropped["budget_exceeded"] == sum(
+            i.count for i in drain.items if isinstance(i, Dropped) and i.reason == "budget_exceeded"
+        )

@@ -99,7 +99,7 @@ def test_other_nvml_errors_carry_a_generic_reason(fake_nvml_dir, run_nvml):
 @pytest.mark.skipif(ctypes.util.find_library("nvidia-ml") is not None, reason="a real NVML is installed")
 def test_no_nvml_library_means_unavailable(run_nvml):
     assert run_nvml(None, ["count 1\n"]) == [{"error": "unavailable", "type": "SourceUnavailable"}]
-    assert run_nvml(None, []) == ["NoGpuSource"]
+    assert run_nvml(None, []) == ["unavailable"]
 
 
 def test_auto_picks_nvml_when_it_initializes(fake_nvml_dir, run_nvml, tmp_path):
@@ -107,7 +107,7 @@ def test_auto_picks_nvml_when_it_initializes(fake_nvml_dir, run_nvml, tmp_path):
     state.write_text(TWO_GPUS)
     assert run_nvml(fake_nvml_dir, [], FAKE_NVML_STATE=str(state)) == ["NvmlSource"]
     state.write_text("count 0\n")
-    assert run_nvml(fake_nvml_dir, [], FAKE_NVML_STATE=str(state)) == ["NoGpuSource"]
+    assert run_nvml(fake_nvml_dir, [], FAKE_NVML_STATE=str(state)) == ["unavailable"]
 
 
 def test_process_selection_prefers_vllm_and_python_then_memory():

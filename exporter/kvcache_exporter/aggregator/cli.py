@@ -11,9 +11,9 @@ from functools import partial
 
 from .. import service
 from ..config import AGGREGATE_OPTIONS, ConfigError, add_options, resolve_aggregate
-from ..derive.fleet_residency import HashRange
 from ..settings import AggregateSettings
 from .discovery import DnsSd, FileSd, StaticSd, parse_flag
+from .fleet_residency import HashRange
 from .pool import Aggregator, PoolSettings, raise_open_file_limit
 
 log = logging.getLogger("kvcache_exporter.aggregate")

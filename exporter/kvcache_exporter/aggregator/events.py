@@ -35,6 +35,7 @@ from ..sources.kv_events_decode import (
     TokenBucket,
     decode_message,
     peek_seq,
+    weight,
 )
 
 log = logging.getLogger("kvcache_exporter.aggregate")
@@ -67,16 +68,26 @@ def _normalized(address: str | None) -> str | None:
 
 @dataclass
 class _Inbox:
-    """One replica's batches since the last drain (guarded by FleetEvents.lock)."""
+    """One replica's batches since the last drain (guarded by FleetEvents.lock), at most
+    `max_hashes` block hashes of them: past it a batch is dropped as budget_exceeded."""
 
     bucket: TokenBucket
+    max_hashes: int
     items: list[Batch | Dropped] = field(default_factory=list)
+    hashes: int = 0
+
+    def full(self) -> bool:
+        return self.hashes >= self.max_hashes
 
     def put(self, item: Batch) -> None:
+        hashes = weight(item.events)[0]
         if len(self.items) >= MAX_PENDING:
             self.drop("rate_limited", item.seq)
+        elif self.hashes + hashes > self.max_hashes:
+            self.drop("budget_exceeded", item.seq)
         else:
             self.items.append(item)
+            self.hashes += hashes
 
     def drop(self, reason: str, seq: int | None) -> None:
         """Merged into the previous drop when it continues it, so a flood costs one item."""
@@ -108,9 +119,11 @@ class FleetEvents:
         self,
         topic: str = "",
         max_batches_per_second: float = 20000,
+        max_pending_hashes: int = 131_072,
         max_message_bytes: int = 16 * 1024 * 1024,
     ):
         self.topic, self.rate, self.max_message_bytes = topic, max_batches_per_second, max_message_bytes
+        self.max_pending_hashes = max_pending_hashes
         self.lock = threading.Lock()
         self.unknown_sender = 0  # messages from an address no replica has (one just removed)
         self._inboxes: dict[str, _Inbox] = {}
@@ -125,7 +138,7 @@ class FleetEvents:
 
     def add(self, name: str, endpoint: str) -> None:
         with self.lock:
-            self._inboxes[name] = _Inbox(TokenBucket(self.rate, time.monotonic))
+            self._inboxes[name] = _Inbox(TokenBucket(self.rate, time.monotonic), self.max_pending_hashes)
             self._problems[name] = SourceError("not_started", f"KV events {endpoint}: not subscribed yet")
         self._commands.put(("add", name, endpoint))
         if self._thread is None:
@@ -150,7 +163,7 @@ class FleetEvents:
             inbox = self._inboxes.get(name)
             if inbox is None:
                 raise SourceError("not_started", f"KV events of {name}: not watched")
-            items, inbox.items = inbox.items, []
+            items, inbox.items, inbox.hashes = inbox.items, [], 0
         return KvEventDrain(tuple(items))
 
     def lanes(self) -> int:
@@ -264,11 +277,14 @@ class FleetEvents:
             if not inbox.bucket.take():
                 inbox.drop("rate_limited", peek_seq(frames))
                 return
+            if inbox.full():  # not even decoded: the next drain has all the work it may have
+                inbox.drop("budget_exceeded", peek_seq(frames))
+                return
         try:
             batch = decode_message(frames)  # outside the lock: the poll loop may drain meanwhile
         except KvEventDecodeError as err:
             with self.lock:
-                inbox.drop("parse_error", err.seq)
+                inbox.drop(err.reason, err.seq)  # parse_error or batch_too_heavy
             return
         with self.lock:
             inbox.put(batch)

@@ -21,20 +21,24 @@ from dataclasses import dataclass, field
 
 from .. import catalog as c
 from ..collector import Health, Poll
-from ..derive import fleet_pool
-from ..derive.fleet_residency import FleetResidency, HashRange
 from ..derive.windows import SeriesHistory
 from ..durations import window_label
 from ..guard import Guard
 from ..samples import Sample
 from ..sources.base import SourceError
-from ..sources.kv_events_decode import Batch, Dropped
+from ..sources.kv_events_decode import Batch, Dropped, weight
 from ..sources.vllm import VllmSnapshot, VllmSource
+from . import fleet_pool
 from .discovery import DiscoveryError, Replica, bounded
 from .events import FleetEvents
+from .fleet_residency import FleetResidency, HashRange
 
 log = logging.getLogger("kvcache_exporter.aggregate")
 DRAIN_SECONDS = 0.25
+# Per replica, hashes queued between two drains (the rest dropped, budget_exceeded): ~4 s of a
+# saturated H200 (stored + removed), so a slow /metrics poll loses none; ~14 MiB at most.
+PENDING_HASHES = 131_072
+YIELD_HASHES = 8_192  # a heavy drain is applied in slices of this, letting scrapes in between
 MAX_POLL_SLOTS = 64
 BASE_FDS = 16  # measured: stdio, the event loop, the listener, ZMQ's context and first socket
 SCRAPE_RESERVE = 4  # descriptors kept for scrapes of our own /metrics
@@ -114,7 +118,7 @@ class Aggregator:
         self.settings, self.discoveries, self.clock = settings, discoveries, clock
         self.deadline = max(2 * settings.interval, settings.timeout + 1, 10.0)  # as serve's
         self.fleet = FleetResidency(settings.hash_range, settings.max_blocks_per_replica)
-        self.events = FleetEvents(settings.topic, settings.max_batches_per_second)
+        self.events = FleetEvents(settings.topic, settings.max_batches_per_second, PENDING_HASHES)
         self.members: dict[str, Member] = {}
         self.discovery_health = {d.name: Health() for d in discoveries}
         self.left_out = 0
@@ -173,7 +177,7 @@ class Aggregator:
         member.block_size = fleet_pool.block_size(snapshot) or member.block_size
         member.up = True
 
-    def _drain(self, name: str, member: Member) -> None:
+    async def _drain(self, name: str, member: Member) -> None:
         """The batches its publisher sent since the last drain, into the fleet view."""
         if member.replica.kv_events_endpoint is None:
             return
@@ -181,12 +185,17 @@ class Aggregator:
             drain = self.events.drain(name)
         except SourceError:
             return  # not subscribed: the kv_events success series says so
+        applied = 0
         for item in drain.items:
             if isinstance(item, Dropped):
                 member.dropped[item.reason] += item.count
                 self.fleet.skip(name, item.seq, item.count)
-            else:
-                self.ingest(name, item)
+                continue
+            self.ingest(name, item)
+            applied += weight(item.events)[0]
+            if applied >= YIELD_HASHES:
+                applied = 0
+                await asyncio.sleep(0)
 
     def ingest(self, name: str, batch: Batch) -> None:
         """One decoded batch of replica `name`; a replica dropped meanwhile stays dropped."""
@@ -215,7 +224,7 @@ class Aggregator:
                 await member.poll.run(self.clock, self.deadline)
 
         await asyncio.gather(*(poll(m) for m in self.members.values()))
-        self.drain_all()
+        await self.drain_all()
         now = self.clock()
         sizes = {name: member.block_size for name, member in self.members.items()}
         for name, member in self.members.items():
@@ -279,10 +288,10 @@ class Aggregator:
             ),
         ]
 
-    def drain_all(self) -> None:
+    async def drain_all(self) -> None:
         for name, member in list(self.members.items()):
             try:
-                self._drain(name, member)
+                await self._drain(name, member)
             except Exception as err:  # a bug in one replica's stream costs that replica's events
                 error = member.poll.health.crashed(f"kv_events {name}", err)
                 self.loop_errors += 1
@@ -306,7 +315,7 @@ class Aggregator:
                     await asyncio.wait_for(stop.wait(), timeout=min(delay, DRAIN_SECONDS))
                     return
                 except TimeoutError:
-                    self.drain_all()
+                    await self.drain_all()
 
     async def close(self) -> None:
         for name in list(self.members):

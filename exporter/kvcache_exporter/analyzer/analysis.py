@@ -10,26 +10,14 @@ overlapping with `concurrency` / `speed` (replay.concurrent_replay).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
-from .curvereport import render_curve
+from . import reorder
+from .curvereport import render_curve, render_diagnoses, render_units
+from .diagnoses import SIGNIFICANT, Diagnosis, diagnose
 from .replay import Replay, blocks_needed_unbounded, concurrent_replay, replay
-from .structure import Structure, _template_offsets, structure
+from .structure import Structure, structure
 from .trace import TraceRequest
-
-SIGNIFICANT = 0.05
-"""Hit-ratio points below which a loss is not worth a diagnosis."""
-
-
-@dataclass
-class Diagnosis:
-    kind: str
-    """dynamic_prefix | nothing_shared | capacity | affinity | block_granularity"""
-    title: str
-    gain: float
-    """hit-ratio points the remedy would recover (measured by a replay where possible)"""
-    evidence: str
-    remedies: list[str]
 
 
 @dataclass
@@ -43,13 +31,19 @@ class Report:
     session_routing: Replay | None
     """same cache, routing by session (only when replicas > 1 and routing is round-robin)"""
     dynamic_moved_last: Replay | None
-    """same cache, dynamic part moved behind the template (only with a dynamic field)"""
+    """same cache, each request's per-request part moved after the shared content (reorder.py; only
+    when some request has one)"""
     capacity_blocks_needed: int | None
     structure: Structure
     diagnoses: list[Diagnosis]
     notes: list[str]
     curve: dict | None = None
     """the miss-ratio curve and misses by cause (mrc.Curve.to_dict), filled in by the caller"""
+    reordered_estimate: float | None = None
+    """the sidecar's estimate of the reorder (observed hits + the curve's prefix_diverged tokens), beside the
+    exact replay `dynamic_moved_last`"""
+    units: list[dict] | None = None
+    """hit ratio with no eviction per hit unit (hitunit.unit_rows), filled in by the caller"""
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -59,15 +53,12 @@ class Report:
         return out
 
 
-def move_dynamic_last(requests: Sequence[TraceRequest], block_size: int) -> list[TraceRequest]:
-    """The same requests with everything before their shared template moved to the end."""
-    offsets, _ = _template_offsets([r.prompt_token_ids for r in requests])
-    out = []
-    for r, o in zip(requests, offsets, strict=True):
-        p = r.prompt_token_ids
-        moved = p[o:] + p[:o] if o else list(p)
-        out.append(TraceRequest(moved, r.max_tokens, r.session, r.send_ts, r.forced_output, r.index))
-    return out
+def reordered(requests: Sequence[TraceRequest], layouts) -> list[TraceRequest]:
+    """The same requests with their per-request part moved after the shared content."""
+    return [
+        replace(r, prompt_token_ids=reorder.reorder(r.prompt_token_ids, lay))
+        for r, lay in zip(requests, layouts, strict=True)
+    ]
 
 
 def _blocks_for(
@@ -99,6 +90,7 @@ def analyze(
     restarts: frozenset[int] = frozenset(),
     concurrency: int | None = None,
     speed: float | None = None,
+    decode=None,
 ) -> Report:
     """Sequential replays unless `concurrency` (closed loop) or `speed` (open loop at the trace's send_ts)
     is given; then every replay runs that way."""
@@ -121,118 +113,23 @@ def analyze(
     by_session = None
     if replicas > 1 and routing == "round-robin" and any(r.session for r in requests):
         by_session = run(requests, bs, num_gpu_blocks, replicas, "session", max_model_len)
-    shape = structure(requests, bs)
-    diagnoses: list[Diagnosis] = []
-    notes: list[str] = []
+    layouts = reorder.layouts([r.prompt_token_ids for r in requests], bs)
+    shape = structure(requests, bs, layouts, decode)
     moved = None
-
-    dyn = shape.dynamic_field
-    if dyn is not None and shape.first_block_unique_share >= 0.5:
-        moved = run(move_dynamic_last(requests, bs), bs, num_gpu_blocks, replicas, routing, max_model_len)
-        diagnoses.append(
-            Diagnosis(
-                "dynamic_prefix",
-                "dynamic prefix at the front: per-request fields come before the shared template",
-                moved.hit_ratio - observed.hit_ratio,
-                f"{shape.first_block_unique_share:.0%} of the requests have a first block no other request "
-                f"has; "
-                f"{dyn.requests} requests differ at token {dyn.start}-{dyn.end} "
-                f"(median {dyn.median_len:g} tokens) then share {dyn.template_tokens} tokens. "
-                f"Replayed with that part moved to the end: hit ratio {observed.hit_ratio:.3f} -> "
-                f"{moved.hit_ratio:.3f}.",
-                [
-                    "move the dynamic header (user id, timestamps, order numbers, request ids) after the "
-                    "static "
-                    "template: system prompt and instructions first, per-request data last",
-                    "keep the static part byte-identical between requests (no timestamps or ids inside it)",
-                ],
-            )
-        )
-    elif shape.first_block_unique_share >= 0.9 and unbounded.hit_ratio < SIGNIFICANT:
-        diagnoses.append(
-            Diagnosis(
-                "nothing_shared",
-                "the prompts share nothing: no template recurs across requests",
-                0.0,
-                f"{shape.first_block_unique_share:.0%} of first blocks are unique and even an unbounded "
-                f"cache "
-                f"hits {unbounded.hit_ratio:.3f}.",
-                [
-                    "prefix caching cannot help this workload; check whether a common system prompt was "
-                    "expected"
-                ],
-            )
-        )
-
-    capacity_loss = unbounded.hit_ratio - observed.hit_ratio
+    if any(layouts):
+        moved = run(reordered(requests, layouts), bs, num_gpu_blocks, replicas, routing, max_model_len)
     needed = None
-    if capacity_loss >= SIGNIFICANT:
+    if unbounded.hit_ratio - observed.hit_ratio >= SIGNIFICANT:
         needed = _blocks_for(requests, unbounded.hit_ratio, bs, num_gpu_blocks, replicas, routing, run)
-        diagnoses.append(
-            Diagnosis(
-                "capacity",
-                "KV cache too small: shared blocks are evicted before they are reused",
-                capacity_loss,
-                f"hit ratio {observed.hit_ratio:.3f} with {num_gpu_blocks} blocks per replica vs "
-                f"{unbounded.hit_ratio:.3f} with no eviction ({capacity_loss:+.3f} measured); about "
-                f"{needed} blocks per replica ({needed * bs} tokens) reach it. Preemptions: "
-                f"{observed.preemptions}.",
-                [
-                    "raise KV capacity: a higher gpu_memory_utilization (or --kv-cache-memory-bytes)",
-                    "fewer concurrent sequences (max_num_seqs) or a shorter max_model_len leave more blocks "
-                    "for cached prefixes",
-                    "an fp8 KV cache (kv_cache_dtype=fp8) doubles the blocks in the same memory",
-                    "or spread the load over more replicas with prefix-aware routing",
-                ],
-            )
+    diagnoses = diagnose(
+        facts(
+            bs, num_gpu_blocks, replicas, routing, observed, unbounded, one, by_session, moved, needed, shape
         )
-
-    if one is not None:
-        affinity_loss = one.hit_ratio - unbounded.hit_ratio
-        if affinity_loss >= SIGNIFICANT:
-            session_text = ""
-            if by_session is not None:
-                session_text = f" Routing by session instead: {by_session.hit_ratio:.3f}."
-            diagnoses.append(
-                Diagnosis(
-                    "affinity",
-                    "session affinity broken: requests that share a prefix land on different replicas",
-                    affinity_loss,
-                    f"{replicas} replicas with {routing} routing hit {unbounded.hit_ratio:.3f} even without "
-                    f"eviction; one replica would hit {one.hit_ratio:.3f} ({affinity_loss:+.3f})."
-                    f"{session_text}",
-                    [
-                        "enable session affinity (route by user/session id: a consistent hash, sticky "
-                        "sessions)",
-                        "or prefix-aware routing (a router that hashes the prompt's leading blocks or "
-                        "follows "
-                        "the replicas' KV events)",
-                    ],
-                )
-            )
-
-    if shape.block_granularity_loss >= SIGNIFICANT:
-        diagnoses.append(
-            Diagnosis(
-                "block_granularity",
-                "shared prefixes end inside blocks: only whole blocks are reused",
-                shape.block_granularity_loss,
-                f"{shape.block_granularity_loss:.1%} of prompt tokens are shared with an earlier request but "
-                f"sit in a partly shared block of {bs} tokens.",
-                [
-                    "a smaller --block-size shares more of each prefix (more blocks, more metadata); "
-                    "block size "
-                    "is tokens per block and does not need to match the model's layer count",
-                    "or pad the static template to a multiple of the block size",
-                ],
-            )
-        )
-    diagnoses.sort(key=lambda d: -d.gain)
-    notes.append(
-        f"block size {bs} is tokens per KV block (a cache hit is counted in whole blocks); it does not "
-        "need to "
-        "match the model's layer count."
     )
+    notes = [
+        f"block size {bs} is tokens per KV block (a cache hit is counted in whole blocks); it does not need "
+        "to match the model's layer count."
+    ]
     if observed.rejected:
         notes.append(f"{observed.rejected} requests never fit the pool or max_model_len and were skipped")
     if observed.preemptions:
@@ -246,6 +143,43 @@ def analyze(
         "replay": replay_mode(concurrency, speed),
     }
     return Report(settings, observed, unbounded, one, by_session, moved, needed, shape, diagnoses, notes)
+
+
+def facts(bs, num_gpu_blocks, replicas, routing, observed, unbounded, one, by_session, moved, needed, shape):
+    """What the diagnoses (diagnoses.CAUSES) may test and cite."""
+    dyn = shape.dynamic_field
+    return {
+        "block_size": bs,
+        "num_gpu_blocks": num_gpu_blocks,
+        "replicas": replicas,
+        "routing": routing,
+        "observed": observed.hit_ratio,
+        "unbounded": unbounded.hit_ratio,
+        "one_replica": None if one is None else one.hit_ratio,
+        "session_text": "" if by_session is None else f" Routing by session: {by_session.hit_ratio:.3f}.",
+        "reordered": None if moved is None else moved.hit_ratio,
+        "needed_blocks": needed,
+        "needed_text": needed and f"about {needed} blocks per replica ({needed * bs} tokens)",
+        "preemptions": observed.preemptions,
+        "first_block_unique": shape.first_block_unique_share,
+        "granularity_loss": shape.block_granularity_loss,
+        "dyn_requests": dyn and dyn.requests,
+        "dyn_start": dyn and dyn.start,
+        "dyn_where": dyn
+        and (
+            "from the first token"
+            if dyn.start == 0
+            else f"from token {dyn.start} on (after the first {dyn.start} token{'s' * (dyn.start > 1)}, which"
+            " at least half the requests share: a chat template's role header, a field label)"
+        ),
+        "dyn_end": dyn and dyn.end,
+        "dyn_len": dyn and dyn.median_len,
+        "dyn_template": dyn and dyn.template_tokens,
+    }
+
+
+def _clip(text: str, keep: int = 120) -> str:
+    return text if len(text) <= keep else text[: keep // 2] + " ... " + text[-keep // 2 :]
 
 
 def replay_mode(concurrency: int | None, speed: float | None) -> str:
@@ -271,7 +205,13 @@ def render_text(report: Report) -> str:
     if report.session_routing is not None:
         lines.append(f"  routing by session              {report.session_routing.hit_ratio:6.3f}")
     if report.dynamic_moved_last is not None:
-        lines.append(f"  dynamic part moved last         {report.dynamic_moved_last.hit_ratio:6.3f}")
+        lines.append(
+            f"  per-request part moved after    {report.dynamic_moved_last.hit_ratio:6.3f}  (exact replay)"
+        )
+    if report.reordered_estimate is not None:
+        lines.append(
+            f"  the same, estimated live        {report.reordered_estimate:6.3f}  (hits + prefix_diverged)"
+        )
     st = report.structure
     lines += [
         "",
@@ -281,21 +221,17 @@ def render_text(report: Report) -> str:
     ]
     for p in st.shared_prefixes:
         head = " ".join(map(str, p.head)) + (" ..." if p.tokens > len(p.head) else "")
-        lines.append(f"  shared prefix {p.tokens:5d} tokens by {p.requests:4d} requests: [{head}]")
+        shown = f"[{head}]" if p.text is None else repr(_clip(p.text))
+        lines.append(f"  shared prefix {p.tokens:5d} tokens by {p.requests:4d} requests: {shown}")
     if st.dynamic_field is not None:
         d = st.dynamic_field
         lines.append(
-            f"  dynamic field: requests differ at token {d.start}-{d.end} (median {d.median_len:g} tokens) "
-            f"then share {d.template_tokens} tokens ({d.requests} requests)"
+            f"  per-request part: requests differ at token {d.start}-{d.end} (shared content from token "
+            f"{d.median_len:g}, median) then share {d.template_tokens} tokens ({d.requests} requests)"
         )
-    lines += ["", "diagnosis"]
-    if not report.diagnoses:
-        lines.append("  no significant cache loss found")
-    for n, d in enumerate(report.diagnoses, 1):
-        lines.append(f"  {n}. [{d.kind}] {d.title} (+{d.gain:.3f} hit ratio)")
-        lines.append(f"     {d.evidence}")
-        lines += [f"     - {r}" for r in d.remedies]
+    lines += render_diagnoses([asdict(d) for d in report.diagnoses], report.observed.hit_ratio)
     if report.curve is not None:
         lines += render_curve(report.curve, s["num_gpu_blocks"], s["block_size"])
+    lines += render_units(report.units)
     lines += ["", *[f"note: {n}" for n in report.notes]]
     return "\n".join(lines) + "\n"

@@ -7,12 +7,13 @@ token list is ever built for a hash trace (a 145M-token day is a few hundred tho
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import count
 
-from .trace import TraceRequest
+from .lines import json_object
+from .trace import MAX_GENERATED, MAX_PROMPT_TOKENS, TraceRequest, int_field, label_field
 
 MOONCAKE_BLOCK = 512
 QWEN_BLOCK = 16
@@ -43,6 +44,8 @@ class Parsed:
     """`file:line: message` for each line left out"""
     traces: list[TraceRequest]
     """token-id traces: the requests themselves (for the engine replay and the structure)"""
+    text: bool = False
+    """some prompts were text (tokenized here)"""
 
 
 class Interner(dict):
@@ -63,33 +66,37 @@ def from_hash_line(
     hash_ids = obj["hash_ids"]
     if not isinstance(hash_ids, list) or not hash_ids:
         raise ValueError("hash_ids must be a non-empty list")
-    length = int(obj.get("input_length") or len(hash_ids) * trace_block)
+    if len(hash_ids) * trace_block > MAX_PROMPT_TOKENS * 64:
+        raise ValueError(f"{len(hash_ids):,} hash_ids: a prompt beyond any model's context")
+    if any(type(h) is not int for h in hash_ids):
+        raise ValueError("hash_ids must be integers")
+    length = int_field(obj, "input_length", len(hash_ids) * trace_block, 1, 2**63 - 1)
     if not (len(hash_ids) - 1) * trace_block < length <= len(hash_ids) * trace_block:
         raise ValueError(f"input_length {length} does not match {len(hash_ids)} blocks of {trace_block}")
-    groups = [ids.id(int(h)) for h in hash_ids]
+    groups = [ids.id(h) for h in hash_ids]
     widths = [trace_block // block_size] * len(groups)
     widths[-1] = (length - (len(groups) - 1) * trace_block) // block_size
-    output = int(obj.get("output_length") or 1)
-    if output < 1 or length < 1:
-        raise ValueError("input_length and output_length must be positive")
+    output = int_field(obj, "output_length", 1, 1, MAX_GENERATED)
     ts = obj.get("timestamp")
-    session = obj.get("session", obj.get("user"))
+    if ts is not None and (type(ts) not in (int, float) or not math.isfinite(ts)):
+        raise ValueError("timestamp must be a number")
+    session = label_field(obj.get("session", obj.get("user")), "session")
     if "chat_id" in obj:  # Qwen: a turn belongs to its first turn's conversation
-        chat, parent = str(obj["chat_id"]), obj.get("parent_chat_id")
-        session = sessions.get(str(parent), chat) if parent not in (None, -1, "-1") else chat
+        chat = label_field(obj["chat_id"], "chat_id")
+        parent = label_field(obj.get("parent_chat_id"), "parent_chat_id")
+        session = sessions.get(parent, chat) if parent not in (None, "-1") else chat
         sessions[chat] = session
         seconds = None if ts is None else float(ts)
     else:
         seconds = None if ts is None else float(ts) / 1000.0  # Mooncake: milliseconds
-    instance = obj.get("server_instance")
     return BlockRequest(
         groups,
         widths,
         length,
         output,
-        None if session is None else str(session),
+        session,
         seconds,
-        None if instance is None else str(instance),
+        label_field(obj.get("server_instance"), "server_instance"),
     )
 
 
@@ -111,34 +118,50 @@ def from_tokens(request: TraceRequest, block_size: int, ids: Interner) -> BlockR
     )
 
 
+@dataclass(frozen=True)
+class Selection:
+    """Which lines become requests: `phase` (the lines' `phase` field) then positions first..last (0-based,
+    inclusive, counted over the lines of that phase)."""
+
+    phase: str | None = None
+    first: int = 0
+    last: int | None = None
+
+
 def parse_lines(
-    lines: Iterable[str],
+    lines: Iterable[str | tuple[int, str | ValueError]],
     name: str,
     block_size: int,
     trace_block_size: int | None = None,
     default_max_tokens: int = 16,
     parse_tokens=None,
     progress=None,
+    select: Selection = Selection(),
 ) -> Parsed:
-    """Every good line of a trace as a BlockRequest; bad ones become `name:line: message`."""
+    """Every good line of a trace as a BlockRequest; bad ones become `name:line: message`. `lines`: text
+    lines, or (number, text or the reason it could not be read) as lines.read_lines gives them."""
     ids, sessions = Interner(), {}
     out: list[BlockRequest] = []
     skipped: list[str] = []
     traces: list[TraceRequest] = []
-    kind = None
-    for number, line in enumerate(lines, 1):
+    kind, position, text = None, -1, False
+    for number, line in _numbered(lines):
         if progress is not None:
             progress("parse", number)
-        if not line.strip():
-            continue
         try:
-            obj = json.loads(line)
-            if not isinstance(obj, dict):
-                raise ValueError("not a JSON object")
+            if isinstance(line, ValueError):
+                raise line
+            obj = json_object(line)
+            if select.phase is not None and obj.get("phase") != select.phase:
+                continue
+            position += 1
+            if position < select.first or (select.last is not None and position > select.last):
+                continue
             if kind is None:
                 kind = ("qwen" if "chat_id" in obj else "mooncake") if is_hash_trace(obj) else "tokens"
             if kind == "tokens":
                 request = (parse_tokens or _parse_token_line)(obj, number - 1, default_max_tokens)
+                text = text or _is_text(obj)
                 out.append(from_tokens(request, block_size, ids))
                 traces.append(request)
             else:
@@ -147,7 +170,20 @@ def parse_lines(
         except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as err:
             message = str(err).removeprefix(f"line {number}: ")
             skipped.append(f"{name}:{number}: {message}")
-    return Parsed(out, kind or "tokens", skipped, traces)
+    return Parsed(out, kind or "tokens", skipped, traces, text)
+
+
+def _is_text(obj: dict) -> bool:
+    body = obj.get("body") if isinstance(obj.get("body"), dict) else obj
+    return isinstance(body.get("prompt"), str) or "messages" in body
+
+
+def _numbered(lines) -> Iterator[tuple[int, str | ValueError]]:
+    for number, line in enumerate(lines, 1):
+        if isinstance(line, tuple):
+            yield line
+        elif line.strip():
+            yield number, line
 
 
 def _parse_token_line(obj: dict, index: int, default_max_tokens: int) -> TraceRequest:

@@ -1,21 +1,37 @@
 """`kvcache-exporter analyze TRACE`: why does this prompt workload miss the prefix cache?
 
 Replays the trace (JSON lines: `prompt_token_ids` or `prompt` text or `messages`, optional `session`,
-`max_tokens`, `send_ts`, `server_instance`) through the simulator's model of vLLM's block pool and
-scheduler, compares the hit ratio with an unbounded cache and with one replica, inspects the prompts' prefix
-structure and prints a ranked diagnosis with remedies, the miss-ratio curve and misses by cause. Block-hash
+`max_tokens`, `send_ts`, `server_instance`; or OpenAI Batch API lines) through the simulator's model of
+vLLM's block pool and scheduler, compares the hit ratio with an unbounded cache and with one replica,
+inspects the prompts' prefix structure and prints a ranked diagnosis with remedies, the miss-ratio curve
+and misses by cause. Block-hash
 traces (Mooncake: `hash_ids`, `input_length`, `output_length`, `timestamp` in ms; Qwen: also `chat_id`,
 `parent_chat_id`) are detected and replayed as block ids (see docs/analyzer.md)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
 from pathlib import Path
 
-from . import analysis, blocktrace, curvereport, html, mrc, progress, replay, tokenize, trace
+from . import (
+    analysis,
+    blocktrace,
+    capture,
+    curvereport,
+    hitunit,
+    html,
+    lines,
+    mrc,
+    progress,
+    reorder,
+    replay,
+    tokenize,
+    trace,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -33,8 +49,19 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("trace", help="trace file (JSON lines); - reads stdin")
-    add("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
-    add("--num-gpu-blocks", type=int, default=2048, help="KV blocks per replica (default 2048)")
+    add("--block-size", type=int, help="tokens per KV block, the hit unit (default: from --metrics, else 16)")
+    add("--num-gpu-blocks", type=int, help="KV blocks per replica (default: from --metrics, else 2048)")
+    add(
+        "--metrics",
+        metavar="FILE",
+        help="a capture of vLLM's /metrics: block size, hit unit and num_gpu_blocks from cache_config_info",
+    )
+    add(
+        "--max-line-bytes",
+        type=int,
+        default=lines.MAX_LINE_BYTES,
+        help=f"longer trace lines are skipped (default {lines.MAX_LINE_BYTES:,})",
+    )
     add("--replicas", type=int, default=1, help="vLLM replicas (data-parallel engines) behind the router")
     add(
         "--routing", choices=("round-robin", "session"), default="round-robin", help="how requests are spread"
@@ -68,33 +95,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _select(lines: list[str], args: argparse.Namespace) -> list[str]:
-    if args.phase is not None:
-        lines = [line for line in lines if line.strip() and json.loads(line).get("phase") == args.phase]
-    if args.requests:
-        first, _, last = args.requests.partition("-")
-        lines = [line for line in lines if line.strip()][int(first) : int(last or first) + 1]
-    return lines
+def _selection(args: argparse.Namespace) -> blocktrace.Selection:
+    if not args.requests:
+        return blocktrace.Selection(args.phase)
+    first, _, last = args.requests.partition("-")
+    try:
+        return blocktrace.Selection(args.phase, int(first), int(last or first))
+    except ValueError:
+        raise ValueError(f"--requests {args.requests!r}: FIRST-LAST, 0-based positions") from None
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        if args.block_size < 1 or args.num_gpu_blocks < 2 or args.replicas < 1:
-            raise ValueError("--block-size >= 1, --num-gpu-blocks >= 2 and --replicas >= 1 are required")
+        shape = capture.cache_shape(args.block_size, args.num_gpu_blocks, args.metrics)
+        args.block_size, args.num_gpu_blocks = shape.block_size, shape.num_gpu_blocks
+        if args.block_size < 1 or args.num_gpu_blocks < 2 or args.replicas < 1 or args.max_line_bytes < 1:
+            raise ValueError(
+                "--block-size >= 1, --num-gpu-blocks >= 2, --replicas >= 1 and --max-line-bytes >= 1 are "
+                "required"
+            )
         name = "<stdin>" if args.trace == "-" else args.trace
-        text = sys.stdin.read() if args.trace == "-" else Path(args.trace).read_text(encoding="utf-8")
-        lines = _select(text.splitlines(), args)
-        bar = progress.Progress(len(lines))
-        parsed = blocktrace.parse_lines(
-            lines, name, args.block_size, args.trace_block_size, args.max_tokens, _encoder(args, lines), bar
-        )
+        encoder = _encoder(args)
+        with _open(args.trace) as stream:
+            bar = progress.Progress(_count_lines(args.trace))
+            parsed = blocktrace.parse_lines(
+                _warn_on_text(lines.read_lines(stream, args.max_line_bytes), encoder),
+                name,
+                args.block_size,
+                args.trace_block_size,
+                args.max_tokens,
+                encoder,
+                bar,
+                _selection(args),
+            )
         bar.close()
         bar.total = len(parsed.requests)
         args.progress = bar
         _report_skipped(parsed.skipped)
         if not parsed.requests:
             raise ValueError(f"{name}: no usable request")
-        report, curve, hits = _report(parsed, args)
+        report, curve, hits = _report(parsed, args, encoder)
+        notes = report.notes if not isinstance(report, dict) else report.setdefault("notes", [])
+        notes[:0] = shape.notes
         if args.html:
             _write_html(args.html, parsed, curve, report, args.restart_at, hits)
     except (OSError, ValueError) as err:
@@ -110,20 +152,42 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _open(path: str):
+    return contextlib.nullcontext(sys.stdin.buffer) if path == "-" else open(path, "rb")
+
+
+def _count_lines(path: str) -> int:
+    """For the progress bar: newlines counted in bounded chunks (0 for stdin: no bar)."""
+    if path == "-":
+        return 0
+    with open(path, "rb") as stream:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: stream.read(1 << 20), b""))
+
+
 TEXT_PROMPT = re.compile(r'"prompt"\s*:\s*"|"messages"\s*:')
 
 
-def _encoder(args: argparse.Namespace, lines: list[str]):
-    """A line parser with the model's tokenizer, or the default one (with a warning if text is present)."""
+def _encoder(args: argparse.Namespace):
+    """A line parser with the model's tokenizer, or None: the default one."""
     if args.tokenizer:
         model = tokenize.ModelTokenizer(args.tokenizer)
-        return lambda obj, index, max_tokens: trace.parse_trace_line(obj, index, max_tokens, model)
-    if any(TEXT_PROMPT.search(line) for line in lines[:1000]):
-        print(tokenize.APPROXIMATE_WARNING, file=sys.stderr)
+        parse = lambda obj, index, max_tokens: trace.parse_trace_line(obj, index, max_tokens, model)  # noqa: E731
+        parse.decode = model.decode
+        return parse
     return None
 
 
-def _report(parsed: blocktrace.Parsed, args: argparse.Namespace):
+def _warn_on_text(numbered, encoder):
+    """The lines as they are; a warning on stderr if text shows up in the first 1,000 without --tokenizer."""
+    warned = encoder is not None
+    for n, (number, line) in enumerate(numbered):
+        if not warned and n < 1000 and isinstance(line, str) and TEXT_PROMPT.search(line):
+            print(tokenize.APPROXIMATE_WARNING, file=sys.stderr)
+            warned = True
+        yield number, line
+
+
+def _report(parsed: blocktrace.Parsed, args: argparse.Namespace, encoder=None):
     bs = args.block_size
     curve = mrc.stack_curve(
         parsed.requests,
@@ -149,8 +213,17 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace):
             restarts,
             args.concurrency,
             args.speed if args.arrivals else None,
+            getattr(encoder, "decode", None),
         )
         report.curve = curve.to_dict()
+        report.reordered_estimate = reorder.live_estimate(
+            report.observed.hit_tokens,
+            report.observed.prompt_tokens,
+            curve.misses_by_cause["prefix_diverged"],
+        )
+        report.units = hitunit.unit_rows(
+            parsed.requests, parsed.traces, bs, None, args.replicas, args.routing
+        )
         report.notes += [f"{len(parsed.skipped)} bad lines skipped"] if parsed.skipped else []
         overlapping = args.concurrency is not None or args.arrivals
         return report, curve, report.observed.per_request_hits if overlapping else None
@@ -167,7 +240,9 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace):
         "replay": analysis.replay_mode(args.concurrency, args.speed if args.arrivals else None),
     }
     report = curvereport.block_report(parsed, curve, settings)
+    report["units"] = hitunit.unit_rows(parsed.requests, [], bs, tbs, args.replicas, args.routing)
     if args.concurrency is None and not args.arrivals:
+        report["diagnoses"] = curvereport.block_diagnoses(report)
         return report, curve, None
     overlapping = replay.concurrent_replay(
         parsed.requests,
@@ -181,6 +256,7 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace):
         frozenset(mrc.restart_points(parsed.requests, args.restart_at)),
     )
     report["observed"] = curvereport.replay_dict(overlapping)
+    report["diagnoses"] = curvereport.block_diagnoses(report)
     return report, curve, overlapping.per_request_hits
 
 
@@ -194,7 +270,7 @@ def _write_html(path: str, parsed: blocktrace.Parsed, curve: mrc.Curve, report, 
         ("observed hit ratio", f"{data['observed']['hit_ratio']:.3f}"),
         ("unbounded hit ratio", f"{data['unbounded']['hit_ratio']:.3f}"),
     ]
-    page = html.render(parsed.requests, curve, s, summary, restart_at, hits)
+    page = html.render(parsed.requests, curve, s, summary, restart_at, hits, data)
     Path(path).write_text(page, encoding="utf-8")
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from .blocktrace import Parsed
+from .diagnoses import SIGNIFICANT, diagnose
 from .mrc import Curve
 from .replay import Replay
 
@@ -67,6 +70,62 @@ def render_curve(curve: dict, num_gpu_blocks: int, block_size: int) -> list[str]
     return lines
 
 
+def block_diagnoses(report: dict) -> list[dict]:
+    """A hash trace's diagnoses (diagnoses.CAUSES): no content, so capacity is the one that can hold; the
+    blocks needed come from the curve."""
+    s, observed, unbounded = report["settings"], report["observed"], report["unbounded"]
+    needed = text = None
+    if unbounded["hit_ratio"] - observed["hit_ratio"] >= SIGNIFICANT:
+        needed = needed_for(report["curve"], unbounded["hit_ratio"] - 0.01)
+        largest = report["curve"]["points"][-1]["num_gpu_blocks"]
+        text = (
+            f"about {needed} blocks per replica ({needed * s['block_size']} tokens)"
+            if needed
+            else (f"more than the {largest} blocks per replica measured")
+        )
+        needed = needed or largest
+    facts = {
+        **dict.fromkeys(("one_replica", "reordered", "dyn_requests", "dyn_start", "dyn_where", "dyn_end")),
+        **dict.fromkeys(("dyn_len", "dyn_template")),
+        "block_size": s["block_size"],
+        "num_gpu_blocks": s["num_gpu_blocks"],
+        "replicas": s["replicas"],
+        "routing": s["routing"],
+        "observed": observed["hit_ratio"],
+        "unbounded": unbounded["hit_ratio"],
+        "session_text": "",
+        "needed_blocks": needed,
+        "needed_text": text,
+        "preemptions": observed.get("preemptions", 0),
+        "first_block_unique": 0.0,
+        "granularity_loss": 0.0,
+    }
+    return [asdict(d) for d in diagnose(facts)]
+
+
+def render_diagnoses(diagnoses: list[dict], observed: float) -> list[str]:
+    lines = ["", "diagnosis"]
+    if not diagnoses:
+        lines.append("  no significant cache loss found")
+    for n, d in enumerate(diagnoses, 1):
+        worth = f"fixing it is worth {d['gain']:+.3f} (hit ratio {d['after']:.3f} instead of {observed:.3f})"
+        lines.append(f"  {n}. [{d['kind']}] {d['title']}: {worth}")
+        lines.append(f"     {d['evidence']}")
+        lines += [f"     - {r}" for r in d["remedies"]]
+    return lines
+
+
+def render_units(units: list[dict] | None) -> list[str]:
+    """The hit unit's cost: hit ratio with no eviction at each unit, and the shared tokens it loses."""
+    if not units:
+        return []
+    lines = ["", "hit unit (tokens per block; vLLM hits whole units only), with no eviction"]
+    for row in units:
+        lost = f"  {row['lost_tokens']:,} shared tokens short of a whole unit" if row["lost_tokens"] else ""
+        lines.append(f"  {row['unit']:5d}  {row['unbounded_hit_ratio']:6.3f}{lost}")
+    return lines
+
+
 def render_block_text(report: dict) -> str:
     s = report["settings"]
     lines = [
@@ -83,5 +142,8 @@ def render_block_text(report: dict) -> str:
             f"  preemptions (observed)          {report['observed']['preemptions']:6d}",
             "  (unbounded, the curve and the causes: sequential per replica)",
         ]
+    lines += render_diagnoses(report.get("diagnoses", []), report["observed"]["hit_ratio"])
     lines += render_curve(report["curve"], s["num_gpu_blocks"], s["block_size"])
+    lines += render_units(report.get("units"))
+    lines += ["", *[f"note: {n}" for n in report.get("notes", [])]]
     return "\n".join(lines) + "\n"

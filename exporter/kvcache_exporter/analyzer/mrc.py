@@ -18,12 +18,12 @@ A prompt ending inside a group uses only its first blocks; the rest keep their o
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
 from ..derive.fingerprints import anchored_prints
+from ..routing import route_all
 from ..simulator.blocks import BlockPool
 from .blocktrace import BlockRequest, fresh_keys, prompt_keys, total_blocks
 
@@ -38,14 +38,7 @@ def curve_sizes(num_gpu_blocks: int, steps_per_doubling: int = 2) -> list[int]:
 
 
 def route_blocks(requests: Sequence[BlockRequest], replicas: int, routing: str) -> list[int]:
-    out, rr = [], 0
-    for r in requests:
-        if routing == "session" and r.session:
-            out.append(zlib.crc32(r.session.encode()) % replicas)
-        else:
-            out.append(rr % replicas)
-            rr += 1
-    return out
+    return route_all((r.session for r in requests), replicas, routing)
 
 
 def restart_points(requests: Sequence[BlockRequest], restart_at: Sequence[int] = ()) -> set[int]:

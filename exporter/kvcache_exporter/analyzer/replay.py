@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import heapq
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..routing import route_all
 from ..simulator.engine import Engine, EngineConfig, KeyedRequest, Request
 from .blocktrace import BlockRequest, fresh_keys, prompt_keys
 from .trace import TraceRequest
@@ -26,14 +26,7 @@ class Replay:
 
 def route(requests: Sequence[TraceRequest], replicas: int, routing: str) -> list[int]:
     """The replica of each request, as the simulator's API server routes (round-robin or CRC32 of session)."""
-    out, rr = [], 0
-    for r in requests:
-        if routing == "session" and r.session:
-            out.append(zlib.crc32(r.session.encode()) % replicas)
-        else:
-            out.append(rr % replicas)
-            rr += 1
-    return out
+    return route_all((r.session for r in requests), replicas, routing)
 
 
 def blocks_needed_unbounded(requests: Sequence[TraceRequest], block_size: int) -> int:

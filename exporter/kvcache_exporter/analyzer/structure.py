@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import itertools
-import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .reorder import DynamicField, Layout, dynamic_field
 from .trace import TraceRequest
-
-GRAM = 8
-"""Token n-gram used to find a shared template that does not start at token 0."""
-TEMPLATE_SHARE = 0.3
-"""An n-gram in at least this share of the requests is part of a shared template."""
 
 
 @dataclass
@@ -22,19 +17,8 @@ class SharedPrefix:
     requests: int
     head: list[int]
     """the first tokens of the prefix"""
-
-
-@dataclass
-class DynamicField:
-    start: int
-    """first token position where requests differ (tokens before it are identical in all of them)"""
-    end: int
-    """last token position of the dynamic part (the largest template offset minus one)"""
-    median_len: float
-    template_tokens: int
-    """how many tokens the requests share right after the dynamic part"""
-    requests: int
-    """requests with this layout"""
+    text: str | None = None
+    """the whole prefix as text (when the trace was tokenized by a known tokenizer)"""
 
 
 @dataclass
@@ -56,7 +40,9 @@ def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def shared_prefixes(prompts: Sequence[Sequence[int]], min_requests: int, top: int = 5) -> list[SharedPrefix]:
+def shared_prefixes(
+    prompts: Sequence[Sequence[int]], min_requests: int, top: int = 5, decode=None
+) -> list[SharedPrefix]:
     """Common prefixes (token level) shared by at least `min_requests` prompts: the nodes of the prompts'
     prefix tree where it branches, found as LCP intervals of the sorted prompts; largest tokens x requests
     first."""
@@ -74,52 +60,22 @@ def shared_prefixes(prompts: Sequence[Sequence[int]], min_requests: int, top: in
                 found[(length, left)] = rows
         if not stack or stack[-1][0] < h:
             stack.append((h, left))
-    result = [
-        SharedPrefix(length, rows, list(ordered[left][: min(length, 12)]))
-        for (length, left), rows in found.items()
-    ]
-    result.sort(key=lambda p: (-p.tokens * p.requests, -p.tokens))
-    return result[:top]
-
-
-def _template_offsets(prompts: Sequence[Sequence[int]]) -> tuple[list[int | None], set[tuple[int, ...]]]:
-    """Per prompt, where its first frequent n-gram starts (None: no shared template in it)."""
-    seen: Counter[tuple[int, ...]] = Counter()
-    for p in prompts:
-        seen.update({tuple(p[i : i + GRAM]) for i in range(len(p) - GRAM + 1)})
-    threshold = max(2, int(TEMPLATE_SHARE * len(prompts)))
-    frequent = {g for g, n in seen.items() if n >= threshold}
-    offsets: list[int | None] = []
-    for p in prompts:
-        offsets.append(
-            next((i for i in range(len(p) - GRAM + 1) if tuple(p[i : i + GRAM]) in frequent), None)
+    best = sorted(found.items(), key=lambda item: (-item[0][0] * item[1], -item[0][0]))[:top]
+    return [
+        SharedPrefix(
+            length,
+            rows,
+            list(ordered[left][: min(length, 12)]),
+            decode(ordered[left][:length]) if decode else None,
         )
-    return offsets, frequent
+        for (length, left), rows in best
+    ]
 
 
-def _template_run(prompt: Sequence[int], offset: int, frequent: set[tuple[int, ...]]) -> int:
-    end = offset
-    while end + GRAM <= len(prompt) and tuple(prompt[end : end + GRAM]) in frequent:
-        end += 1
-    return end - offset + GRAM - 1
-
-
-def dynamic_field(prompts: Sequence[Sequence[int]], block_size: int) -> DynamicField | None:
-    """A per-request dynamic part in front of a template most requests share: positions and lengths."""
-    offsets, frequent = _template_offsets(prompts)
-    late = [(p, o) for p, o in zip(prompts, offsets, strict=True) if o is not None and o > 0]
-    if len(late) < max(2, len(prompts) // 2):
-        return None
-    heads = [list(p[:o]) for p, o in late]
-    start = min(_lcp(heads[0], h) for h in heads[1:]) if len(heads) > 1 else 0
-    lengths = [o for _, o in late]
-    runs = [_template_run(p, o, frequent) for p, o in late]
-    return DynamicField(
-        start, max(lengths) - 1, statistics.median(lengths), int(statistics.median(runs)), len(late)
-    )
-
-
-def structure(requests: Sequence[TraceRequest], block_size: int) -> Structure:
+def structure(
+    requests: Sequence[TraceRequest], block_size: int, layouts: Sequence[Layout | None], decode=None
+) -> Structure:
+    """`layouts`: each request's (reorder.layouts); `decode`: token ids to text, for the shared prefixes."""
     prompts = [r.prompt_token_ids for r in requests]
     firsts = Counter(tuple(p[:block_size]) for p in prompts if len(p) >= block_size)
     with_block = sum(firsts.values())
@@ -139,7 +95,7 @@ def structure(requests: Sequence[TraceRequest], block_size: int) -> Structure:
     return Structure(
         len(prompts),
         unique / with_block if with_block else 0.0,
-        shared_prefixes(prompts, max(2, len(prompts) // 20)),
-        dynamic_field(prompts, block_size),
+        shared_prefixes(prompts, max(2, len(prompts) // 20), decode=decode),
+        dynamic_field(layouts),
         lost / total if total else 0.0,
     )

@@ -13,32 +13,56 @@ APPROXIMATE_WARNING = (
 
 
 def _token_text(value) -> str:
-    return value.get("content", "") if isinstance(value, dict) else (value or "")
+    text = value.get("content", "") if isinstance(value, dict) else (value or "")
+    return text if isinstance(text, str) else ""
+
+
+MAX_FILE_BYTES = 256 << 20
+"""tokenizer.json and its config are read whole: a bigger file is not a tokenizer"""
 
 
 class ModelTokenizer:
     def __init__(self, path: str | Path) -> None:
         try:
+            import jinja2
             from jinja2.sandbox import ImmutableSandboxedEnvironment
             from tokenizers import Tokenizer
         except ImportError as err:
             raise ValueError(
                 f"--tokenizer needs the analyzer extra (pip install tokenizers jinja2): {err}"
             ) from err
+        self._template_error = jinja2.TemplateError
         path = Path(path)
         folder = path if path.is_dir() else path.parent
-        self.tokenizer = Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
+        file = path / "tokenizer.json" if path.is_dir() else path
+        try:
+            self.tokenizer = Tokenizer.from_str(_read(file))
+        except Exception as err:  # the tokenizers library raises plain Exception for any bad file
+            raise ValueError(f"{file}: not a tokenizer.json: {str(err)[:200]}") from None
         config_path = folder / "tokenizer_config.json"
-        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        try:
+            config = json.loads(_read(config_path)) if config_path.is_file() else {}
+        except (ValueError, RecursionError) as err:
+            raise ValueError(f"{config_path}: not JSON: {str(err)[:200]}") from None
+        if not isinstance(config, dict):
+            raise ValueError(f"{config_path}: not a JSON object")
         template = config.get("chat_template")
         if isinstance(template, list):  # named templates: the default one
-            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+            template = next(
+                (t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
+                None,
+            )
         if template is None and (folder / "chat_template.jinja").is_file():
-            template = (folder / "chat_template.jinja").read_text()
+            template = _read(folder / "chat_template.jinja")
+        if template is not None and not isinstance(template, str):
+            raise ValueError(f"{config_path}: chat_template must be text")
         self.bos, self.eos = _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
-        self.template = env.from_string(template) if template else None
+        try:
+            self.template = env.from_string(template) if template else None
+        except jinja2.TemplateError as err:
+            raise ValueError(f"{folder}: the chat template does not compile: {err}") from None
 
     def encode(self, text: str) -> list[int]:
         """A completion prompt: special tokens added as the tokenizer's post-processor says (BOS)."""
@@ -49,13 +73,28 @@ class ModelTokenizer:
             raise ValueError(
                 "the tokenizer has no chat template (tokenizer_config.json or chat_template.jinja)"
             )
-        return self.template.render(
-            messages=messages, add_generation_prompt=True, bos_token=self.bos, eos_token=self.eos
-        )
+        try:
+            return self.template.render(
+                messages=messages, add_generation_prompt=True, bos_token=self.bos, eos_token=self.eos
+            )
+        except (self._template_error, TypeError, AttributeError, KeyError, IndexError) as err:
+            raise ValueError(f"the chat template fails on these messages: {str(err)[:200]}") from None
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """A chat request: the rendered template, tokenized without adding special tokens again."""
         return self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False).ids
+
+
+def _read(path: Path) -> str:
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise ValueError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB: not a tokenizer file")
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
 def _raise(message: str):

@@ -18,9 +18,9 @@ from pathlib import Path
 import yaml
 
 from .. import catalog as c
-from ..harness import alertmanager_argv, free_port, prometheus_argv
 from ..mixin import config as mixin_config
 from ..mixin import rules
+from ..tools.harness import alertmanager_argv, free_port, prometheus_argv
 
 PROMETHEUS_NAMES = ("prometheus",)
 ALERTMANAGER_NAMES = ("prometheus-alertmanager", "alertmanager")

@@ -38,8 +38,9 @@ from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..sources.kv_events_decode import MAX_SEQ_GAP, Batch, Dropped, Event, KvEventDrain
-from .fingerprints import ANCHOR_SPACING, FingerprintSet, Generations, anchors
+from ..sources.kv_events_decode import IN_ORDER, Batch, Dropped, Event, KvEventDrain, Mark, SeqCursor
+from .fingerprints import FingerprintSet, Generations, anchors
+from .reorder import KnownRun, first_known_run, overlaps, served_span, served_tokens, unit_shortfall_tokens
 
 CAUSES = ("evicted", "restart", "prefix_diverged", "other_replica", "cold")
 CAPACITY_FACTORS = (2, 4)
@@ -57,16 +58,13 @@ _KEEP_ON_REMOVE = ((1 << 40) - 1) & ~_OPEN_TIP  # flags, depth and era; the stam
 _STEP = 1 << 4 | 1 << 40  # from one block of an event to the next: depth + 1, stamp + 1
 
 
-def _depth(info: int) -> int | None:
-    return (info >> 4) & _DEPTH_MAX if info & _DEPTH_KNOWN else None
-
-
 @dataclass
 class Totals:
     """Cumulative counts since start (counters: they only grow)."""
 
     tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
     decode_tokens: int = 0
+    unit_shortfall_tokens: int = 0
     extra_hit_tokens: dict[int, int] = field(default_factory=lambda: dict.fromkeys(CAPACITY_FACTORS, 0))
     offset_counts: list[int] = field(default_factory=lambda: [0] * (len(OFFSET_BUCKETS) + 1))
     offset_sum: float = 0.0
@@ -86,7 +84,9 @@ class Attribution:
         max_fingerprints: int = 800_000,
         capacity_blocks: int | None = None,
         other_replica: Callable[[int | bytes], bool] | None = None,
+        hit_unit: int | None = None,
     ):
+        self.hit_unit = hit_unit  # tokens vLLM hits in (a whole number of blocks); None: the block size
         self.capacity_blocks = capacity_blocks  # vLLM's num_gpu_blocks when known (cache_config_info)
         self.other_replica = other_replica
         self.totals = Totals()
@@ -97,7 +97,7 @@ class Attribution:
         self.limits = (max_blocks, max_fingerprints)
         self._stored = 0  # blocks stored so far: the clock of the what-if estimate
         self._era = 0
-        self._next: int | None = None
+        self.cursor = SeqCursor()  # used when driven alone; the poll state passes marks instead
 
     @property
     def tracked(self) -> tuple[int, int]:
@@ -105,22 +105,28 @@ class Attribution:
         return len(self._blocks), len(self._content)
 
     def ingest(self, drain: KvEventDrain) -> None:
-        """A poll's drained stream: batches applied, dropped ones only move the expected seq (the
-        exporter chose to drop them: not lost, but not attributed either, which coverage shows)."""
+        """A poll's drained stream, read alone (the poll state passes marks to `apply` instead):
+        dropped batches only move the sequence (the exporter chose to drop them: not lost, but not
+        attributed either, which coverage shows)."""
         for item in drain.items:
             if isinstance(item, Dropped):
-                if item.seq is not None:
-                    self._advance(item.seq)
-                    self._next = item.seq + item.count
+                self.mark(self.cursor.skip(item.seq, item.count))
             else:
                 self.apply(item)
 
-    def apply(self, batch: Batch) -> None:
-        seq = batch.seq
-        if seq == self._next:  # the common case, without a call
-            self._next = seq + 1
-        else:
-            self._advance(seq)
+    def mark(self, mark: Mark) -> None:
+        """Lost batches counted; a restart (a new publisher with an empty cache) starts a new era."""
+        self.totals.missed_batches += mark.lost
+        if mark.restart:
+            self.totals.restarts += 1
+            self._new_era()
+
+    def apply(self, batch: Batch, mark: Mark | None = None) -> None:
+        """One batch (of hit-unit events: derive/units.py folds groups first), in stream order."""
+        if mark is None:
+            mark = self.cursor.advance(batch.seq)
+        if mark is not IN_ORDER:
+            self.mark(mark)
         self.totals.batches += 1
         removed: list[int | bytes] = []  # consecutive BlockRemoved (one per evicted block) applied at once
         for event in batch.events:
@@ -137,17 +143,6 @@ class Attribution:
                 self._new_era()
         if removed:
             self._remove(removed)
-
-    def _advance(self, seq: int) -> None:
-        expected, self._next = self._next, seq + 1
-        if seq == expected or expected is None:
-            return
-        if expected <= seq <= expected + MAX_SEQ_GAP:
-            self.totals.missed_batches += seq - expected
-        else:  # back to a lower seq (or an absurd jump): a new publisher with an empty cache
-            self.totals.restarts += 1
-            self.totals.missed_batches += seq if seq <= MAX_SEQ_GAP else 0
-            self._new_era()
 
     def _new_era(self) -> None:
         self._era += 1
@@ -172,50 +167,46 @@ class Attribution:
                 diverged = parent & _DIVERGED
                 if count == 1 and parent & _OPEN_TIP and not parent & _REMOVED:
                     self.totals.decode_tokens += size
-                    self._track(hashes, depth, diverged, 1)
+                    self._track(hashes, depth, (0, 1) if diverged else (0, 0))
                     return
-        known, offset = self._content_known(tokens, size, count)
+        run = self._known_run(tokens, size, count, parent_hash is None)
+        unit, length = self.hit_unit or size, count * size
+        served = served_tokens(run, length, unit, bool(diverged), size // 2)
+        if run is not None and not served:
+            self.totals.unit_shortfall_tokens += unit_shortfall_tokens(run, unit, bool(diverged))
         if (
             self.other_replica is None
             and blocks.new.keys().isdisjoint(hashes)
             and blocks.old.keys().isdisjoint(hashes)
-        ):
-            first = self._count_new(known, size)  # every hash new (the common case): rules 4 and 5 only
+        ):  # every hash new (the common case): rules 4 and 5 only
+            self.totals.tokens["prefix_diverged"] += served
+            self.totals.tokens["cold"] += length - served
         else:
-            first = self._count_each(hashes, known, size)
-        if not diverged and depth is not None and first < count:
-            self._observe_offset(depth * size + offset)
-        self._track(hashes, depth, diverged, first)
+            span = served_span(run, length, served) if served else (0, 0)
+            self._count_each(hashes, overlaps(*span, size, count), size)
+        marked = (0, 0)
+        if served:
+            start, stop = served_span(run, length, served)
+            marked = (start // size, -(-stop // size))
+            if not diverged and depth is not None and run.fronted:
+                self._observe_offset(depth * size + run.start)
+        self._track(hashes, depth, marked)
 
-    def _count_new(self, known: list[bool], size: int) -> int:
-        """Count blocks whose hashes are all new; the index of the first prefix_diverged one."""
-        diverged = known.count(True)
-        self.totals.tokens["prefix_diverged"] += diverged * size
-        self.totals.tokens["cold"] += (len(known) - diverged) * size
-        return known.index(True) if diverged else len(known)
-
-    def _count_each(self, hashes: Sequence, known: list[bool], size: int) -> int:
-        """Count blocks by the first rule that holds; the index of the first prefix_diverged one."""
-        totals, other, first = self.totals.tokens, self.other_replica, len(hashes)
-        for i, (block_hash, info, content) in enumerate(
-            zip(hashes, self._blocks.get_many(hashes), known, strict=True)
-        ):
+    def _count_each(self, hashes: Sequence, diverged: list[int], size: int) -> None:
+        """Count blocks by the first rule that holds; `diverged`: per block, the tokens a reorder serves."""
+        totals, other = self.totals.tokens, self.other_replica
+        for block_hash, info, served in zip(hashes, self._blocks.get_many(hashes), diverged, strict=True):
             if info is not None:
-                cause = self._seen_before(info, size)
+                totals[self._seen_before(info, size)] += size
             elif other is not None and other(block_hash):
-                cause = "other_replica"
+                totals["other_replica"] += size
             else:
-                cause = "prefix_diverged" if content else "cold"
-                if content and first > i:
-                    first = i
-            totals[cause] += size
-        return first
+                totals["prefix_diverged"] += served
+                totals["cold"] += size - served
 
-    def _content_known(self, tokens: Sequence[int], size: int, count: int) -> tuple[list[bool], int]:
-        """Per block: is its content known (half of its anchors seen before)? And the token position
-        in the event where the known content starts: ANCHOR_SPACING / 4 tokens before the first known
-        anchor, never at or before the unknown anchor preceding it.
-        The event's own fingerprints are added afterwards, so a block never matches itself."""
+    def _known_run(self, tokens: Sequence[int], size: int, count: int, root: bool) -> KnownRun | None:
+        """The first run of known content in the event's blocks (reorder.first_known_run). The
+        event's own fingerprints are added afterwards, so a block never matches itself."""
         positions, prints = anchors(tokens)
         content = self._content
         found = content.new.intersection(prints)
@@ -224,20 +215,17 @@ class Attribution:
         content.new.update(prints)
         if len(content.new) >= content.half:
             content.rotate_if_full()
-        if found and positions[-1] >= count * size:  # anchors past the event's blocks (hostile): seen only
-            cut = bisect_left(positions, count * size)
+        if not found:
+            return None
+        length = count * size
+        if positions[-1] >= length:  # anchors past the event's blocks (hostile): seen only
+            cut = bisect_left(positions, length)
             positions, prints = positions[:cut], prints[:cut]
             found.intersection_update(prints)
-        if not found:
-            return [False] * count, 0
-        if found.issuperset(prints):  # all known: the common case when any is
-            first_block = positions[0] // size
-            start = max(positions[0] - ANCHOR_SPACING // 4, 0)
-            return [False] * first_block + [True] * (count - first_block), start
-        seen = list(map(found.__contains__, prints))
-        first = seen.index(True)
-        start = max(positions[first - 1] + 1 if first else 0, positions[first] - ANCHOR_SPACING // 4)
-        return _verdicts(positions, seen, size, count), start
+            if not found:
+                return None
+        seen = [True] * len(prints) if found.issuperset(prints) else list(map(found.__contains__, prints))
+        return first_known_run(positions, seen, length, root)
 
     def _seen_before(self, info: int, size: int) -> str:
         """The cause of a block whose hash is tracked: rules 1 and 2, or a duplicate store."""
@@ -256,31 +244,20 @@ class Attribution:
             if capacity and stored_since <= (factor - 1) * capacity:
                 self.totals.extra_hit_tokens[factor] += size
 
-    def _track(self, hashes: Sequence, depth: int | None, diverged: int | bool, first: int) -> None:
-        """Remember the event's blocks: resident, in this era, diverged from block `first` on (from
-        the start when the parent was), the last one an open tip."""
+    def _track(self, hashes: Sequence, depth: int | None, marked: tuple[int, int]) -> None:
+        """Remember the event's blocks: resident, in this era, blocks marked[0] to marked[1] (not
+        included) in a diverged known run, the last one an open tip."""
         count, stored = len(hashes), self._stored
-        first = 0 if diverged else first
+        low, high = marked
         base = (self._era & _ERA_MASK) << 24 | (_DEPTH_KNOWN if depth is not None else 0)
         depth = depth or 0
         if depth + count - 1 <= _DEPTH_MAX:  # depth and stamp both grow by one per block
             start = base | depth << 4 | (stored + 1) << 40
-            stop = start + count * _STEP
-            if first == 0:
-                values = list(range(start | _DIVERGED, stop, _STEP))
-            elif first == count:
-                values = list(range(start, stop, _STEP))
-            else:
-                split = start + first * _STEP
-                values = [*range(start, split, _STEP), *range(split | _DIVERGED, stop, _STEP)]
+            values = list(range(start, start + count * _STEP, _STEP))
         else:
-            values = [
-                base
-                | (_DIVERGED if i >= first else 0)
-                | min(depth + i, _DEPTH_MAX) << 4
-                | (stored + 1 + i) << 40
-                for i in range(count)
-            ]
+            values = [base | min(depth + i, _DEPTH_MAX) << 4 | (stored + 1 + i) << 40 for i in range(count)]
+        for i in range(low, high):
+            values[i] |= _DIVERGED
         values[-1] |= _OPEN_TIP
         blocks = self._blocks
         blocks.new.update(zip(hashes, values, strict=False))  # as many values as hashes
@@ -309,35 +286,3 @@ class Attribution:
         totals = self.totals
         totals.offset_counts[bisect_left(OFFSET_BUCKETS, offset)] += 1  # first bucket with offset <= bound
         totals.offset_sum += offset
-
-
-def _verdicts(positions: list[int], seen: list[bool], size: int, count: int) -> list[bool]:
-    """Per block: were at least half of its anchors seen? A block without anchors reads like the one
-    before it. `positions` are the anchors inside the event's blocks, `seen` says which were seen."""
-    cut, head = len(seen), seen[0]
-    change = seen.index(not head)  # the caller saw both values
-    if seen.count(head) == change:  # two runs (shared content starts or ends inside the event)
-        return _two_runs(positions, head, change, size, count)
-    verdicts, previous, low = [], False, 0
-    for block in range(count):
-        high = bisect_left(positions, (block + 1) * size, low, cut)
-        if high > low:
-            previous = 2 * seen[low:high].count(True) >= high - low
-        verdicts.append(previous)
-        low = high
-    return verdicts
-
-
-def _two_runs(positions: list[int], head: bool, change: int, size: int, count: int) -> list[bool]:
-    """`_verdicts` when the first `change` anchors read `head` and the rest `not head`: blocks
-    before the block of anchor `change` read `head` (False before the first anchor's block), blocks
-    from the next block with an anchor on read `not head`, the block between by its own count."""
-    cut, block = len(positions), positions[change] // size
-    low = bisect_left(positions, block * size, 0, change)
-    high = bisect_left(positions, (block + 1) * size, change, cut)
-    head_count = change - low
-    verdict = 2 * (head_count if head else high - low - head_count) >= high - low
-    after = positions[high] // size if high < cut else count
-    first = positions[0] // size if head else block
-    runs = [False] * first + [head] * (block - first)
-    return runs + [verdict] * (after - block) + [not head] * (count - after)

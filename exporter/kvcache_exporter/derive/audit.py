@@ -3,8 +3,10 @@
 Each check passes (1), fails (0), or is absent when its inputs are unknown. The list:
 
 - prefix_caching_enabled: enable_prefix_caching is True on every engine of the model.
-- gpu_memory_utilization_ceiling: gpu_memory_utilization <= the ceiling (default 0.9) on every
-  engine; a co-located process needs the rest of the GPU.
+- gpu_memory_utilization_ceiling: on a GPU that others share (another process holds memory, or used
+  memory swings: derive/memory.py's gpu_sharing), gpu_memory_utilization <= the ceiling (default 0.9)
+  on every engine and the lowest free memory of the window covers its swing; passes on a GPU nobody
+  shares whatever vLLM was given (its default is 0.92); absent without GPU memory telemetry.
 - kv_capacity_for_concurrency: the KV cache holds the observed peak of running + waiting requests.
   Capacity in requests, summed over engines: capacity tokens / typical request tokens when the
   typical request size is known, else vLLM's kv_cache_max_concurrency (requests at max_model_len,
@@ -20,6 +22,8 @@ Each check passes (1), fails (0), or is absent when its inputs are unknown. The 
 - attribution_memory_fits_cache: --kv-events.max-tracked-blocks is at least 10x the model's
   num_gpu_blocks (one engine's: a KV-event stream is one rank's), so an evicted block is still
   remembered when it comes back; below that, `evicted` misses read as `cold`.
+- prefix_caching_effective, hybrid_kv_cache_manager_enabled, hit_unit_near_block_size: what caching
+  really does on this model (derive/audit_caching.py).
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 from .. import catalog as c
 from ..samples import Sample
+from .audit_caching import hit_unit_near_block_size, hybrid_kv_cache_manager_enabled, prefix_caching_effective
 from .cache_config import capacity_tokens, config_number
+from .memory import GpuSharing, gpu_sharing
 from .state import PollState
 
 CacheConfig = Mapping[str, str]  # the labels of one vllm:cache_config_info series
@@ -73,12 +79,21 @@ def config_checks(
     kv_events_received: bool | None = None,
     kv_cache_metrics_enabled: bool | None = None,
     max_tracked_blocks: int | None = None,
+    window_tokens: tuple[float, float] | None = None,
+    stream_kinds: Collection[str] | None = None,
+    sharing: GpuSharing | None = None,
 ) -> list[Sample]:
-    """configs: the cache_config_info labels of every engine serving model_name, on every target."""
+    """configs: the cache_config_info labels of every engine serving model_name, on every target;
+    window_tokens: (prompt, prefix-cache query) tokens over the longest window; stream_kinds: the
+    kv_cache_spec_kind values of its stored KV events; sharing: what the GPU memory shows."""
 
     def under_ceiling(config: CacheConfig) -> bool | None:
         value = config_number(config, "gpu_memory_utilization")
-        return None if value is None else value <= gpu_memory_utilization_ceiling
+        if value is None or sharing is None:
+            return None
+        if not sharing.shared:
+            return True  # nobody to leave memory to
+        return value <= gpu_memory_utilization_ceiling and sharing.headroom_covers_swing
 
     def caching_on(config: CacheConfig) -> bool | None:
         value = config.get("enable_prefix_caching")
@@ -96,6 +111,9 @@ def config_checks(
         "kv_events_received": kv_events_received,
         "kv_cache_metrics_enabled": kv_cache_metrics_enabled,
         "attribution_memory_fits_cache": memory_fits_cache(configs, max_tracked_blocks),
+        "prefix_caching_effective": prefix_caching_effective(*(window_tokens or (None, None))),
+        "hybrid_kv_cache_manager_enabled": hybrid_kv_cache_manager_enabled(configs, stream_kinds),
+        "hit_unit_near_block_size": hit_unit_near_block_size(configs),
     }
     return [
         Sample(c.CONFIG_CHECK, {"model_name": model_name, "check": check}, float(passed))
@@ -129,6 +147,13 @@ def audit_samples(state: PollState, ceiling: float, windows: Sequence[float]) ->
                 residency[model] = residency.get(model, True) and "block_lifetime" in sample.histograms
     events = kv_events_received(state, max(windows))
     bounds = [part.attribution.limits[0] for part in state.kv_events if part.attribution is not None]
+    # The stream's group kinds, once the KV-event view keeps them (issue 20's per-group model).
+    kinds = {kind for part in state.kv_events for kind in getattr(part.events, "group_kinds", ())}
+    sharing = None
+    if state.gpu is not None:  # vLLM's budget on the GPU: the largest gpu_memory_utilization configured
+        values = [config_number(c, "gpu_memory_utilization") for cs in configs.values() for c in cs]
+        utilization = max((v for v in values if v is not None), default=None)
+        sharing = gpu_sharing(state.gpu_snapshot, utilization, state.gpu.history.used(), max(windows))
     out = []
     for model, model_configs in configs.items():
         peak = state.load_peaks.peak(model)
@@ -142,6 +167,9 @@ def audit_samples(state: PollState, ceiling: float, windows: Sequence[float]) ->
             kv_events_received=events,
             kv_cache_metrics_enabled=residency.get(model),
             max_tracked_blocks=min(bounds, default=None),
+            window_tokens=window_tokens(state, model, max(windows)),
+            stream_kinds=kinds or None,
+            sharing=sharing,
         )
     return out
 
@@ -158,6 +186,21 @@ def kv_events_received(state: PollState, seconds: float) -> bool | None:
             delta = history.window(seconds)
             prompts += delta.counters.get("query_tokens", 0.0) if delta is not None else 0.0
     return False if prompts > 0 else None
+
+
+def window_tokens(state: PollState, model: str, seconds: float) -> tuple[float, float] | None:
+    """(prompt tokens, prefix-cache query tokens) of the model's engines over the window."""
+    prompts = queries = 0.0
+    seen = False
+    for target in state.targets:
+        for (name, _), history in target.histories.items():
+            delta = history.window(seconds) if name == model else None
+            if delta is None or not {"prompt_tokens", "query_tokens"} <= delta.counters.keys():
+                continue
+            seen = True
+            prompts += delta.counters["prompt_tokens"]
+            queries += delta.counters["query_tokens"]
+    return (prompts, queries) if seen else None
 
 
 def typical_request_tokens(state: PollState, model: str, seconds: float) -> float | None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from .. import catalog as c
 from ..samples import Sample
-from ..sources.vllm import EngineSample
 from ..sources.vllm_names import ADMISSION_REASONS, TIERS, WAITING_REASONS
+from ..sources.vllm_snapshot import EngineSample
 from .cache_config import capacity_tokens, config_number
 from .fragmentation import fragmentation_estimate_ratio
 from .quantiles import histogram_quantile

@@ -23,3 +23,9 @@ def capacity_tokens(config: Mapping[str, str] | None) -> float | None:
         return tokens
     blocks, block_size = config_number(config, "num_gpu_blocks"), config_number(config, "block_size")
     return None if blocks is None or block_size is None else blocks * block_size
+
+
+def block_bytes(config: Mapping[str, str] | None) -> float | None:
+    """Bytes of one KV block: kv_cache_memory_bytes / num_gpu_blocks (None while either is unknown)."""
+    memory, blocks = config_number(config, "kv_cache_memory_bytes"), config_number(config, "num_gpu_blocks")
+    return memory / blocks if memory and blocks else None

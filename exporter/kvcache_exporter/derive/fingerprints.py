@@ -83,10 +83,6 @@ class Generations:
         if len(self.new) >= self.half:
             self.old, self.new = self.new, {}
 
-    def put_many(self, items: Sequence[tuple[Hashable, int]]) -> None:
-        self.new.update(items)
-        self.rotate_if_full()
-
     def rotate_if_full(self) -> None:
         """After writing to `new` directly (hot loops do): keep the bound."""
         if len(self.new) >= self.half:

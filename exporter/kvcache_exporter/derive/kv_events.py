@@ -1,8 +1,9 @@
 """The KV-event view: counters, sequence tracking and the resident block set, fed batch by batch.
 
 The subscriber (sources/kv_events.py) receives and decodes in the background; each poll drains what
-arrived into `EventState.ingest`, the only place this state changes. State for other uses of the
-stream (e.g. miss attribution) takes the same drained batches beside it.
+arrived into the poll state's part for that publisher (derive/state.py), which reads the sequence
+once (`SeqCursor`) and hands each batch with its mark to this view and to miss attribution. Driven
+alone (`ingest`, `apply` without a mark), the view reads the sequence itself.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from .. import catalog as c
 from ..samples import Sample
 from ..sources.kv_events_decode import (
     DROP_REASONS,
+    IN_ORDER,
     KNOWN_TYPES,
-    MAX_SEQ_GAP,
     Batch,
     Dropped,
     KvEventDrain,
+    Mark,
+    SeqCursor,
     gap,
 )
 
@@ -38,7 +41,7 @@ class EventState:
         self.dropped: Counter[str] = Counter()
         self.restarts = 0
         self._blocks: set[int | bytes] = set()
-        self._next: int | None = None  # the seq expected next; None before the first batch
+        self.cursor = SeqCursor()  # used when driven alone; the poll state passes marks instead
         self._clock = clock
         self._quiet_until = float("-inf")
 
@@ -51,7 +54,7 @@ class EventState:
 
     def missing(self, seq: int) -> range:
         """Sequence numbers lost before `seq` (see kv_events_decode.gap)."""
-        return gap(self._next, seq)
+        return gap(self.cursor.next, seq)
 
     def ingest(self, drain: KvEventDrain) -> None:
         for item in drain.items:
@@ -60,19 +63,27 @@ class EventState:
             else:
                 self.apply(item)
 
-    def drop(self, reason: str, seq: int | None = None, count: int = 1) -> None:
+    def drop(self, reason: str, seq: int | None = None, count: int = 1, mark: Mark | None = None) -> None:
         """`count` messages dropped on purpose from `seq` on: counted, never as missed."""
         self.dropped[reason] += count
-        if seq is not None:
-            self._advance(seq)
-            self._next = seq + count
+        self.mark(self.cursor.skip(seq, count) if mark is None else mark)
 
-    def apply(self, batch: Batch) -> None:
-        seq = batch.seq
-        if seq == self._next:  # the common case, without a call
-            self._next = seq + 1
-        else:
-            self._advance(seq)
+    def mark(self, mark: Mark) -> None:
+        """What the sequence said: lost batches counted, a restart empties the view."""
+        self.missed += mark.lost
+        if mark.restart:
+            self.restarts += 1
+            self._blocks.clear()
+            now = self._clock()
+            if now >= self._quiet_until:  # a hostile publisher flipping seqs gets one line a minute
+                self._quiet_until = now + 60.0
+                log.info("KV-event sequence jumped back or far ahead: new publisher, cache view reset")
+
+    def apply(self, batch: Batch, mark: Mark | None = None) -> None:
+        if mark is None:
+            mark = self.cursor.advance(batch.seq)
+        if mark is not IN_ORDER:
+            self.mark(mark)
         self.batches += 1
         overflow, blocks, removed = False, self._blocks, 0
         forget = blocks.difference_update  # the set is cleared in place, never replaced
@@ -93,20 +104,6 @@ class EventState:
             self.events["BlockRemoved"] += removed
         if overflow:
             self.dropped["too_many_blocks"] += 1
-
-    def _advance(self, seq: int) -> None:
-        lost = self.missing(seq)
-        if self._next is not None and not (self._next <= seq <= self._next + MAX_SEQ_GAP):
-            self.restarts += 1
-            self._blocks.clear()
-            now = self._clock()
-            if now >= self._quiet_until:  # a hostile publisher flipping seqs gets one line a minute
-                self._quiet_until = now + 60.0
-                log.info(
-                    "KV-event sequence jumped from %d to %d: new publisher, cache view reset", self._next, seq
-                )
-        self.missed += len(lost)
-        self._next = seq + 1
 
     def _store(self, hashes: tuple[int | bytes, ...]) -> bool:
         """Add hashes up to max_blocks; True when some did not fit."""

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from .. import catalog as c
 from ..durations import window_label
 from ..samples import Sample
-from ..sources.gpu import GpuSnapshot
+from ..sources.gpu import GpuDevice, GpuSnapshot
 from .cache_config import config_number
 from .gpu import device_labels
 from .state import PollState
@@ -42,6 +43,58 @@ def memory_swing_bytes(
     end = points[-1][0] if now is None else now
     used = [value for ts, value in points if end - window_seconds < ts <= end]
     return max(used) - min(used) if len(used) >= 2 else None
+
+
+SHARED_MIN_FRACTION = 0.02
+"""Memory not vLLM's, or a swing, above this share of the GPU means someone shares it (below: driver
+reservations and allocator noise)."""
+
+
+@dataclass(frozen=True)
+class GpuSharing:
+    """What the GPUs under vLLM show over one window."""
+
+    shared: bool
+    """Another process holds memory, or used memory swings (vLLM preallocates and stays flat)."""
+    headroom_covers_swing: bool
+    """The lowest free memory in the window is at least the window's swing: a neighbour can swing again."""
+
+
+def neighbour_bytes(device: GpuDevice, budget_bytes: float | None) -> float | None:
+    """Memory that is not vLLM's: every process but the largest (NVML's list), else used beyond vLLM's
+    budget (DCGM, or no permission to list processes)."""
+    held = [p.used_bytes for p in device.processes if p.used_bytes is not None]
+    if len(held) >= 2:
+        return sum(held) - max(held)
+    if device.memory_used_bytes is None or budget_bytes is None:
+        return None
+    return max(device.memory_used_bytes - budget_bytes, 0.0)
+
+
+def gpu_sharing(
+    snapshot: GpuSnapshot | None,
+    gpu_memory_utilization: float | None,
+    used_history: Mapping[str, Sequence[tuple[float, float]]],
+    window_seconds: float,
+) -> GpuSharing | None:
+    """None without memory telemetry; shared if any GPU is, headroom covers the swing if it does on all."""
+    if snapshot is None:
+        return None
+    shared, covered, known = False, True, False
+    for device in snapshot.devices:
+        total = device.memory_total_bytes
+        points = [
+            (ts, used) for ts, used in used_history.get(device.uuid, ()) if ts > snapshot.ts - window_seconds
+        ]
+        if not total or device.memory_used_bytes is None:
+            continue
+        known = True
+        neighbours = neighbour_bytes(device, memory_budget_bytes(gpu_memory_utilization, total))
+        swing = memory_swing_bytes(points, window_seconds, snapshot.ts) or 0.0
+        peak = max([used for _, used in points] + [device.memory_used_bytes])
+        shared |= (neighbours or 0.0) > SHARED_MIN_FRACTION * total or swing > SHARED_MIN_FRACTION * total
+        covered &= total - peak >= swing
+    return GpuSharing(shared, covered) if known else None
 
 
 def memory_samples(

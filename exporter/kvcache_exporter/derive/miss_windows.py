@@ -11,9 +11,10 @@ from collections.abc import Callable, Sequence
 
 from .. import catalog as c
 from ..samples import Sample
-from ..sources.vllm import EngineSample, VllmSnapshot
+from ..sources.vllm_snapshot import EngineSample, VllmSnapshot
 from .attribution import CAPACITY_FACTORS, OFFSET_BUCKETS, Totals
 from .cache_config import config_number
+from .reorder import reordered_hit_ratio
 from .windows import Delta, SeriesHistory
 
 VllmWindow = Callable[[float], Delta | None]  # window seconds -> summed deltas of vLLM's counters
@@ -62,6 +63,7 @@ def num_gpu_blocks(snapshot: VllmSnapshot | None) -> int | None:
 def _counters(totals: Totals) -> dict[str, float]:
     counters = {"attributed": float(totals.prompt_miss_tokens)}
     counters |= {f"extra_{f}": float(n) for f, n in totals.extra_hit_tokens.items()}
+    counters["diverged"] = float(totals.tokens["prefix_diverged"])
     return counters
 
 
@@ -69,6 +71,7 @@ def totals_samples(totals: Totals) -> list[Sample]:
     tokens = totals.tokens.items()
     out = [Sample(c.PREFIX_CACHE_MISS_TOKENS_TOTAL, {"cause": cause}, n) for cause, n in tokens]
     out.append(Sample(c.KV_EVENTS_DECODE_TOKENS_TOTAL, {}, totals.decode_tokens))
+    out.append(Sample(c.PREFIX_CACHE_HIT_UNIT_SHORTFALL_TOKENS_TOTAL, {}, totals.unit_shortfall_tokens))
     running = 0
     for bound, count in zip((*OFFSET_BUCKETS, float("inf")), totals.offset_counts, strict=True):
         running += count
@@ -85,7 +88,7 @@ def window_samples(label: str, mine: dict[str, float], vllm: dict[str, float]) -
     if queries is None or hits is None or queries <= 0:
         return []
     out = []
-    computed = queries - hits
+    computed = queries - hits - vllm.get("external_hit_tokens", 0.0)  # loaded from a tier: not computed
     if computed > 0 and "attributed" in mine:
         coverage = min(max(mine["attributed"] / computed, 0.0), 1.0)
         name = c.PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO
@@ -96,6 +99,9 @@ def window_samples(label: str, mine: dict[str, float], vllm: dict[str, float]) -
             estimate = min(max((hits + extra) / queries, 0.0), 1.0)
             labels = {"window": label, "capacity_factor": str(factor)}
             out.append(Sample(c.PREFIX_CACHE_HIT_RATIO_ESTIMATE, labels, estimate))
+    reordered = reordered_hit_ratio(hits, queries, mine["diverged"]) if "diverged" in mine else None
+    if reordered is not None:
+        out.append(Sample(c.PREFIX_CACHE_HIT_RATIO_REORDERED_ESTIMATE, {"window": label}, reordered))
     return out
 
 

@@ -1,7 +1,7 @@
 """The poll state: everything the sources delivered, kept as history for the derivations.
 
 Sources hand snapshots to the `ingest` of one part (a vLLM target, the GPU, a KV-event stream);
-derivations (derive/exporter.py and the modules it calls) only read it. Ingesting is the one place
+derivations (derive/registry.py and the modules it calls) only read it. Ingesting is the one place
 state changes, so deriving twice from the same state gives the same samples.
 
 A new kind of source adds a part here (a dataclass with `ingest(snapshot, ts)`) and a pure
@@ -11,15 +11,20 @@ their `labels`.
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ..sources.gpu import GpuSnapshot
-from ..sources.vllm import EngineKey, VllmSnapshot
+from ..sources.kv_events_decode import Dropped, SeqCursor
+from ..sources.vllm_snapshot import EngineKey, VllmSnapshot
 from .attribution import Attribution
 from .gpu import GpuHistory
+from .kv_budget import within_budget
 from .kv_events import EventState, KvEventDrain
 from .miss_windows import MissHistory, num_gpu_blocks
+from .units import UnitView
 from .windows import SeriesHistory
 
 
@@ -67,21 +72,43 @@ class GpuState:
 
 @dataclass
 class KvEventsState:
-    """One KV-event stream: the batches drained from its subscriber, applied in arrival order
-    to the event view and, when on, to miss attribution (whose totals are kept per poll)."""
+    """One KV-event publisher (one data-parallel rank): the batches drained from its subscriber, in
+    arrival order, within `budget` seconds a poll (None: no limit; see kv_budget.py). Its sequence is
+    read once (`cursor`); each batch goes with that mark to the event view and, when on, through the
+    group model (`units`) to miss attribution, whose totals are kept per poll."""
 
     events: EventState = field(default_factory=EventState)
-    labels: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)  # {"engine": rank} with several ranks
     attribution: Attribution | None = None
     misses: MissHistory | None = None
+    units: UnitView | None = None
+    budget: float | None = None
+    clock: Callable[[], float] = time.monotonic
+    cursor: SeqCursor = field(default_factory=SeqCursor)
 
     def ingest(self, drain: KvEventDrain | None, ts: float) -> None:
+        attribution = self.attribution if self.misses is not None else None
         if drain is not None:
-            self.events.ingest(drain)
-        if self.attribution is not None and self.misses is not None:
-            if drain is not None:
-                self.attribution.ingest(drain)
-            self.misses.record(ts, self.attribution.totals)
+            for part in within_budget(drain, self.budget, self.clock):
+                self._apply(part, attribution)
+        if attribution is not None and self.misses is not None:
+            self.misses.record(ts, attribution.totals)
+
+    def _apply(self, drain: KvEventDrain, attribution: Attribution | None) -> None:
+        units = self.units
+        for item in drain.items:
+            if isinstance(item, Dropped):
+                mark = self.cursor.skip(item.seq, item.count)
+                self.events.drop(item.reason, item.seq, item.count, mark)
+                if attribution is not None:
+                    attribution.mark(mark)
+                continue
+            mark = self.cursor.advance(item.seq)
+            if mark.restart and units is not None:
+                units.restart()
+            self.events.apply(item, mark)
+            if attribution is not None:
+                attribution.apply(item if units is None else units.units(item), mark)
 
 
 class LoadPeaks:
@@ -138,10 +165,15 @@ class PollState:
         return self.gpu
 
     def add_kv_events(
-        self, events: EventState, labels: dict[str, str] | None = None, attribution: Attribution | None = None
+        self,
+        events: EventState,
+        labels: dict[str, str] | None = None,
+        attribution: Attribution | None = None,
+        units: UnitView | None = None,
+        budget: float | None = None,
     ) -> KvEventsState:
         misses = None if attribution is None else MissHistory(self.retention)
-        part = KvEventsState(events, labels or {}, attribution, misses)
+        part = KvEventsState(events, labels or {}, attribution, misses, units, budget)
         self.kv_events.append(part)
         return part
 
@@ -156,6 +188,8 @@ class PollState:
         for part in self.kv_events:  # the what-if estimate needs vLLM's cache size, from /metrics
             if part.attribution is not None and capacity:
                 part.attribution.capacity_blocks = capacity
+            if part.attribution is not None and part.units is not None and part.units.hit_unit:
+                part.attribution.hit_unit = part.units.hit_unit  # what the groups say vLLM hits in
         load: dict[str, float] = {}
         for target in self.targets:
             if target.snapshot is None or not target.up:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from .. import catalog as c
 from ..durations import window_label
 from ..samples import Sample
-from . import cache
+from . import cache, offload
 from .state import TargetState
 
 
@@ -27,9 +27,11 @@ def target_samples(
     for (model, engine), sample in snapshot.engines.items():
         labels = {**base, "model_name": model, "engine": engine}
         out += cache.current(labels, sample, snapshot.cache_configs.get(engine))
+        out += offload.current(labels, sample)
         history = target.histories.get((model, engine))
         for seconds in windows if history else ():
             delta = history.window(seconds)
             if delta is not None:
                 out += cache.windowed(labels, window_label(seconds), delta, quantiles)
+                out += offload.windowed(labels, window_label(seconds), delta)
     return out

@@ -21,7 +21,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass
 
-from ..sources.vllm import EngineSample, Histogram
+from ..sources.vllm_snapshot import EngineSample, Histogram
 
 RESOLUTION = 60  # a window's start is within 1/60 of its length
 

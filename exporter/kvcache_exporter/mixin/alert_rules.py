@@ -134,9 +134,10 @@ def config_checks(g) -> list[dict]:
         + g.alert(
             "KVCacheGPUMemoryUtilizationTooHigh",
             'kvcache_config_check{check="gpu_memory_utilization_ceiling"} == 0',
-            "vLLM's gpu_memory_utilization leaves too little GPU memory for anything else.",
-            f"{check} fails (value {{{{ $value }}}}): gpu_memory_utilization is above the "
-            "configured ceiling.",
+            "vLLM leaves too little memory on a GPU it shares with other processes.",
+            f"{check} fails (value {{{{ $value }}}}): the GPU is shared (another process holds memory, "
+            "or used memory swings) and gpu_memory_utilization is above the configured ceiling, or the "
+            "lowest free memory falls below the measured swing.",
         )
         + g.alert(
             "KVCacheConfigCheckFailed",

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from .residency import Residency
 
 
-def hash_block_tokens(parent_hash: bytes | None, token_ids: Sequence[int]) -> bytes:
-    """Chained block hash: covers the parent's hash and this block's token ids (stable encoding)."""
+def hash_block_tokens(parent_hash: bytes | None, token_ids: Sequence[int], extra: bytes = b"") -> bytes:
+    """Chained block hash: covers the parent's hash, this block's token ids (stable encoding) and its
+    extra keys (a LoRA adapter's name: the same tokens hash differently per adapter, as in vLLM)."""
     parent = parent_hash if parent_hash is not None else b"\x00" * 32
-    payload = parent + struct.pack(f">{len(token_ids)}q", *token_ids)
+    payload = parent + struct.pack(f">{len(token_ids)}q", *token_ids) + extra
     return hashlib.sha256(payload).digest()
 
 
@@ -27,12 +28,30 @@ def external_hash(block_hash: bytes) -> int:
     return int.from_bytes(block_hash, "big") & 0xFFFF_FFFF_FFFF_FFFF
 
 
-def block_hashes_for(token_ids: Sequence[int], block_size: int, known: list[bytes]) -> list[bytes]:
+def block_hashes_for(
+    token_ids: Sequence[int], block_size: int, known: list[bytes], extra: bytes = b""
+) -> list[bytes]:
     """Extend `known` (hashes of the leading full blocks) to every full block of `token_ids`."""
     for start in range(len(known) * block_size, len(token_ids) - block_size + 1, block_size):
         parent = known[-1] if known else None
-        known.append(hash_block_tokens(parent, token_ids[start : start + block_size]))
+        known.append(hash_block_tokens(parent, token_ids[start : start + block_size], extra))
     return known
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Who stored a block, as vLLM's BlockStored says it: the LoRA adapter and the request's session."""
+
+    lora_id: int | None = None
+    lora_name: str | None = None
+    session_id: str | None = None
+
+    def extra_key(self) -> list[str] | None:
+        """One block's `extra_keys` entry: the adapter's name (vLLM publishes them untagged)."""
+        return None if self.lora_name is None else [self.lora_name]
+
+
+NO_ORIGIN = Origin()
 
 
 @dataclass(frozen=True)
@@ -41,11 +60,18 @@ class BlockStored:
     parent_block_hash: int | None
     token_ids: list[int]
     block_size: int
+    group_idx: int = 0
+    kv_cache_spec_kind: str | None = "full_attention"
+    sliding_window: int | None = None
+    origin: Origin = NO_ORIGIN
+    medium: str = "GPU"
 
 
 @dataclass(frozen=True)
 class BlockRemoved:
     block_hashes: list[int]
+    group_idx: int = 0
+    medium: str = "GPU"
 
 
 @dataclass(frozen=True)
@@ -135,13 +161,16 @@ class BlockPool:
         return taken
 
     def _evict(self, block: Block) -> None:
+        self._uncache(block)
+        if self.record_events:
+            self.events.append(BlockRemoved([external_hash(block.block_hash)]))
+        block.block_hash = None
+
+    def _uncache(self, block: Block) -> None:
         same_hash = self.cached.get(block.block_hash, {})
         same_hash.pop(block.block_id, None)
         if not same_hash:
             self.cached.pop(block.block_hash, None)
-        if self.record_events:
-            self.events.append(BlockRemoved([external_hash(block.block_hash)]))
-        block.block_hash = None
 
     def cache_full_blocks(
         self,
@@ -150,10 +179,23 @@ class BlockPool:
         token_ids: Sequence[int],
         num_cached: int,
         num_full: int,
+        origin: Origin = NO_ORIGIN,
     ) -> None:
         """Give blocks[num_cached:num_full] their hashes and announce them (one BlockStored)."""
         if num_cached >= num_full:
             return
+        new_hashes = self._cache(blocks, block_hashes, num_cached, num_full)
+        if not self.record_events:
+            return
+        new_hashes = [external_hash(h) for h in new_hashes]
+        parent = external_hash(block_hashes[num_cached - 1]) if num_cached else None
+        tokens = list(token_ids[num_cached * self.block_size : num_full * self.block_size])
+        self.events.append(BlockStored(new_hashes, parent, tokens, self.block_size, origin=origin))
+
+    def _cache(
+        self, blocks: Sequence[Block], block_hashes: Sequence[bytes], num_cached: int, num_full: int
+    ) -> list[bytes]:
+        """Put blocks[num_cached:num_full] in the hash table; -> the hashes of those not cached before."""
         new_hashes, cached = [], self.cached
         for index in range(num_cached, num_full):
             block = blocks[index]
@@ -167,12 +209,17 @@ class BlockPool:
             else:
                 same_hash[block.block_id] = block
             new_hashes.append(block_hash)
-        if not self.record_events:
-            return
-        new_hashes = [external_hash(h) for h in new_hashes]
-        parent = external_hash(block_hashes[num_cached - 1]) if num_cached else None
-        tokens = list(token_ids[num_cached * self.block_size : num_full * self.block_size])
-        self.events.append(BlockStored(new_hashes, parent, tokens, self.block_size))
+        return new_hashes
+
+    def reuse_report(
+        self, block_hashes: Sequence[bytes], token_ids: Sequence[int], num_hit: int, origin: Origin
+    ) -> None:
+        """`kv_cache_report_mode=full`: re-announce a request's hit prefix, parent null (vLLM's
+        `emit_cached_block_events`)."""
+        if self.record_events and num_hit:
+            hashes = [external_hash(h) for h in block_hashes[:num_hit]]
+            tokens = list(token_ids[: num_hit * self.block_size])
+            self.events.append(BlockStored(hashes, None, tokens, self.block_size, origin=origin))
 
     def free_blocks(self, ordered_blocks: Iterable[Block]) -> None:
         """Release blocks, first one evicted first: unhashed ones go to the front, cached ones to the back."""

@@ -11,6 +11,7 @@ from .config import Faults, SimulatorConfig
 from .engine import EngineConfig
 from .fleet import SimulatorFleet
 from .latency import LatencyModel
+from .layouts import LAYOUTS, layout_named
 from .residency import DEFAULT_SAMPLE
 from .server import Simulator
 from .workloads import parse_schedule
@@ -29,7 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--listen", default="127.0.0.1:8000", help="HOST:PORT to serve on (port 0: any free port)")
     add("--model-name", default="sim-llama", help="served model name (the model_name label)")
-    add("--block-size", type=int, default=16)
+    add("--block-size", type=int, default=16, help="with --layout llama; hybrid layouts fix their own")
+    add(
+        "--layout",
+        choices=tuple(LAYOUTS),
+        default="llama",
+        help="KV-cache groups: llama (one full-attention group), gemma-3 (5 sliding-window groups of "
+        "window 64 + 1 full, block 32), deepseek-v4 (6 groups, 256-token hit unit); see docs/simulator.md",
+    )
     add("--num-gpu-blocks", type=int, default=2048)
     add("--max-num-seqs", type=int, default=256)
     add("--max-num-batched-tokens", type=int, default=8192)
@@ -41,7 +49,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve vLLM's sampled block residency histograms (vllm:kv_block_*_seconds)",
     )
     add("--kv-cache-metrics-sample", type=float, default=DEFAULT_SAMPLE, help="fraction of blocks sampled")
-    add("--engines", type=int, default=1, help="data-parallel engines, each with its own pool")
+    add(
+        "--engines",
+        "--data-parallel-size",
+        dest="engines",
+        type=int,
+        default=1,
+        help="data-parallel ranks, each with its own pool, KV publisher (port + rank) and engine label",
+    )
+    add(
+        "--api-server-count",
+        type=int,
+        default=1,
+        help="above 1: /metrics as vLLM's multiprocess view (no _created samples)",
+    )
+    add("--lora-adapters", default="", help="comma list of LoRA adapter names served beside the model")
+    add(
+        "--offload-cpu-bytes",
+        type=int,
+        default=0,
+        help="a CPU offload tier of this size (vLLM 0.33's OffloadingConnector: medium CPU events, "
+        "vllm:kv_offload_* metrics); 0: none",
+    )
+    add("--session-ids", action="store_true", help="built-in traffic sends its session as session_id")
+    add(
+        "--kv-cache-report-mode",
+        choices=("default", "full"),
+        default="default",
+        help="full: built-in requests have vLLM re-announce the blocks their prefix hits reused",
+    )
     add("--replicas", type=int, default=1, help="replicas behind one gateway on --listen")
     add(
         "--routing",
@@ -83,12 +119,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
     host, _, port = args.listen.rpartition(":")
     parse_schedule(args.schedule)  # fail early on a bad schedule
+    layout = layout_named(args.layout)
+    adapters = tuple(name for name in args.lora_adapters.split(",") if name)
+    block_size = args.block_size if layout is None else layout.unit
+    if args.offload_cpu_bytes and args.offload_cpu_bytes < block_size * args.kv_bytes_per_token:
+        raise ValueError("--offload-cpu-bytes must hold at least one block")
+    if len(set(adapters)) != len(adapters) or args.model_name in adapters:
+        raise ValueError("--lora-adapters: names must be distinct and differ from --model-name")
     return SimulatorConfig(
         host=host.strip("[]") or "127.0.0.1",
         port=int(port),
         model_name=args.model_name,
         engine=EngineConfig(
-            block_size=args.block_size,
+            block_size=block_size,
+            layout=args.layout,
+            offload_cpu_blocks=args.offload_cpu_bytes // (block_size * args.kv_bytes_per_token),
+            offload_block_bytes=block_size * args.kv_bytes_per_token,
             num_gpu_blocks=args.num_gpu_blocks,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
@@ -111,6 +157,10 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         kv_events_topic=args.kv_events_topic,
         kv_bytes_per_token=args.kv_bytes_per_token,
         memory_swing_period_s=args.memory_swing_period,
+        api_server_count=args.api_server_count,
+        lora_adapters=adapters,
+        session_ids=args.session_ids,
+        kv_cache_report_mode=args.kv_cache_report_mode,
         faults=Faults(
             args.fault_metrics_delay,
             args.fault_metrics_fail,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .engine import EngineConfig
+from .layouts import layout_named
 
 
 @dataclass
@@ -42,6 +43,14 @@ class SimulatorConfig:
     gpu_memory_total_mib: int = 81559
     memory_swing_period_s: float = 0.0
     """If >0, GPU used memory swings between 12 GB and 20 GB with this period (the seed incident)."""
+    api_server_count: int = 1
+    """Above 1, /metrics is prometheus_client's multiprocess view: no `_created` samples (as vLLM's)."""
+    lora_adapters: tuple[str, ...] = ()
+    """LoRA adapters served beside the base model; built-in traffic spreads its sessions over all of them."""
+    session_ids: bool = False
+    """Built-in traffic sends its session as vLLM's `session_id` (it appears on BlockStored)."""
+    kv_cache_report_mode: str = "default"
+    """`full`: built-in requests ask vLLM to re-announce the blocks their prefix hits reused."""
     faults: Faults = field(default_factory=Faults)
 
 
@@ -49,7 +58,8 @@ def cache_config_labels(config: SimulatorConfig, engine_index: int) -> dict[str,
     """Every label vLLM 0.32 prints on `vllm:cache_config_info`, values as `str()` renders them."""
     ec = config.engine
     tokens = ec.num_gpu_blocks * ec.block_size
-    return {
+    layout = layout_named(ec.layout)
+    labels = {
         "_block_size_resolved": "True",
         "block_size": str(ec.block_size),
         "cache_dtype": "auto",
@@ -88,3 +98,9 @@ def cache_config_labels(config: SimulatorConfig, engine_index: int) -> dict[str,
         "use_replayssm": "False",
         "user_specified_block_size": "True",
     }
+    if ec.offload_cpu_blocks:  # vLLM's --kv-offloading-size is in GiB
+        labels["kv_offloading_size"] = str(ec.offload_cpu_blocks * ec.offload_block_bytes / 2**30)
+    if layout is not None:
+        labels.update(layout.cache_config)
+        labels["user_specified_block_size"] = "False"
+    return labels

@@ -64,11 +64,12 @@ HELP = {
 
 @dataclass
 class ExpositionState:
-    """What one scrape reads; `created` is the wall-clock start of the current server instance."""
+    """What one scrape reads; `created` is the wall-clock start of the current server instance (None:
+    several API servers, whose multiprocess exposition has no `_created` samples)."""
 
     model_name: str
     engines: list[Engine]
-    created: float
+    created: float | None
     cache_config: Callable[[int], dict[str, str]]
 
 
@@ -124,8 +125,8 @@ def _collect_v1(state: ExpositionState) -> Iterator[Metric]:
         s = engine.stats
         for source, value in (
             ("local_compute", s.prompt_tokens_computed),
-            ("local_cache_hit", s.prompt_tokens_cached),
-            ("external_kv_transfer", 0),
+            ("local_cache_hit", s.prompt_tokens_cached - s.prompt_tokens_external),
+            ("external_kv_transfer", s.prompt_tokens_external),
         ):
             by_source.add_metric([*per_engine(engine), source], value, created=created)
     yield by_source
@@ -134,10 +135,14 @@ def _collect_v1(state: ExpositionState) -> Iterator[Metric]:
         HELP["prompt_tokens_cached_by_source"],
         labels=[*labels, "source"],
     )
-    for engine in engines:  # one tier: every hit comes from the device (no offloading simulated)
+    for engine in engines:  # the device, and the host when a CPU offload tier is simulated
+        s = engine.stats
+        tiers = {
+            "device": s.prompt_tokens_cached - s.prompt_tokens_external,
+            "host": s.prompt_tokens_external,
+        }
         for source in ("device", "host", "p2p", "disk", "external_unspecified"):
-            value = engine.stats.prompt_tokens_cached if source == "device" else 0
-            by_tier.add_metric([*per_engine(engine), source], value, created=created)
+            by_tier.add_metric([*per_engine(engine), source], tiers.get(source, 0), created=created)
     yield by_tier
     yield counter("prompt_tokens_cached", lambda e: e.stats.prompt_tokens_cached)
     yield counter("generation_tokens", lambda e: e.stats.generation_tokens)
@@ -157,6 +162,10 @@ def _collect_v1(state: ExpositionState) -> Iterator[Metric]:
                 [(per_engine(e), e.stats.histograms[name]) for e in engines],
                 created,
             )
+    if engines and engines[0].tier is not None:
+        yield from _collect_offload(engines, labels, per_engine, created)
+    if engines and engines[0].config.max_loras:
+        yield _lora_info(engines)
     info = GaugeMetricFamily(
         "vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=_info_labels(state, 0)
     )
@@ -164,6 +173,68 @@ def _collect_v1(state: ExpositionState) -> Iterator[Metric]:
         config = state.cache_config(engine.index)
         info.add_metric([config[k] for k in sorted(config)], 1.0)
     yield info
+
+
+OFFLOAD_HELP = {  # vLLM 0.33: kv_connector/v1/offloading/metrics.py, kv_offload/cpu/spec.py
+    "kv_offload_load_bytes": "Total bytes loaded from offload storage to GPU.",
+    "kv_offload_load_time": "Total load time from offload storage to GPU, in seconds.",
+    "kv_offload_store_bytes": "Total bytes stored from GPU to offload storage.",
+    "kv_offload_store_time": "Total store time from GPU to offload storage, in seconds.",
+    "kv_offload_allocation_failure": "Number of KV offload store allocation attempts that failed.",
+    "kv_offload_load_size": "Histogram of KV offload load operation size, in bytes.",
+    "kv_offload_store_size": "Histogram of KV offload store operation size, in bytes.",
+    "kv_offload_cpu_cache_usage_perc": "Fraction of CPU KV-cache space currently pinned by active transfers "
+    "(0.0 = idle, 1.0 = saturated). Sustained high values indicate transfers (stores or promotions) may be "
+    "dropped due to insufficient capacity.",
+    "external_prefix_cache_queries": "External prefix cache queries from KV connector cross-instance cache "
+    "sharing, in terms of number of queried tokens.",
+    "external_prefix_cache_hits": "External prefix cache hits from KV connector cross-instance cache "
+    "sharing, in terms of number of cached tokens.",
+}
+
+
+def _collect_offload(engines, labels, per_engine, created) -> Iterator[Metric]:
+    """The CPU offload tier's families (offload.py): counters, transfer-size histograms, pinned fraction."""
+    counters = (
+        ("external_prefix_cache_queries", lambda t: t.stats.external_queries),
+        ("external_prefix_cache_hits", lambda t: t.stats.external_hits),
+        ("kv_offload_load_bytes", lambda t: t.stats.load_bytes),
+        ("kv_offload_load_time", lambda t: t.stats.load_time),
+        ("kv_offload_store_bytes", lambda t: t.stats.store_bytes),
+        ("kv_offload_store_time", lambda t: t.stats.store_time),
+        ("kv_offload_allocation_failure", lambda t: t.stats.allocation_failures),
+    )
+    for name, read in counters:
+        family = CounterMetricFamily(f"vllm:{name}", OFFLOAD_HELP[name], labels=labels)
+        for engine in engines:
+            family.add_metric(per_engine(engine), read(engine.tier), created=created)
+        yield family
+    for name, attribute in (("kv_offload_load_size", "load_sizes"), ("kv_offload_store_size", "store_sizes")):
+        series = [(per_engine(e), getattr(e.tier.stats, attribute)) for e in engines]
+        yield _histogram(f"vllm:{name}", OFFLOAD_HELP[name], labels, series, created)
+    pinned = GaugeMetricFamily(
+        "vllm:kv_offload_cpu_cache_usage_perc", OFFLOAD_HELP["kv_offload_cpu_cache_usage_perc"], labels=labels
+    )
+    for engine in engines:  # transfers complete within a step here: nothing stays pinned between scrapes
+        pinned.add_metric(per_engine(engine), 0.0)
+    yield pinned
+
+
+def _lora_info(engines: list[Engine]) -> GaugeMetricFamily:
+    """vLLM's one LoRA family: no engine label, a series per (running, waiting) adapter set ever seen, its
+    value when it was last seen."""
+    family = GaugeMetricFamily(
+        "vllm:lora_requests_info",
+        "Running stats on lora requests.",
+        labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"],
+    )
+    seen: dict[tuple[str, str], float] = {}
+    for engine in engines:
+        for key, when in engine.lora_requests.items():
+            seen[key] = max(when, seen.get(key, when))
+    for (running, waiting), when in seen.items():
+        family.add_metric([str(engines[0].config.max_loras), running, waiting], when)
+    return family
 
 
 def _info_labels(state: ExpositionState, engine_index: int) -> list[str]:

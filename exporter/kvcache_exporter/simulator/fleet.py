@@ -19,12 +19,12 @@ import itertools
 import json
 import random
 import time
-import zlib
 from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
+from ..routing import route
 from .config import Faults, SimulatorConfig
 from .engine import Request
 from .runtime import EngineRestarted
@@ -33,13 +33,6 @@ from .workloads import RequestSpec, WorkloadFactory, parse_schedule, phase_at
 
 ROUTINGS = ("round-robin", "session")
 PROXIED = ("/v1/completions", "/v1/chat/completions")
-
-
-def route(routing: str, replicas: int, session: str, turn: int) -> int:
-    """The replica a gateway sends a request to; `turn` is its round-robin counter."""
-    if routing == "session" and session:
-        return zlib.crc32(session.encode()) % replicas
-    return turn % replicas
 
 
 class SimulatorFleet:

@@ -18,23 +18,39 @@ END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
 
 
 def event_to_wire(event: KVEvent) -> dict[str, Any]:
-    """The map vLLM 0.32 sends for each event (tag key `type`, defaults included as it sends them)."""
+    """The map vLLM 0.32 sends for each event: tag key `type`, fields in declaration order, and (msgspec's
+    omit_defaults) the defaulted fields left out when None: `extra_keys` of an event without hashes or
+    of an offload tier's (vLLM 0.33 sends none), `kv_cache_spec_kind` of a tier's placeholder,
+    `kv_cache_spec_sliding_window` of a group without a window, `session_id` of a request without one."""
     if isinstance(event, BlockStored):
-        return {
+        origin = event.origin
+        wire = {
             "type": "BlockStored",
             "block_hashes": event.block_hashes,
             "parent_block_hash": event.parent_block_hash,
             "token_ids": event.token_ids,
             "block_size": event.block_size,
-            "lora_id": None,
-            "medium": "GPU",
-            "lora_name": None,
-            "extra_keys": [None] * len(event.block_hashes),
-            "group_idx": 0,
-            "kv_cache_spec_kind": "full_attention",
+            "lora_id": origin.lora_id,
+            "medium": event.medium,
+            "lora_name": origin.lora_name,
         }
+        if event.block_hashes and event.medium == "GPU":
+            wire["extra_keys"] = [origin.extra_key()] * len(event.block_hashes)
+        wire["group_idx"] = event.group_idx
+        if event.kv_cache_spec_kind is not None:
+            wire["kv_cache_spec_kind"] = event.kv_cache_spec_kind
+        if event.sliding_window is not None:
+            wire["kv_cache_spec_sliding_window"] = event.sliding_window
+        if origin.session_id is not None:
+            wire["session_id"] = origin.session_id
+        return wire
     if isinstance(event, BlockRemoved):
-        return {"type": "BlockRemoved", "block_hashes": event.block_hashes, "medium": "GPU", "group_idx": 0}
+        return {
+            "type": "BlockRemoved",
+            "block_hashes": event.block_hashes,
+            "medium": event.medium,
+            "group_idx": event.group_idx,
+        }
     if isinstance(event, AllBlocksCleared):
         return {"type": "AllBlocksCleared"}
     raise TypeError(f"not a KV event: {event!r}")

@@ -7,10 +7,12 @@ import contextlib
 import itertools
 import random
 import time
-import zlib
+from dataclasses import replace
 
 import zmq.asyncio
 
+from ..routing import route
+from .blocks import Origin
 from .config import SimulatorConfig, cache_config_labels
 from .dcgm import GpuState
 from .engine import Engine, Request
@@ -64,7 +66,10 @@ class Runtime:
     async def _start_engines(self) -> None:
         self.instance += 1
         self.created = time.time()
-        self.engines = [Engine(self.config.engine, i) for i in range(self.config.engines)]
+        engine = self.config.engine
+        if self.config.lora_adapters:  # --enable-lora --max-loras <adapters>
+            engine = replace(engine, max_loras=max(engine.max_loras, len(self.config.lora_adapters)))
+        self.engines = [Engine(engine, i) for i in range(self.config.engines)]
         self._wakeups = [asyncio.Event() for _ in self.engines]
         self._pending: dict[Request, asyncio.Future] = {}
         self._busy_s = [0.0 for _ in self.engines]
@@ -113,7 +118,10 @@ class Runtime:
 
     def exposition_state(self) -> ExpositionState:
         return ExpositionState(
-            self.config.model_name, self.engines, self.created, lambda i: cache_config_labels(self.config, i)
+            self.config.model_name,
+            self.engines,
+            None if self.config.api_server_count > 1 else self.created,
+            lambda i: cache_config_labels(self.config, i),
         )
 
     # --- requests ---------------------------------------------------------------------------
@@ -126,6 +134,8 @@ class Runtime:
             spec.max_tokens,
             self.sim_now(),
             spec.forced_output,
+            origin=self.origin(spec),
+            report_full=spec.report_full,
         )
         self.engines[index].add_request(request)  # raises ValueError for requests that can never fit
         future = asyncio.get_running_loop().create_future()
@@ -133,10 +143,27 @@ class Runtime:
         self._wakeups[index].set()
         return await future
 
+    def origin(self, spec: RequestSpec) -> Origin:
+        adapters = self.config.lora_adapters
+        if spec.lora_name is not None and spec.lora_name not in adapters:
+            raise ValueError(f"unknown LoRA adapter {spec.lora_name!r}")
+        lora_id = None if spec.lora_name is None else adapters.index(spec.lora_name) + 1
+        return Origin(lora_id, spec.lora_name, spec.session_id)
+
+    def built_in(self, spec: RequestSpec) -> RequestSpec:
+        """Built-in traffic with the configured deployment options: adapter by session, session ids,
+        report mode."""
+        config, choices = self.config, (None, *self.config.lora_adapters)
+        spec.lora_name = choices[route("session", len(choices), spec.session, 0)]
+        spec.session_id = spec.session if config.session_ids and spec.session else None
+        spec.report_full = config.kv_cache_report_mode == "full"
+        return spec
+
     def _route(self, session: str | None) -> int:
-        if self.config.routing == "session" and session:
-            return zlib.crc32(session.encode()) % len(self.engines)
-        return next(self._round_robin) % len(self.engines)
+        sticky = self.config.routing == "session" and bool(session)
+        return route(
+            self.config.routing, len(self.engines), session, 0 if sticky else next(self._round_robin)
+        )
 
     async def _run_engine(self, index: int) -> None:
         engine, wakeup, speed = self.engines[index], self._wakeups[index], self.config.speed
@@ -181,7 +208,7 @@ class Runtime:
             if workload is None or self.config.rate <= 0:
                 await asyncio.sleep(0.05)
                 continue
-            spec = workload.next_request()
+            spec = self.built_in(workload.next_request())
             gap = spec.gap_s if spec.gap_s is not None else self._rng.expovariate(self.config.rate)
             await asyncio.sleep(gap / self.config.speed)
             await slots.acquire()

@@ -105,7 +105,11 @@ class Simulator:
             "root": self.config.model_name,
             "max_model_len": self.config.engine.max_model_len,
         }
-        return web.json_response({"object": "list", "data": [model]})
+        adapters = [
+            {**model, "id": name, "root": f"/adapters/{name}", "parent": self.config.model_name}
+            for name in self.config.lora_adapters
+        ]
+        return web.json_response({"object": "list", "data": [model, *adapters]})
 
     # --- OpenAI-style API -------------------------------------------------------------------
 
@@ -120,7 +124,7 @@ class Simulator:
             token_ids = list(prompt)
         else:
             raise _bad_request("prompt must be a string or a list of token ids (one prompt per request)")
-        done = await self._run(body, token_ids)
+        done = await self._run(body, token_ids, request)
         choice = {
             "index": 0,
             "text": tokenizer.decode(done.output_token_ids),
@@ -138,7 +142,7 @@ class Simulator:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise _bad_request("messages must be a non-empty list")
-        done = await self._run(body, tokenizer.encode_chat(messages))
+        done = await self._run(body, tokenizer.encode_chat(messages), request)
         message = {"role": "assistant", "content": tokenizer.decode(done.output_token_ids)}
         choice = {
             "index": 0,
@@ -149,13 +153,24 @@ class Simulator:
         }
         return web.json_response(self._envelope("chatcmpl", "chat.completion", choice, done))
 
-    async def _run(self, body: dict, token_ids: list[int]) -> Request:
+    async def _run(self, body: dict, token_ids: list[int], http: web.Request) -> Request:
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise _bad_request("max_tokens must be a positive integer")
-        session = str(body.get("user") or body.get("session_id") or "")
+        session_id = body.get("session_id") or http.headers.get("X-Session-ID")
+        session = str(body.get("user") or session_id or "")
+        model = body.get("model")
+        xargs = body.get("vllm_xargs") if isinstance(body.get("vllm_xargs"), dict) else {}
+        spec = RequestSpec(
+            token_ids,
+            max_tokens,
+            session,
+            lora_name=model if model in self.config.lora_adapters else None,
+            session_id=None if session_id is None else str(session_id),
+            report_full=xargs.get("kv_cache_report_mode") == "full",
+        )
         try:
-            return await self.runtime.generate(RequestSpec(token_ids, max_tokens, session))
+            return await self.runtime.generate(spec)
         except ValueError as exc:
             raise _bad_request(str(exc)) from exc
         except EngineRestarted as exc:

@@ -147,6 +147,8 @@ class EngineStats:
     prompt_tokens: int = 0
     prompt_tokens_computed: int = 0
     prompt_tokens_cached: int = 0
+    prompt_tokens_external: int = 0
+    """Of the cached ones, those loaded from the offload tier."""
     generation_tokens: int = 0
     num_preemptions: int = 0
     request_success: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISHED_REASONS, 0))

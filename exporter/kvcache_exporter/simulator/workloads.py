@@ -21,6 +21,9 @@ class RequestSpec:
     forced_output: list[int] | None = None
     gap_s: float | None = None
     """Time since the previous request, when the workload dictates it (trace replay)."""
+    lora_name: str | None = None
+    session_id: str | None = None
+    report_full: bool = False
 
 
 class Workload:

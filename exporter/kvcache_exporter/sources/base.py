@@ -5,7 +5,7 @@ A source is one module with one class:
     class MySource:
         name = "my_source"                      # the `collector` label of its health series
         async def collect(self) -> MySnapshot:  # a plain snapshot, or raise SourceError
-        async def close(self) -> None:          # release sockets/handles (may also be a plain def)
+        async def close(self) -> None:          # release sockets/handles
 
 It returns a snapshot (plain data, no exported samples) or raises `SourceError(reason, message)`;
 any other exception is caught by the poll loop and counted as `internal_error`. Wiring it is one
@@ -20,7 +20,6 @@ collect() drains what arrived since the last poll (see sources/kv_events.py).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
 from typing import Protocol, TypeVar
 
 SnapshotT = TypeVar("SnapshotT", covariant=True)
@@ -31,7 +30,7 @@ class Source(Protocol[SnapshotT]):
 
     async def collect(self) -> SnapshotT: ...
 
-    def close(self) -> Awaitable[None] | None: ...
+    async def close(self) -> None: ...
 
 
 class SourceError(Exception):

@@ -122,5 +122,5 @@ class DcgmSource:
             raise SourceError("no_matching_gpu", f"{self.url} has no GPU series for {who}")
         return snapshot
 
-    def close(self) -> None:
+    async def close(self) -> None:
         pass  # one HTTP session per collection: nothing held between them

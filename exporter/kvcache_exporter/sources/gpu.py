@@ -8,8 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from .base import SourceUnavailable
-
 
 @dataclass(frozen=True)
 class GpuProcess:
@@ -44,19 +42,4 @@ class GpuSource(Protocol):
 
     async def collect(self) -> GpuSnapshot: ...
 
-    def close(self) -> None: ...
-
-
-class NoGpuSource:
-    """GPU telemetry switched off or impossible here: every collect says so, at debug level."""
-
-    name = "gpu"
-
-    def __init__(self, why: str = "GPU telemetry disabled"):
-        self.why = why
-
-    async def collect(self) -> GpuSnapshot:
-        raise SourceUnavailable(self.why)
-
-    def close(self) -> None:
-        pass
+    async def close(self) -> None: ...

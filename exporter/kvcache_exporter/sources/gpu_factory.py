@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .gpu import GpuSource, NoGpuSource
+from .base import SourceUnavailable
+from .gpu import GpuSource
 
 _NVML_OPTIONS = ("devices", "max_processes")
 _DCGM_OPTIONS = ("dcgm_url", "pod_name", "pod_namespace", "gpu_uuids", "timeout_seconds", "max_body_bytes")
@@ -16,12 +17,13 @@ def _pick(options: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
 
 def make_gpu_source(kind: str = "auto", **options: Any) -> GpuSource:
     """kind: auto (dcgm if a dcgm_url is given, else NVML if it initializes, else none) | nvml | dcgm | none.
+    No GPU source (none, or auto finding no GPU) raises SourceUnavailable with the reason.
 
     Options: devices, max_processes (NVML); dcgm_url, pod_name, pod_namespace, gpu_uuids,
     timeout_seconds, max_body_bytes (DCGM). Options of the other kind are ignored.
     """
     if kind == "none":
-        return NoGpuSource()
+        raise SourceUnavailable("GPU telemetry disabled (--gpu.source none)")
     if kind == "dcgm" or (kind == "auto" and options.get("dcgm_url")):
         from .dcgm import DcgmSource
 
@@ -36,6 +38,6 @@ def make_gpu_source(kind: str = "auto", **options: Any) -> GpuSource:
 
     source = NvmlSource(**_pick(options, _NVML_OPTIONS))
     if kind == "auto" and not source.available():
-        source.close()
-        return NoGpuSource("NVML did not initialize (no driver or no GPU visible)")
+        source.release()
+        raise SourceUnavailable("NVML did not initialize (no driver or no GPU visible)")
     return source

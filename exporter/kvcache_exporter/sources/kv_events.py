@@ -1,7 +1,8 @@
 """vLLM's KV-cache event stream (ZMQ PUB) as a source: the subscriber. See docs/kv-events.md.
 
 `KvEventSubscriber` owns the SUB socket (and a DEALER for replay) in a thread of its own, which
-receives, rate-limits on arrival, decodes, fills gaps by replay and queues each batch (bounded).
+receives, rate-limits on arrival, decodes, fills gaps by replay and queues each batch (bounded in
+batches, block hashes and token ids: past the bound a message is dropped before it is decoded).
 Nothing of that work runs on the event loop, so a flood of events never delays a scrape.
 `collect()` (the Source protocol) drains the queue for the poll state, which applies the batches
 to the event view (derive/kv_events.py) and to any other consumer (miss attribution, the fleet
@@ -29,6 +30,7 @@ from .kv_events_decode import (
     decode_message,
     gap,
     peek_seq,
+    weight,
 )
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "KvEventDrain",
     "KvEventSubscriber",
     "decode_message",
+    "rank_endpoint",
     "subscriber_mode",
 ]
 
@@ -48,12 +51,31 @@ RETRY_SECONDS = 1.0
 REPLAY_BACKOFF_SECONDS = 30.0
 POLL_MS = 100  # how often the receive thread looks at its stop flag when the stream is idle
 MAX_PENDING = 100_000  # batches queued between two polls; past it, messages are only counted
+# The work queued between two polls (dropped past it as `budget_exceeded`): what one poll applies
+# and what the queue holds in memory (a decoded hash ~45-110 bytes, a token id ~36). A saturated
+# H200 stores ~15k blocks/s (16 token ids each) and removes as many: a 5 s poll queues ~150k hashes
+# and ~1.2M token ids, within these. Worst case ~60 + 75 MiB, ~1 s of attribution.
+MAX_PENDING_HASHES = 1 << 19
+MAX_PENDING_TOKENS = 1 << 21
 
 
 def subscriber_mode(vllm_endpoint: str) -> str:
     """Our SUB's mode for vLLM's `endpoint`: its PUB binds on wildcards and ipc/inproc, else connects."""
     binds = "*" in vllm_endpoint or "::" in vllm_endpoint or vllm_endpoint.startswith(("ipc://", "inproc://"))
     return "connect" if binds else "bind"
+
+
+def rank_endpoint(endpoint: str, rank: int) -> str:
+    """Where data-parallel rank `rank` publishes, as vLLM derives it (offset_endpoint_port): a tcp
+    port plus the rank (port 0 stays 0), `_dp<rank>` after ipc/inproc addresses; rank 0 unchanged."""
+    if rank == 0:
+        return endpoint
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return f"{endpoint}_dp{rank}"
+    base, _, port = endpoint.rpartition(":")
+    if not port.isdigit() or int(port) == 0:
+        return endpoint
+    return f"{base}:{int(port) + rank}"
 
 
 class KvEventSubscriber:
@@ -76,6 +98,8 @@ class KvEventSubscriber:
         replay_timeout: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         with_tokens: bool = False,
+        max_pending_hashes: int = MAX_PENDING_HASHES,
+        max_pending_tokens: int = MAX_PENDING_TOKENS,
     ):
         if mode not in ("bind", "connect"):
             raise ValueError(f"mode must be 'bind' or 'connect', not {mode!r}")
@@ -84,6 +108,7 @@ class KvEventSubscriber:
         self.max_message_bytes = max_message_bytes
         self.replay_timeout = replay_timeout
         self.with_tokens = with_tokens  # decode parents and token ids too: miss attribution needs them
+        self.max_pending = (max_pending_hashes, max_pending_tokens)
         self.lock = threading.Lock()  # guards the queue between the thread and collect()
         self.healthy = False
         self.problem: SourceError | None = None  # why the socket is not reading, for collect()
@@ -98,6 +123,7 @@ class KvEventSubscriber:
         self._bucket = TokenBucket(max_batches_per_second, clock)
         self._expected: int | None = None  # the seq expected next (thread only), to ask replay for gaps
         self._pending: list[Batch | Dropped] = []
+        self._pending_work = (0, 0)  # (hashes, token ids) of the queued batches
 
     def start(self) -> None:
         """Open the socket now (errors are retried by the thread) and start receiving."""
@@ -128,7 +154,7 @@ class KvEventSubscriber:
 
     def drain(self) -> KvEventDrain:
         with self.lock:
-            drained, self._pending = self._pending, []
+            drained, self._pending, self._pending_work = self._pending, [], (0, 0)
         return KvEventDrain(tuple(drained))
 
     async def close(self) -> None:
@@ -191,6 +217,9 @@ class KvEventSubscriber:
             if not self._bucket.take():
                 self._drop("rate_limited", peek_seq(frames))
                 continue
+            if self._queue_full():  # not even decoded: the next poll has all the work it may have
+                self._drop("budget_exceeded", peek_seq(frames))
+                continue
             self._handle(frames)
 
     def _handle(self, frames: list[bytes]) -> None:
@@ -198,7 +227,7 @@ class KvEventSubscriber:
             batch = decode_message(frames, self.with_tokens)
         except KvEventDecodeError as err:
             log.debug("dropping KV-event message: %s", err)
-            self._drop("parse_error", err.seq)
+            self._drop(err.reason, err.seq)  # parse_error or batch_too_heavy
             return
         lost = gap(self._expected, batch.seq)
         replayed = []
@@ -207,13 +236,26 @@ class KvEventSubscriber:
         for each in (*replayed, batch):
             self._queue(each)
 
+    def _queue_full(self) -> bool:
+        hashes, tokens = self._pending_work
+        return hashes >= self.max_pending[0] or tokens >= self.max_pending[1]
+
     def _queue(self, batch: Batch) -> None:
         if len(self._pending) >= MAX_PENDING:
             self._drop("rate_limited", batch.seq)
             return
-        self._expected = batch.seq + 1
+        hashes, tokens = weight(batch.events)
         with self.lock:
-            self._pending.append(batch)
+            queued_hashes, queued_tokens = self._pending_work
+            hashes, tokens = queued_hashes + hashes, queued_tokens + tokens
+            fits = hashes <= self.max_pending[0] and tokens <= self.max_pending[1]
+            if fits:
+                self._pending.append(batch)
+                self._pending_work = (hashes, tokens)
+        if not fits:
+            self._drop("budget_exceeded", batch.seq)
+            return
+        self._expected = batch.seq + 1
 
     def _drop(self, reason: str, seq: int | None) -> None:
         """Queue a drop, merged into the previous one when it continues it (a flood costs one item)."""
@@ -248,9 +290,11 @@ class KvEventSubscriber:
         return got
 
     def _fetch(self, dealer: zmq.Socket, gap: range, got: list[Batch], deadline: float) -> bool:
-        """Collect replayed batches of `gap` into `got`; False when the deadline passed first."""
+        """Collect replayed batches of `gap` into `got`; False when the deadline passed first.
+        What the queue could not take is not fetched: the rest of the gap counts as missed."""
         # The empty frame makes the request [identity, b"", start] at the ROUTER, as vLLM expects.
         dealer.send_multipart([b"", gap.start.to_bytes(8, "big")])
+        room = [bound - queued for bound, queued in zip(self.max_pending, self._pending_work, strict=True)]
         while (left := deadline - time.monotonic()) > 0:
             if not dealer.poll(int(left * 1000) + 1):
                 continue
@@ -261,12 +305,15 @@ class KvEventSubscriber:
             try:
                 batch = decode_message(frames[-2:], self.with_tokens)
             except KvEventDecodeError as err:
-                self._drop("parse_error", None)
+                self._drop(err.reason, None)
                 log.debug("dropping replayed KV-event message: %s", err)
                 continue
             if batch.seq >= gap.stop:
                 return True  # the live stream delivers the rest
             if batch.seq >= gap.start:
+                room = [r - w for r, w in zip(room, weight(batch.events), strict=True)]
+                if min(room) < 0:
+                    return True
                 got.append(batch)
         return False
 

@@ -18,6 +18,8 @@ faster than decoding everything); any other shape is decoded event by event, sti
 Hostile input is bounded: no untyped decode ever runs (a message of 15M empty arrays costs one
 failed type check, not 1 GiB), nesting deeper than the interpreter's recursion limit is a parse
 error, and every list has a maximum length checked from its header before any element is read.
+Valid but heavy batches are bounded too (see "Heavy batches" below): bytes before decoding, hashes
+and token ids per batch after it, both `batch_too_heavy`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import msgspec
 from .base import SourceError
 
 KNOWN_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
-DROP_REASONS = ("rate_limited", "too_many_blocks", "parse_error")
+DROP_REASONS = ("rate_limited", "too_many_blocks", "parse_error", "batch_too_heavy", "budget_exceeded")
 _WITH_HASHES = {"BlockStored", "BlockRemoved"}
 _SEQ_SIZES = (8, 24)
 
@@ -41,6 +43,16 @@ MAX_HASH_BYTES = 64  # vLLM's hashes are 64-bit ints or 32-byte sha256 digests
 # A forward jump larger than this is no gap in a real stream (a day at vLLM's peak rate): the
 # publisher was replaced, so the view is reset like a restart rather than counting 2^60 lost batches.
 MAX_SEQ_GAP = 1 << 32
+
+# Heavy batches. vLLM publishes one batch per scheduler step: the blocks it filled in that step.
+# Real batches hold tens of hashes (the captured ones: at most 37 hashes, 768 token ids, 4 KiB;
+# a DeepSeek-V4 256-token unit is 6 events, 25 hashes); a saturated H200 stores ~15k blocks a
+# second in all. A step stores at most max_num_batched_tokens of new tokens, or one long prompt
+# loaded by a KV connector (128k tokens = 8,192 blocks of 16, ~0.8 MiB). The bounds sit 5-8x
+# above that, and cap the work of one batch at ~0.2 s of attribution and ~50 MiB of decoded lists.
+MAX_BATCH_BYTES = 4 * 1024 * 1024  # before decoding; a block costs ~60-100 bytes with its token ids
+MAX_HASHES_PER_BATCH = 65_536  # one event's bound: 1M tokens of 16-token blocks
+MAX_TOKENS_PER_BATCH = 1 << 20
 
 BlockHash = int | Annotated[bytes, msgspec.Meta(max_length=MAX_HASH_BYTES)]
 Hashes = Annotated[list[BlockHash], msgspec.Meta(max_length=MAX_HASHES_PER_EVENT)]
@@ -77,40 +89,92 @@ BlockSize = Annotated[int, msgspec.Meta(ge=0)]
 
 # With tokens (for miss attribution) the decoded structs are the events themselves: they have
 # Event's attributes (`type` as a class attribute), so no per-event Python copy is made.
-class StoredWithTokens(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
+Name = Annotated[str, msgspec.Meta(max_length=256)]
+GroupIndex = Annotated[int, msgspec.Meta(ge=0, le=1 << 16)]
+
+
+_tokens = msgspec.msgpack.Decoder(Tokens)
+_NO_TOKENS = msgspec.Raw(msgspec.msgpack.encode([]))
+
+
+class _LazyTokens:
+    """`token_ids` decoded when read: a hybrid's windowed groups repeat the step's token ids in every
+    group (6 copies on DeepSeek-V4) and only the anchor's are read. Still bounded (MAX_TOKENS_PER_EVENT);
+    a list that is not token ids reads as empty."""
+
+    __slots__ = ()
+
+    @property
+    def token_ids(self) -> list[int]:
+        try:
+            return _tokens.decode(self.raw_tokens)  # type: ignore[attr-defined]
+        except _DECODE_ERRORS:
+            return []
+
+
+class StoredWithTokens(_LazyTokens, msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
+    """A BlockStored with what miss attribution and the group model (derive/units.py) read."""
+
     type: ClassVar[str] = "BlockStored"
     block_hashes: Hashes
     parent: BlockHash | None = msgspec.field(default=None, name="parent_block_hash")
-    token_ids: Tokens = []
+    raw_tokens: msgspec.Raw = msgspec.field(default=_NO_TOKENS, name="token_ids")
     block_size: BlockSize = 0
+    lora_name: Name | None = None
+    medium: Name | None = None
+    # Per block: LoRA name, multimodal ids, the cache salt (first block only)... kept undecoded: the
+    # group model reads the first entry of a chain's root only.
+    extra_keys: msgspec.Raw = msgspec.Raw()  # empty when absent
+    group: GroupIndex | None = msgspec.field(default=None, name="group_idx")
+    kind: Name | None = msgspec.field(default=None, name="kv_cache_spec_kind")
+    window: int | None = msgspec.field(default=None, name="kv_cache_spec_sliding_window")
+    session_id: Name | None = None
 
 
 class RemovedWithTokens(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
     type: ClassVar[str] = "BlockRemoved"
     block_hashes: Hashes
+    medium: Name | None = None
+    group: GroupIndex | None = msgspec.field(default=None, name="group_idx")
 
 
 class ClearedWithTokens(msgspec.Struct, tag_field="type", tag="AllBlocksCleared", gc=False):
     type: ClassVar[str] = "AllBlocksCleared"
     block_hashes: ClassVar[tuple] = ()
+    medium: ClassVar[None] = None
+    group: ClassVar[None] = None
 
 
-class _ArrayStoredWithTokens(msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
+class _ArrayStoredWithTokens(_LazyTokens, msgspec.Struct, array_like=True, tag="BlockStored", gc=False):
     type: ClassVar[str] = "BlockStored"
     block_hashes: Hashes
     parent: BlockHash | None = None
-    token_ids: Tokens = []
+    raw_tokens: msgspec.Raw = _NO_TOKENS
     block_size: BlockSize = 0
+    lora_id: int | None = None  # deprecated by vLLM, read only to reach the fields after it
+    medium: Name | None = None
+    lora_name: Name | None = None
+    extra_keys: msgspec.Raw = msgspec.Raw()  # empty when absent
+    group: GroupIndex | None = None
+    kind: Name | None = None
+    window: int | None = None
+    locality: Name | None = None
+    ownership: Name | None = None
+    session_id: Name | None = None
 
 
 class _ArrayRemovedWithTokens(msgspec.Struct, array_like=True, tag="BlockRemoved", gc=False):
     type: ClassVar[str] = "BlockRemoved"
     block_hashes: Hashes
+    medium: Name | None = None
+    group: GroupIndex | None = None
 
 
 class _ArrayClearedWithTokens(msgspec.Struct, array_like=True, tag="AllBlocksCleared", gc=False):
     type: ClassVar[str] = "AllBlocksCleared"
     block_hashes: ClassVar[tuple] = ()
+    medium: ClassVar[None] = None
+    group: ClassVar[None] = None
 
 
 _MapEvent = _Stored | _Removed | _Cleared
@@ -186,6 +250,14 @@ class Event(NamedTuple):
     parent: int | bytes | None = None
     token_ids: Sequence[int] = ()
     block_size: int = 0
+    # The group model's fields (derive/units.py), as vLLM names them in the comments:
+    lora_name: str | None = None
+    medium: str | None = None  # None reads as "GPU"
+    extra_keys: bytes | None = None  # msgpack of vLLM's extra_keys list
+    group: int | None = None  # group_idx
+    kind: str | None = None  # kv_cache_spec_kind
+    window: int | None = None  # kv_cache_spec_sliding_window
+    session_id: str | None = None
 
 
 class Batch(NamedTuple):
@@ -196,10 +268,11 @@ class Batch(NamedTuple):
 
 
 class KvEventDecodeError(SourceError):
-    """A message that is not a KV-event batch. `seq` is set when the sequence frame was readable."""
+    """A message that is not a KV-event batch (`parse_error`), or one over the heavy-batch bounds
+    (`batch_too_heavy`). `seq` is set when the sequence frame was readable."""
 
-    def __init__(self, message: str, seq: int | None = None):
-        super().__init__("parse_error", message)
+    def __init__(self, message: str, seq: int | None = None, reason: str = "parse_error"):
+        super().__init__(reason, message)
         self.seq = seq
 
 
@@ -217,16 +290,42 @@ def decode_message(frames: list[bytes], with_tokens: bool = False) -> Batch:
     seq = peek_seq(frames)
     if seq is None:
         raise KvEventDecodeError(f"expected [topic,] seq(8 bytes), payload; got {len(frames)} frames")
+    if len(frames[-1]) > MAX_BATCH_BYTES:
+        raise _too_heavy(seq, f"{len(frames[-1])} bytes, over {MAX_BATCH_BYTES}")
     try:
         fast = (_fast_decoder_with_tokens if with_tokens else _fast_decoder).decode(frames[-1])
     except _DECODE_ERRORS:
         try:
-            return _decode_slowly(seq, frames[-1], with_tokens)
+            batch = _decode_slowly(seq, frames[-1], with_tokens)
         except _DECODE_ERRORS as err:
             raise KvEventDecodeError(f"batch seq {seq}: {err}", seq) from err
+        _check_weight(seq, batch.events)
+        return batch
+    _check_weight(seq, fast.events)
     if with_tokens:
         return Batch(seq, fast.ts, fast.events, fast.data_parallel_rank)
     return Batch(seq, fast.ts, tuple(map(_to_event, fast.events)), fast.data_parallel_rank)
+
+
+def weight(events: Sequence) -> tuple[int, int]:
+    """(block hashes, token ids) of a batch's events: what applying it costs, in time and memory."""
+    hashes = tokens = 0
+    for event in events:
+        hashes += len(getattr(event, "block_hashes", ()))
+        tokens += len(getattr(event, "token_ids", ()))
+    return hashes, tokens
+
+
+def _check_weight(seq: int, events: Sequence) -> None:
+    hashes, tokens = weight(events)
+    if hashes > MAX_HASHES_PER_BATCH:
+        raise _too_heavy(seq, f"{hashes} block hashes, over {MAX_HASHES_PER_BATCH}")
+    if tokens > MAX_TOKENS_PER_BATCH:
+        raise _too_heavy(seq, f"{tokens} token ids, over {MAX_TOKENS_PER_BATCH}")
+
+
+def _too_heavy(seq: int, what: str) -> KvEventDecodeError:
+    return KvEventDecodeError(f"batch seq {seq}: {what}", seq, "batch_too_heavy")
 
 
 def _to_event(event) -> Event:
@@ -295,6 +394,41 @@ def gap(expected: int | None, seq: int) -> range:
     if seq >= expected:
         return range(expected, seq) if seq - expected <= MAX_SEQ_GAP else range(0)
     return range(0, seq) if seq <= MAX_SEQ_GAP else range(0)
+
+
+class Mark(NamedTuple):
+    """What one publisher's sequence says before a batch: batches lost since the previous one, and
+    whether the publisher restarted (its cache starts empty)."""
+
+    lost: int = 0
+    restart: bool = False
+
+
+IN_ORDER = Mark()
+
+
+class SeqCursor:
+    """One publisher's sequence, read once: every consumer of the stream is handed its marks."""
+
+    def __init__(self) -> None:
+        self.next: int | None = None  # the seq expected next; None before the first batch
+
+    def advance(self, seq: int) -> Mark:
+        expected, self.next = self.next, seq + 1
+        if expected is None or seq == expected:
+            return IN_ORDER
+        if expected < seq <= expected + MAX_SEQ_GAP:
+            return Mark(seq - expected, False)
+        # back to a lower seq (or an absurd jump): a new publisher; its batches before `seq` are lost
+        return Mark(seq if seq <= MAX_SEQ_GAP else 0, True)
+
+    def skip(self, seq: int | None, count: int) -> Mark:
+        """`count` messages from `seq` on dropped on purpose: the sequence moves past them."""
+        if seq is None:
+            return IN_ORDER
+        mark = self.advance(seq)
+        self.next = seq + count
+        return mark
 
 
 class Dropped(NamedTuple):

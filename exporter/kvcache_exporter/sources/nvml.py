@@ -137,14 +137,18 @@ class NvmlSource:
         try:
             devices = tuple(read_device(h, self.max_processes) for h in self._handles())
         except pynvml.NVMLError as error:
-            self.close()
+            self.release()
             raise _translate(error) from error
         return GpuSnapshot(self.clock(), devices)
 
     async def collect(self) -> GpuSnapshot:
         return await asyncio.to_thread(self.read)
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Shut NVML down (idempotent); the next collect initializes it again."""
         if self._initialized:
             self._initialized = False
             try:
@@ -165,7 +169,7 @@ def main() -> int:
         print(json.dumps({"error": error.reason, "message": str(error)}))
         return 1
     finally:
-        source.close()
+        source.release()
     print(json.dumps(dataclasses.asdict(snapshot), indent=2))
     return 0
 

@@ -15,6 +15,13 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "preemptions": ("vllm:num_preemptions_total",),
     "external_query_tokens": ("vllm:external_prefix_cache_queries_total",),
     "external_hit_tokens": ("vllm:external_prefix_cache_hits_total",),
+    # KV offloading (vLLM 0.33: offloading connector, else the multi-tier family); derive/offload.py
+    "offload_load_bytes": ("vllm:kv_offload_load_bytes_total", "vllm:kv_offload_tiering_read_bytes_total"),
+    "offload_load_seconds": ("vllm:kv_offload_load_time_total", "vllm:kv_offload_tiering_read_time_total"),
+    "offload_store_bytes": ("vllm:kv_offload_store_bytes_total", "vllm:kv_offload_tiering_write_bytes_total"),
+    "offload_store_seconds": ("vllm:kv_offload_store_time_total", "vllm:kv_offload_tiering_write_time_total"),
+    "offload_allocation_failures": ("vllm:kv_offload_allocation_failure_total",),
+    "offload_stores_skipped": ("vllm:kv_offload_stores_skipped_total",),
 }
 
 # Labelled families read per label value, for a fixed set of values only (no unbounded labels):

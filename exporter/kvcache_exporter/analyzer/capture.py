@@ -1,0 +1,100 @@
+"""The KV cache's shape from a capture of vLLM's /metrics (`vllm:cache_config_info`), or what is assumed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..derive.cache_config import config_number
+from ..sources.textformat import parse_line
+from .lines import json_object, read_lines
+
+INFO = "vllm:cache_config_info"
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_NUM_GPU_BLOCKS = 2048
+HOW_TO_FIND = (
+    "read it from the server: `curl -s HOST:PORT/metrics | grep cache_config_info` (labels num_gpu_blocks, "
+    "block_size), or vLLM's start-up log line `GPU KV cache size: N tokens` divided by the block size; "
+    "or pass that capture with --metrics FILE"
+)
+
+
+@dataclass
+class CacheShape:
+    block_size: int
+    """tokens per KV block as the replay counts hits: the hit unit"""
+    num_gpu_blocks: int
+    """blocks of `block_size` tokens per replica"""
+    notes: list[str]
+    """where each value came from, what was assumed"""
+
+
+def read_capture(path: str | Path) -> list[dict[str, str]]:
+    """The cache_config_info labels of each engine in a capture: exposition text, or JSON lines of
+    snapshots (`{"text": <exposition>}` each, as ../shared's fixtures record them: the last one counts)."""
+    engines: list[dict[str, str]] = []
+    with open(path, "rb") as stream:
+        for number, line in read_lines(stream):
+            if isinstance(line, ValueError):
+                continue
+            if line.startswith("{"):
+                snapshot = json_object(line).get("text")
+                if isinstance(snapshot, str):
+                    found = _engines(snapshot.splitlines(), f"{path}:{number}")
+                    engines = found or engines
+            elif line.startswith(INFO):
+                engines += _engines([line], f"{path}:{number}")
+    if not engines:
+        raise ValueError(f"{path}: no {INFO} sample (a capture of vLLM's /metrics is expected)")
+    return engines
+
+
+def _engines(lines: list[str], where: str) -> list[dict[str, str]]:
+    out = []
+    for line in lines:
+        if line.startswith(INFO):
+            try:
+                sample = parse_line(line.rstrip("\n"))
+            except ValueError as err:
+                raise ValueError(f"{where}: {err}") from None
+            if sample.name == INFO:
+                out.append(sample.labels)
+    return out
+
+
+def cache_shape(block_size: int | None, num_gpu_blocks: int | None, capture: str | None) -> CacheShape:
+    """The flags win; else the capture (its hit unit: effective_attention_block_size where vLLM reports
+    one, the block count rescaled to it); else the defaults, said plainly."""
+    notes: list[str] = []
+    unit = blocks = None
+    if capture is not None:
+        engines = read_capture(capture)
+        config = engines[0]
+        size = _positive(config, "block_size")
+        unit = _positive(config, "effective_attention_block_size") or size
+        blocks = _positive(config, "num_gpu_blocks")
+        if blocks is not None and size is not None and unit is not None:
+            blocks = blocks * size // unit
+        if len(engines) > 1:
+            notes.append(f"{capture} has {len(engines)} engines (data-parallel ranks): use --replicas")
+        if unit is not None and size is not None and unit != size:
+            notes.append(
+                f"hit unit {unit} tokens (effective_attention_block_size; block_size {size}): blocks counted "
+                f"in units of {unit}"
+            )
+        notes.append(f"from {capture}: hit unit {unit} tokens, {blocks} blocks per replica")
+    if block_size is None and unit is None:
+        notes.append(f"assumed --block-size {DEFAULT_BLOCK_SIZE} (vLLM's default on GPUs): {HOW_TO_FIND}")
+    if num_gpu_blocks is None and blocks is None:
+        notes.append(
+            f"assumed --num-gpu-blocks {DEFAULT_NUM_GPU_BLOCKS}: the capacity findings depend on it; "
+            f"{HOW_TO_FIND}"
+        )
+    return CacheShape(
+        block_size or unit or DEFAULT_BLOCK_SIZE, num_gpu_blocks or blocks or DEFAULT_NUM_GPU_BLOCKS, notes
+    )
+
+
+def _positive(config: dict[str, str], key: str) -> int | None:
+    value = config_number(config, key)
+    return int(value) if value is not None and value >= 1 and value == int(value) else None

@@ -1,0 +1,91 @@
+"""Every derivation of one poll, each a pure function of the poll state and the options.
+
+The poll loop runs them one by one, so a bug in one (an `internal_error`) costs only its own series.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..durations import window_label
+from ..samples import Sample
+from .audit import DEFAULT_GPU_MEMORY_UTILIZATION_CEILING, audit_samples
+from .cache_config import block_bytes
+from .cost import Pricing, cost_samples
+from .gpu import gpu_samples
+from .kv_events import kv_event_samples
+from .memory import memory_over
+from .miss_windows import memory_samples, miss_samples, summed_window
+from .state import PollState
+from .targets import target_samples
+from .unit_samples import unit_samples
+from .windows import Delta
+
+
+@dataclass(frozen=True)
+class DeriveOptions:
+    windows: tuple[float, ...] = (60.0,)  # ascending
+    quantiles: tuple[float, ...] = (0.5,)
+    pricing: Pricing = field(default_factory=Pricing)
+    gpu_count: int = 1  # GPUs priced when no GPU source reports any
+    gpu_memory_utilization_ceiling: float = DEFAULT_GPU_MEMORY_UTILIZATION_CEILING
+
+
+def targets(state: PollState, options: DeriveOptions) -> list[Sample]:
+    return [s for t in state.targets for s in target_samples(t, options.windows, options.quantiles)]
+
+
+def kv_events(state: PollState, options: DeriveOptions) -> list[Sample]:
+    return [s for part in state.kv_events for s in kv_event_samples(part.events, part.labels)]
+
+
+def attribution(state: PollState, options: DeriveOptions) -> list[Sample]:
+    """Miss attribution, its windows joined with the first target's /metrics (a sidecar has one):
+    a stream labelled engine=r (one data-parallel rank) with that engine's series only."""
+    target = state.targets[0] if state.targets else None
+    windows = [(seconds, window_label(seconds)) for seconds in options.windows]
+    out: list[Sample] = []
+    for part in state.kv_events:
+        if part.attribution is None or part.misses is None:
+            continue
+        engine = part.labels.get("engine")
+
+        def vllm(seconds: float, engine: str | None = engine) -> Delta | None:
+            histories = target.histories.items() if target is not None and target.up else ()
+            return summed_window(
+                [h.window(seconds) for (_, e), h in histories if engine is None or e == engine]
+            )
+
+        samples = miss_samples(part.attribution.totals, part.misses, windows, vllm)
+        samples += memory_samples(part.attribution.tracked, part.attribution.limits)
+        if part.units is not None:
+            snapshot = target.snapshot if target is not None else None
+            config = snapshot.cache_configs.get(engine or "0") if snapshot is not None else None
+            samples += unit_samples(part.units, block_bytes(config))
+        out += [s._replace(labels={**s.labels, **part.labels}) for s in samples] if part.labels else samples
+    return out
+
+
+def gpu(state: PollState, options: DeriveOptions) -> list[Sample]:
+    snapshot = state.gpu_snapshot
+    return [] if snapshot is None else gpu_samples(snapshot) + memory_over(state, options.windows)
+
+
+def cost(state: PollState, options: DeriveOptions) -> list[Sample]:
+    return cost_samples(state, options.pricing, options.gpu_count, options.windows)
+
+
+def audit(state: PollState, options: DeriveOptions) -> list[Sample]:
+    return audit_samples(state, options.gpu_memory_utilization_ceiling, options.windows)
+
+
+Derivation = Callable[[PollState, DeriveOptions], list[Sample]]
+DERIVATIONS: dict[str, Derivation] = {
+    "targets": targets,
+    "kv_events": kv_events,
+    "attribution": attribution,
+    "gpu": gpu,
+    "cost": cost,
+    "audit": audit,
+}

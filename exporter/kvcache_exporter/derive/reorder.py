@@ -1,0 +1,97 @@
+"""The prefix_diverged rule and what the reorder is worth: one implementation for the sidecar, the
+aggregator and the analyzer. Pure.
+
+A run of new blocks starts at the chain's *divergence point*: the first token after the cached
+prefix it extends (the whole prompt at a chain's root). Content is *known* where its anchors'
+fingerprints were seen before (fingerprints.py). The rule (docs/kv-events.md, "prefix_diverged"):
+
+- the *known run* is the first stretch of known content in the run of new blocks: from the first
+  seen anchor up to the first unseen anchor after it (content that comes back after that is not
+  part of it);
+- it is *fronted* when per-request content sits between the divergence point and the run: an
+  unseen anchor before it, or, at a chain's root, any tokens before it;
+- a reorder (per-request fields after the shared part) would serve the whole hit units of a
+  fronted known run: `served_tokens`. Those tokens are `prefix_diverged`; the rest stay `cold`.
+  Known content at the divergence point itself is not: it is already first (a layout that is
+  already fixed, or content that only recurs after unique content).
+- Known content at the divergence point that falls short of a whole hit unit can never hit:
+  `unit_shortfall_tokens` (DeepSeek-V4's 256-token units leave 105 tokens of a 361-token template).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .fingerprints import ANCHOR_SPACING, K
+
+
+@dataclass(frozen=True, slots=True)
+class KnownRun:
+    start: int  # first token of the known run in the run of new blocks (estimate)
+    end: int  # the token after it (estimate)
+    fronted: bool  # per-request content sits between the divergence point and the run
+
+
+def first_known_run(
+    positions: Sequence[int], seen: Sequence[bool], length: int, root: bool
+) -> KnownRun | None:
+    """The first known run of `length` new tokens whose anchors sit at `positions` (ascending, all
+    below `length`) and were `seen` before; None when no anchor was seen. `root`: the tokens start
+    a chain (no parent block), so whatever precedes the run is the prompt's own front part.
+
+    The run starts ANCHOR_SPACING / 4 tokens before its first seen anchor (never at or before the
+    unseen anchor preceding it) and ends K / 2 tokens into the first unseen anchor's window after
+    it (at least K tokens past its last seen anchor: that window was known whole)."""
+    first = next((i for i, s in enumerate(seen) if s), None)
+    if first is None:
+        return None
+    after = next((i for i in range(first + 1, len(seen)) if not seen[i]), None)
+    floor = positions[first - 1] + 1 if first else 0
+    start = max(floor, positions[first] - ANCHOR_SPACING // 4)
+    end = length if after is None else min(max(positions[after - 1] + K, positions[after] + K // 2), length)
+    return KnownRun(start, max(end, start), first > 0 or (root and start > 0))
+
+
+def served_tokens(
+    run: KnownRun | None, length: int, unit: int, continues: bool = False, tail: int = 0
+) -> int:
+    """Tokens of the `length` new ones a reorder would have served: the whole hit units of `run`
+    once the per-request front is moved after it. `continues`: the tokens extend a chain whose
+    known run reached its end (the run goes on from token 0, no front needed). `tail`: tokens a run
+    that reaches the end goes on into past the new ones (a prompt's last, partial block is never
+    stored: half a block on average); the front moved to the end gives them room."""
+    if run is None or unit <= 0 or not (run.fronted or continues):
+        return 0
+    start = run.start if run.fronted else 0
+    known = run.end - start + (tail if run.end >= length else 0)
+    return min(known // unit * unit, length)
+
+
+def served_span(run: KnownRun, length: int, served: int) -> tuple[int, int]:
+    """Where the served tokens sit among the new ones: from the run's start (0 when it continues a
+    chain), moved back where the tail made the run longer than what is left after its start."""
+    start = run.start if run.fronted else 0
+    start = min(start, length - served)
+    return start, start + served
+
+
+def unit_shortfall_tokens(run: KnownRun | None, unit: int, continues: bool = False) -> int:
+    """Known tokens at the divergence point that were computed because they fall short of a whole
+    hit unit (the rest of the unit is per-request content): shared content that can never hit."""
+    if run is None or run.fronted or continues or run.end >= unit:
+        return 0
+    return run.end
+
+
+def overlaps(start: int, stop: int, size: int, count: int) -> list[int]:
+    """Per block of `size` tokens (of `count`): how many of tokens [start, stop) it holds."""
+    return [max(min(stop, (b + 1) * size) - max(start, b * size), 0) for b in range(count)]
+
+
+def reordered_hit_ratio(hit_tokens: float, query_tokens: float, diverged_tokens: float) -> float | None:
+    """The hit ratio had the per-request fields come after the shared part: the prefix_diverged
+    tokens would have hit. None without queries."""
+    if query_tokens <= 0:
+        return None
+    return min(max((hit_tokens + diverged_tokens) / query_tokens, 0.0), 1.0)

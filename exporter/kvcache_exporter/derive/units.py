@@ -1,0 +1,343 @@
+"""One publisher's KV events folded into hit units: what a prefix hit is made of. Pure, no I/O.
+
+vLLM's hybrid KV-cache manager keeps several *groups* in one block pool (docs/kv-events.md, "Groups
+and hit units"): full-attention groups hold every block of a chain, sliding-window and state groups
+only the blocks in their window. Each group announces its own `BlockStored`/`BlockRemoved`, and one
+hash value appears in several groups. A prefix hit (HybridKVCacheCoordinator.find_longest_cache_hit)
+ends where the full-attention group holds the whole chain AND every windowed group holds the blocks
+of its window just before that end.
+
+`UnitView.units(batch)` turns a batch into the events miss attribution reads, one per hit unit:
+
+- the *anchor* group (the first full-attention one, whatever its index) stands for the unit: its
+  stores pass on, its removals are evictions;
+- a windowed group's store names the unit its blocks end at (the event's last hash); the removal of
+  one of those blocks ends that unit's hittability, so it passes on as the unit's removal. Window
+  blocks never named (empty hash lists) and repeated removals cost nothing;
+- prompt tokens past a request's last whole unit are computed but never stored by any group (on
+  DeepSeek-V4 every group stores exactly the unit's 256 tokens): no event shows them, so coverage
+  sits below 1 by up to one unit per request, as it does by up to one block on a single group;
+- a store of hashes all still held on the GPU with no parent is `kv_cache_report_mode=full`
+  re-announcing a hit: counted as reused tokens, never a miss;
+- events of another medium (`CPU`, `STORAGE`: vLLM's offloading connector) are that tier's
+  residency; a GPU store of blocks a tier held is a load from it (a tier hit), not a computed miss;
+- LoRA adapters and the cache salt are part of a chain's identity: their token ids are tagged so
+  content fingerprints never match across identities.
+
+Bounded: the GPU residency, the window parts and the identity tags keep at most `max_blocks` entries
+each (the window parts: two generations, like Generations), tier residency `max_blocks` per tier.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from zlib import crc32
+
+import msgspec
+
+from ..sources.kv_events_decode import Batch, Event
+
+GPU = "GPU"
+OTHER = "other"  # the label of everything past a bounded counter's first keys
+BASE = "base"  # the adapter label of requests without LoRA
+_TAG_SHIFT = 24  # identity tags go above every real token id (vocabularies stay below 2^24)
+
+
+class _FirstKey(msgspec.Struct, array_like=True, gc=False):
+    first: msgspec.Raw
+
+
+_first_key = msgspec.msgpack.Decoder(_FirstKey)
+
+
+@dataclass
+class Group:
+    """One KV-cache group as its BlockStored events describe it."""
+
+    kind: str | None
+    window: int | None
+    block_sizes: set[int] = field(default_factory=set)
+
+    @property
+    def windowed(self) -> bool:
+        return self.window is not None or "sliding" in (self.kind or "")
+
+
+class Bounded:
+    """Counts by key; the first `limit` keys keep their own count, later ones add to `other` (the
+    series set stays fixed, so every count only grows)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.counts: Counter[str] = Counter()
+
+    def add(self, key: str, n: int) -> None:
+        if key not in self.counts and len(self.counts) >= self.limit:
+            key = OTHER
+        self.counts[key] += n
+
+
+@dataclass
+class UnitTotals:
+    """Cumulative counts of one publisher (counters: they only grow)."""
+
+    stored_tokens: int = 0  # GPU-stored tokens, each hit unit once
+    session_tokens: int = 0  # of those, stored by requests that carried a session id
+    reused_tokens: int = 0  # re-announced hits (kv_cache_report_mode=full)
+    tier_hit_tokens: Counter[str] = field(default_factory=Counter)  # loaded back from a tier
+    window_evictions: int = 0  # units whose window blocks were removed while the anchor held them
+
+
+class UnitView:
+    def __init__(self, max_blocks: int = 1_000_000, label_limit: int = 10):
+        self.max_blocks = max_blocks
+        self.groups: dict[int | None, Group] = {}
+        self.anchor: int | None = None
+        self.anchored = False  # an anchor group was chosen
+        self.totals = UnitTotals()
+        self.by_adapter = Bounded(label_limit)  # stored (computed) tokens
+        self.reused_by_adapter = Bounded(label_limit)
+        self.by_session = Bounded(label_limit)
+        self.reused_by_session = Bounded(label_limit)
+        self.resident: set[int | bytes] = set()  # anchor hashes held on the GPU
+        self.tiers: dict[str, set[int | bytes]] = {}
+        # windowed group -> {hash of a window block: the unit it belongs to}, in two generations
+        self._parts: dict[int | None, dict[int | bytes, int | bytes]] = {}
+        self._old_parts: dict[int | None, dict[int | bytes, int | bytes]] = {}
+        self._parts_held = 0
+        self._tags: dict[int | bytes, int] = {}  # last hash of a tagged chain's event -> its tag
+
+    @property
+    def hit_unit(self) -> int | None:
+        """Tokens per hit unit: the anchor group's block size (vLLM's effective attention block)."""
+        group = self.groups.get(self.anchor) if self.anchored else None
+        return max(group.block_sizes) if group and group.block_sizes else None
+
+    @property
+    def parts(self) -> int:
+        """Window blocks remembered (each names its unit)."""
+        return sum(map(len, self._parts.values())) + sum(map(len, self._old_parts.values()))
+
+    def restart(self) -> None:
+        """A new publisher (vLLM restarted, perhaps with another model): nothing is held any more, on
+        any tier, and the groups are learned again."""
+        self.groups.clear()
+        self.anchor, self.anchored = None, False
+        self.resident.clear()
+        self.tiers.clear()
+        self._parts, self._old_parts, self._parts_held = {}, {}, 0
+
+    def units(self, batch: Batch) -> Batch:
+        """The batch as attribution reads it: one event per hit unit, in stream order (the batch
+        itself when that is what it already was: one group, no tier, nothing re-announced)."""
+        out: list = []
+        resident, anchor, anchored = self.resident, self.anchor, self.anchored
+        removed: list = []  # consecutive anchor removals (one per evicted block), applied at once
+        for event in batch.events:
+            kind = event.type
+            medium = event.medium
+            if kind == "BlockRemoved" and (medium is None or medium == GPU):
+                if not anchored or event.group == anchor:  # the common case, inline
+                    removed += event.block_hashes
+                    out.append(event)
+                else:
+                    self._removed(event, out)
+                continue
+            if removed:
+                resident.difference_update(removed)
+                removed = []
+            if medium is not None and medium != GPU:
+                self._tier(event, medium)
+            elif kind == "BlockStored":
+                self._stored(event, event.group, out)
+                anchor, anchored = self.anchor, self.anchored
+            else:
+                if kind == "AllBlocksCleared":  # the GPU pool was reset; lower tiers keep theirs
+                    resident.clear()
+                    self._parts, self._old_parts, self._parts_held = {}, {}, 0
+                out.append(event)
+        if removed:
+            resident.difference_update(removed)
+        events = batch.events
+        if len(out) == len(events) and all(map(operator.is_, out, events)):
+            return batch
+        return batch._replace(events=tuple(out))
+
+    def _learn(self, event, group: int | None) -> Group:
+        spec = self.groups.get(group)
+        if spec is None:
+            spec = self.groups[group] = Group(getattr(event, "kind", None), getattr(event, "window", None))
+            if not self.anchored and not spec.windowed:
+                self.anchor, self.anchored = group, True
+        if event.block_size:
+            spec.block_sizes.add(event.block_size)
+        return spec
+
+    def _stored(self, event, group: int | None, out: list) -> None:
+        hashes = event.block_hashes
+        spec = self.groups.get(group)
+        if spec is None or (event.block_size and event.block_size not in spec.block_sizes):
+            self._learn(event, group)
+        if not self.anchored or group != self.anchor:  # a windowed group (or another full one)
+            if hashes:
+                self._keep_parts(group, hashes, hashes[-1])
+            return
+        if not hashes:
+            return
+        count = len(hashes)
+        size = event.block_size or len(event.token_ids) // count
+        if event.parent is None and self.resident.issuperset(hashes):
+            self._reused(event, count * size)
+            return
+        if self.tiers:
+            loaded = self._loaded(hashes)
+            if loaded:
+                self.totals.tier_hit_tokens[loaded[1]] += loaded[0] * size
+                if loaded[0] == count:
+                    return
+                event = _tail(event, loaded[0], size)
+                hashes, count = event.block_hashes, count - loaded[0]
+        resident = self.resident
+        if len(resident) + count > self.max_blocks:
+            resident.clear()  # bounded: forgetting means a later reuse report reads as a store
+        resident.update(hashes)
+        tokens = count * size
+        self.totals.stored_tokens += tokens
+        if event.session_id is not None:
+            self.totals.session_tokens += tokens
+            self.by_session.add(event.session_id, tokens)
+        lora = event.lora_name
+        adapters = self.by_adapter.counts
+        if (lora or BASE) in adapters:
+            adapters[lora or BASE] += tokens
+        else:
+            self.by_adapter.add(lora or BASE, tokens)
+        if lora or self._tags or event.parent is None:
+            tag = self._tag(event)
+            if tag:
+                self._remember_tag(hashes[-1], tag)
+                event = _tagged(event, tag)
+        out.append(event)
+
+    def _reused(self, event, tokens: int) -> None:
+        self.totals.reused_tokens += tokens
+        self.reused_by_adapter.add(getattr(event, "lora_name", None) or BASE, tokens)
+        session = getattr(event, "session_id", None)
+        if session is not None:
+            self.reused_by_session.add(session, tokens)
+
+    def _removed(self, event, out: list) -> None:
+        group = getattr(event, "group", None)
+        hashes = event.block_hashes
+        if not self.anchored or group == self.anchor or group not in self.groups:
+            self.resident.difference_update(hashes)
+            out.append(event)
+            return
+        units, new, old = [], self._parts.get(group, {}), self._old_parts.get(group, {})
+        for block_hash in hashes:
+            unit = new.pop(block_hash, None)
+            if unit is None:
+                unit = old.pop(block_hash, None)
+            if unit is not None and unit in self.resident:
+                units.append(unit)
+        if units:
+            self.totals.window_evictions += len(units)
+            self.resident.difference_update(units)
+            out.append(Event("BlockRemoved", units))
+
+    def _keep_parts(self, group: int | None, hashes: Sequence, unit) -> None:
+        parts = self._parts.get(group)
+        if parts is None:
+            parts = self._parts[group] = {}
+        parts.update(dict.fromkeys(hashes, unit))
+        self._parts_held += len(hashes)
+        if self._parts_held >= self.max_blocks // 2:
+            self._old_parts, self._parts, self._parts_held = self._parts, {}, 0
+
+    def _tier(self, event, medium: str) -> None:
+        held = self.tiers.setdefault(medium, set())
+        if event.type == "BlockStored":
+            if len(held) + len(event.block_hashes) > self.max_blocks:
+                held.clear()
+            held.update(event.block_hashes)
+        elif event.type == "BlockRemoved":
+            held.difference_update(event.block_hashes)
+        elif event.type == "AllBlocksCleared":
+            held.clear()
+
+    def _loaded(self, hashes: Sequence) -> tuple[int, str] | None:
+        """How many leading hashes a lower tier held (a load back to the GPU), and which tier."""
+        for medium, held in self.tiers.items():
+            if hashes[0] in held:
+                n = 1
+                while n < len(hashes) and hashes[n] in held:
+                    n += 1
+                return n, medium
+        return None
+
+    def _tag(self, event) -> int:
+        """0 for the default identity; else a tag from the adapter and the root's first extra key."""
+        parent = event.parent
+        if parent is not None:
+            inherited = self._tags.get(parent)
+            if inherited is not None:
+                return inherited
+        lora = getattr(event, "lora_name", None)
+        first = _first_extra_key(getattr(event, "extra_keys", None)) if parent is None else b""
+        if not lora and not first:
+            return 0
+        return (crc32(first, crc32((lora or "").encode())) & 0xFF) | 1
+
+    def _remember_tag(self, last_hash, tag: int) -> None:
+        if len(self._tags) >= self.max_blocks:
+            self._tags.clear()
+        self._tags[last_hash] = tag
+
+
+def _first_extra_key(raw) -> bytes:
+    """The msgpack of the first entry of `extra_keys`, b"" when absent or null."""
+    if raw is None:
+        return b""
+    data = bytes(raw)
+    if not data or data in (b"\xc0", b"\x90"):
+        return b""
+    head = data[0]
+    skip = 1 if 0x90 <= head <= 0x9F else 3 if head == 0xDC else 5 if head == 0xDD else 0
+    if not skip or len(data) <= skip or data[skip] == 0xC0:
+        return b""
+    try:
+        return bytes(_first_key.decode(data).first)
+    except msgspec.DecodeError:
+        return data[skip : skip + 64]  # unreadable: still one identity per distinct prefix
+
+
+def _tail(event, skip: int, size: int) -> Event:
+    """The event without its first `skip` blocks (they were loaded, not computed)."""
+    hashes = event.block_hashes
+    return Event(
+        "BlockStored",
+        hashes[skip:],
+        hashes[skip - 1],
+        event.token_ids[skip * size :],
+        event.block_size,
+        lora_name=getattr(event, "lora_name", None),
+        session_id=getattr(event, "session_id", None),
+    )
+
+
+def _tagged(event, tag: int) -> Event:
+    """The event with its token ids moved into the identity's own range: the same text under another
+    adapter or salt is other content to the fingerprints."""
+    shift = tag << _TAG_SHIFT
+    return Event(
+        "BlockStored",
+        event.block_hashes,
+        event.parent,
+        [token ^ shift for token in event.token_ids],
+        event.block_size,
+        lora_name=getattr(event, "lora_name", None),
+        session_id=getattr(event, "session_id", None),
+    )

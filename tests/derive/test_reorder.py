@@ -1,0 +1,65 @@
+"""The prefix_diverged rule (derive/reorder.py): what a reorder would serve, and what the hit unit costs."""
+
+import random
+
+from kvcache_exporter.derive.attribution import Attribution
+from kvcache_exporter.derive.reorder import KnownRun, first_known_run, served_tokens, unit_shortfall_tokens
+from tests.derive.test_attribution import BS, TEMPLATE, Stream, header, tokens_by_cause
+
+
+def test_a_known_run_behind_an_unseen_anchor_is_fronted():
+    run = first_known_run([3, 20, 40, 60], [False, True, True, False], 96, root=False)
+    assert run == KnownRun(start=16, end=64, fronted=True)
+    assert served_tokens(run, 96, 16) == 48 and served_tokens(run, 96, 32) == 32
+    assert unit_shortfall_tokens(run, 16) == 0  # fronted: the reorder's, not the unit's
+
+
+def test_known_content_at_the_divergence_point_is_already_first():
+    run = first_known_run([9, 20, 40], [True, True, False], 64, root=False)
+    assert not run.fronted and served_tokens(run, 64, 16) == 0
+    assert unit_shortfall_tokens(run, 64) == run.end  # short of a 64-token unit: never hits
+    assert served_tokens(run, 64, 16, continues=True) == run.end // 16 * 16  # a diverged chain goes on
+
+
+def test_at_a_chains_root_anything_before_known_content_is_the_front():
+    assert first_known_run([12, 30], [True, True], 64, root=True).fronted
+    assert not first_known_run([2, 30], [True, True], 64, root=True).fronted  # starts at token 0
+
+
+def test_nothing_seen_is_no_run():
+    assert first_known_run([5, 9], [False, False], 32, root=True) is None
+    assert served_tokens(None, 32, 16) == unit_shortfall_tokens(None, 16) == 0
+
+
+def test_a_361_token_template_in_256_token_units_leaves_105_tokens_that_never_hit():
+    """DeepSeek-V4 hits in 256-token units: the second prompt hits 256 tokens of the template and
+    computes its last 105 with the new header (docs/kv-events.md)."""
+    stream = Stream(Attribution(hit_unit=256))
+    template, rng = random.Random(11).choices(range(5, 50_000), k=361), random.Random(12)
+    stream.prompt(template + header(rng, 63))  # 424 tokens: 26 blocks of 16 (+8)
+    stream.prompt(template + header(rng, 63), cached_blocks=256 // BS)
+    shortfall = stream.attribution.totals.unit_shortfall_tokens
+    assert abs(shortfall - 105) <= 8, shortfall  # the run's end is known to within half a fingerprint
+    assert stream.attribution.totals.tokens["prefix_diverged"] == 0
+
+
+def test_sentences_that_recur_in_new_orders_after_a_unique_header_are_not_diverged():
+    """Template first (cached), then a per-request header, then questions made of recurring
+    sentences in new combinations: the layout is already fixed; a reorder serves no whole unit."""
+    rng = random.Random(13)
+    sentences = [rng.choices(range(5, 50_000), k=rng.randrange(6, 14)) for _ in range(12)]
+    stream = Stream(Attribution())
+    stream.prompt(TEMPLATE[:192])
+    for _ in range(60):
+        question = [t for s in rng.sample(sentences, 4) for t in s]
+        stream.prompt(TEMPLATE[:192] + header(rng, 12) + question, cached_blocks=192 // BS)
+    got = tokens_by_cause(stream)
+    assert got.get("prefix_diverged", 0) < 0.2 * sum(got.values()), got
+
+
+def test_the_template_behind_a_header_is_served_in_whole_units():
+    rng = random.Random(14)
+    stream = Stream(Attribution())
+    stream.prompt(header(rng, 16) + TEMPLATE)
+    stream.prompt(header(rng, 16) + TEMPLATE)  # 216 tokens, 13 blocks: 192 served, the header's block cold
+    assert tokens_by_cause(stream) == {"cold": 208 + 16, "prefix_diverged": 192}
