@@ -142,6 +142,8 @@ PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED_LIMIT = "kvcache_prefix_cache_miss_attribu
 PREFIX_CACHE_HIT_RATIO_ESTIMATE = "kvcache_prefix_cache_hit_ratio_estimate"
 PREFIX_CACHE_HIT_RATIO_REORDERED_ESTIMATE = "kvcache_prefix_cache_hit_ratio_reordered_estimate"
 PREFIX_CACHE_HIT_UNIT_SHORTFALL_TOKENS_TOTAL = "kvcache_prefix_cache_hit_unit_shortfall_tokens_total"
+PREFIX_CACHE_HIT_RATIO_HOST_TIER_ESTIMATE = "kvcache_prefix_cache_hit_ratio_host_tier_estimate"
+HOST_TIER_LOAD_BYTES_PER_SECOND_ESTIMATE = "kvcache_host_tier_load_bytes_per_second_estimate"
 FLEET_STORED_TOKENS_TOTAL = "kvcache_fleet_stored_tokens_total"
 FLEET_QUERY_TOKENS_TOTAL = "kvcache_fleet_query_tokens_total"
 FLEET_HIT_TOKENS_TOTAL = "kvcache_fleet_hit_tokens_total"
@@ -1086,6 +1088,32 @@ CATALOG: tuple[Metric, ...] = (
         "kvcache_prefix_cache_miss_tokens_total{cause=prefix_diverged}; "
         "vllm:prefix_cache_{hits,queries}_total",
         "(increase(hits) + increase(prefix_diverged tokens)) / increase(queries); docs/kv-events.md",
+    ),
+    _m(
+        PREFIX_CACHE_HIT_RATIO_HOST_TIER_ESTIMATE,
+        "gauge",
+        "Estimated prefix-cache hit ratio over the window with a host (CPU) tier added: "
+        "--whatif.host-tier-bytes, else the tier vLLM reports (num_cpu_blocks, kv_offloading_size). Blocks "
+        "evicted and recomputed within the tier's size in stored blocks would have been loaded from it. "
+        "Absent while no tier size is known.",
+        ("window",),
+        "ratio",
+        "attribution",
+        "kvcache_prefix_cache_miss_tokens_total{cause=evicted}; vllm:prefix_cache_{hits,queries}_total; "
+        "cache_config_info kv_cache_memory_bytes, kv_cache_size_tokens, block_size",
+        "(increase(hits) + increase(evicted tokens recomputed within host_bytes / (bytes per token x block "
+        "size) stored blocks)) / increase(queries)",
+    ),
+    _m(
+        HOST_TIER_LOAD_BYTES_PER_SECOND_ESTIMATE,
+        "gauge",
+        "KV bytes per second the host tier of kvcache_prefix_cache_hit_ratio_host_tier_estimate would load "
+        "back into the GPU over the window (its extra hits x KV bytes per token): the transfer it adds.",
+        ("window",),
+        "bytes/s",
+        "attribution",
+        "cache_config_info kv_cache_memory_bytes, kv_cache_size_tokens",
+        "increase(host-tier hit tokens) x kv_cache_memory_bytes / kv_cache_size_tokens / window seconds",
     ),
     _m(
         PREFIX_CACHE_HIT_UNIT_SHORTFALL_TOKENS_TOTAL,

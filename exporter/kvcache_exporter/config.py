@@ -237,6 +237,12 @@ OPTIONS: tuple[Option, ...] = (
         "content fingerprints miss attribution remembers (~2 per 32 tokens stored; ~70 bytes each)",
     ),
     Option(
+        "whatif.host_tier_bytes",
+        size,
+        None,
+        "a host (CPU) KV tier to estimate the hit ratio with (default: the tier vLLM reports, if any)",
+    ),
+    Option(
         "audit.gpu_memory_utilization_ceiling",
         ratio,
         0.9,

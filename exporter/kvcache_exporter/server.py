@@ -52,6 +52,7 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
         from .sources.kv_events import KvEventSubscriber, rank_endpoint  # here: pyzmq is ~1.2 MiB unused
 
         ranks = s.kv_events_data_parallel_size
+        state.host_tier_bytes = s.whatif_host_tier_bytes
         for rank in range(ranks):  # one publisher per data-parallel rank, each its own sequence
             replay = s.kv_events_replay_endpoint
             subscriber = KvEventSubscriber(

@@ -45,6 +45,7 @@ class Settings:
     kv_events_max_batches_per_second: int
     kv_events_max_tracked_blocks: int
     kv_events_max_fingerprints: int
+    whatif_host_tier_bytes: int | None
     audit_gpu_memory_utilization_ceiling: float
 
 

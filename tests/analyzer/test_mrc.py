@@ -111,8 +111,10 @@ def test_qwen_turns_share_their_conversation():
 
 
 def test_causes_on_the_seed_phases_read_like_the_live_attribution(seed_lines):
-    """docs/kv-events.md, real vLLM 0.32 events of this run: raw 97 % prefix_diverged, normalized 96
-    evicted tokens. The offline replay blames the same blocks by the same rules."""
+    """The live attribution of this run's real vLLM 0.32 events (tests/derive/test_attribution_real.py):
+    raw over 80 % prefix_diverged (what the reorder serves: the header's own tokens stay cold), normalized
+    96 evicted tokens and no prefix_diverged. The offline replay blames the same blocks by the same rules
+    (derive/reorder.py), and its estimate of the reorder predicts the real normalized phase."""
     import json
 
     def causes(phase):
@@ -121,9 +123,17 @@ def test_causes_on_the_seed_phases_read_like_the_live_attribution(seed_lines):
         return mrc.stack_curve(parsed.requests, 32, 96).misses_by_cause
 
     raw, normalized = causes("raw"), causes("normalized")
-    assert raw["prefix_diverged"] >= 0.95 * (raw["prefix_diverged"] + raw["cold"])
+    assert raw["prefix_diverged"] > 0.8 * (raw["prefix_diverged"] + raw["cold"])
     assert raw["evicted"] == raw["restart"] == 0
     assert normalized["evicted"] == 96 and normalized["prefix_diverged"] < raw["prefix_diverged"] / 10
+
+    def real(phase):
+        usage = [line["usage"] for line in seed_lines if line["phase"] == phase]
+        prompt = sum(u["prompt_tokens"] for u in usage)
+        return sum(u["prompt_tokens_details"]["cached_tokens"] for u in usage) / prompt, prompt
+
+    raw_ratio, raw_prompt = real("raw")
+    assert abs((raw_ratio * raw_prompt + raw["prefix_diverged"]) / raw_prompt - real("normalized")[0]) < 0.05
 
 
 @pytest.mark.parametrize("kw", [{}, {"replicas": 2}, {"restart_at": (100, 200)}])

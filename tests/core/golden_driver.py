@@ -168,6 +168,7 @@ async def run(gpu: str) -> bytes:
     v0 = re.sub(
         r"^(ray_vllm:gpu_prefix_cache_hit_rate\{.*\}) -1\.0$", r"\g<1> 0.42", V0_RAY.read_text(), flags=re.M
     )
+    v0 = v0.removesuffix("\n") + "\n"  # stored without the final line feed every server sends
     upstreams = [await upstream(seed), await upstream([IN_FLIGHT.read_text()]), await upstream([v0])]
     urls = [url for _, url in upstreams]
     now = [1_800_000_000.0]

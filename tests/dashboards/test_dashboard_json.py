@@ -25,7 +25,32 @@ RUNBOOK_ANCHORS = {
     for line in (ROOT / "docs" / "runbook.md").read_text().splitlines()
     if line.startswith("## ")
 }
-VARIABLES = ["datasource", "job", "instance", "model_name", "engine"]
+VARIABLES = ["datasource", "job", "instance", "host", "model_name", "engine", "window"]
+PER_SECOND_UNITS = {
+    units.OpsPerSecond,
+    units.RequestsPerSecond,
+    units.BytesPerSecondSI,
+    "binBps",
+    "watt",
+}  # W = J/s
+
+
+def unit_ok(unit: str | None) -> bool:
+    """An SDK unit, or a custom one whose suffix names what is counted ("suffix: tokens/s")."""
+    return unit in SDK_UNITS or (unit or "").startswith("suffix: ")
+
+
+def query_units(panel: dict) -> dict[str, str | None]:
+    """Each target's unit: its own override (by refId) or the panel's."""
+    own = {
+        o["matcher"]["options"]: p["value"]
+        for o in panel.get("fieldConfig", {}).get("overrides", [])
+        if o["matcher"]["id"] == "byFrameRefID"
+        for p in o["properties"]
+        if p["id"] == "unit"
+    }
+    default = panel.get("fieldConfig", {}).get("defaults", {}).get("unit")
+    return {t["refId"]: own.get(t["refId"], default) for t in panel.get("targets", [])}
 
 
 def generate(tmp_path, *args: str) -> dict[str, bytes]:
@@ -104,7 +129,7 @@ def test_every_panel_explains_itself_and_links_the_runbook(uid):
         assert anchors, f"{where}: no runbook link"
         assert set(anchors) <= {a.lower() for a in ALERTS} | {""}, where
         assert set(anchors) - {""} <= RUNBOOK_ANCHORS, where
-        assert panel["fieldConfig"]["defaults"].get("unit") in SDK_UNITS, where
+        assert all(map(unit_ok, query_units(panel).values())), where
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, where
 
 
@@ -114,6 +139,38 @@ def test_ratios_are_guarded_against_division_by_zero(uid):
         for target in panel.get("targets", []):
             expr = target["expr"]
             assert expr.count(" / ") == expr.count(") > 0)"), f"{panel['title']}: {expr}"
+
+
+@pytest.mark.parametrize("uid", UIDS)
+def test_rates_carry_per_second_units(uid):
+    """A rate (not a ratio of rates, not a quantile) is shown per second, with what it counts."""
+    for panel in panels(boards()[uid]):
+        got = query_units(panel)
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            if "rate(" in expr and " / " not in expr and "histogram_quantile" not in expr:
+                unit = got[target["refId"]]
+                assert unit in PER_SECOND_UNITS or unit.endswith("/s"), f"{panel['title']}: {unit} {expr}"
+
+
+@pytest.mark.parametrize("uid", UIDS)
+def test_no_window_is_hard_coded_and_vllm_series_follow_the_instance(uid):
+    for panel in panels(boards()[uid]):
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            assert 'window="' not in expr, f"{panel['title']}: {expr}"  # the $window variable instead
+            for selector in re.findall(r"vllm:\w+\{[^}]*\}", expr):
+                assert 'instance=~"$host:[0-9]+"' in selector, f"{panel['title']}: {selector}"
+
+
+def test_the_overview_says_why_and_what_the_fix_is_worth():
+    titles = {p["title"]: p for p in panels(boards()["kvcache-overview"])}
+    why = titles["Why the cache misses"]["targets"][0]
+    assert why["legendFormat"] == "{{cause}}: {{action}}"
+    assert "label_replace(" in why["expr"] and '"prefix_diverged"' in why["expr"] and "topk(1," in why["expr"]
+    worth = " ".join(t["expr"] for t in titles["What each fix is worth (hit ratio)"]["targets"])
+    for metric in ("ratio_reordered_estimate", "ratio_estimate", "ratio_host_tier_estimate"):
+        assert f"kvcache_prefix_cache_hit_{metric}{{" in worth
 
 
 def test_every_alert_has_a_panel_linking_its_runbook():

@@ -67,6 +67,7 @@ def test_every_panel_has_data_from_the_demo_stack(tmp_path):
             "--collect.interval", "1s",
             "--cost.gpu-hour-price", "2.5", "--cost.energy-price-per-kwh", "0.2",
             "--kv-events.endpoint", f"tcp://127.0.0.1:{zmq}", "--kv-events.mode", "bind",
+            "--whatif.host-tier-bytes", "64GiB",  # the host-tier what-if panels
         )  # fmt: skip
         simulator = services.simulator(
             "--speed=2", "--kv-cache-metrics", f"--kv-events-endpoint=tcp://127.0.0.1:{zmq}", port=sim

@@ -117,3 +117,78 @@ def test_sigint_stops_everything():
     for _, port in ports:  # nothing listens there any more
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", int(port))) != 0
+
+
+def test_line_mode_explains_the_raw_phase(demo_run):
+    """Piped, the demo says what each phase is, why the cache misses, the action and its worth."""
+    out = demo_run.stdout
+    assert "demo: phase 2/4 raw: per-request header" in out, out[-3000:]
+    raw = out[out.index("demo: phase 2/4 raw") : out.index("demo: phase 3/4")]
+    assert "demo: why: prefix_diverged (" in raw, raw[-2000:]
+    assert "demo: action: move per-request fields after the static template" in raw
+    worth = re.search(
+        r"demo: worth: moving the per-request fields after the shared part: ~(\d+)% instead of", raw
+    )
+    assert worth and int(worth[1]) > 60, raw[-2000:]  # the normalized phases' hit ratio
+
+
+ALERT = "KVCacheMissesFromDivergedPrefix"
+
+
+def test_the_cause_alert_fires_in_the_raw_phase_and_resolves_after_the_fix():
+    """30 s phases: the rules run 30x faster (5m window -> 10 s). Fires while the header comes first,
+    resolves once the fixed layout's misses fill the window."""
+    argv = [sys.executable, "-m", "kvcache_exporter.demo", "--phase-seconds", "30", "--refresh", "1"]
+    result = subprocess.run([*argv, "--duration", "80"], capture_output=True, text=True, timeout=150)
+    assert result.returncode == 0, result.stderr[-2000:]
+    if not shutil.which("prometheus"):
+        assert "Prometheus not installed" in result.stdout
+        return
+    state = {}  # phase -> [(seconds into it, firing?)]
+    for line in result.stdout.splitlines():
+        if m := LINE.match(line):
+            firing = re.search(r"alerts=(\S+)", line)[1].split(",")
+            state.setdefault(int(m["idx"]), []).append((float(m["in"]), ALERT in firing))
+    assert not any(f for _, f in state[1]), state[1]  # normalized: nothing to reorder
+    assert any(f for _, f in state[2]), state[2]  # raw: fires during the problem
+    assert any(f for t, f in state[3] if t < 10), state[3]  # still the raw phase's window
+    late = [f for t, f in state[3] if t >= 15]
+    assert late and not any(late), state[3]  # resolved after the fix
+
+
+def test_a_pipe_closed_early_stops_every_child_and_removes_the_temp_dir():
+    argv = [sys.executable, "-m", "kvcache_exporter.demo", "--phase-seconds", "5", "--refresh", "0.5"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    head, deadline = [], time.monotonic() + 60
+    while time.monotonic() < deadline:
+        head.append(proc.stdout.readline())
+        if LINE.match(head[-1]):
+            break
+    proc.stdout.close()  # `demo | head`: the reader is gone; the demo's next write fails
+    err = proc.communicate(timeout=40)[1]
+    text = "".join(head)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err, err
+    workdir = re.search(r"^demo: temp dir (\S+)", text, re.M)[1]
+    ports = re.findall(r"^demo: \w+\s+http://127\.0\.0\.1:(\d+)", text, re.M)
+    assert len(ports) >= 2 and not Path(workdir).exists()
+    for port in ports:  # simulator, exporter, Alertmanager, Prometheus: nothing listens any more
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", int(port))) != 0, port
+    assert not _processes_in(workdir)
+
+
+def _processes_in(workdir: str) -> list[int]:
+    """Processes whose working directory or command line is the demo's temp dir (its children)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cwd = str((entry / "cwd").readlink())
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if cwd.startswith(workdir) or workdir in cmdline:
+            found.append(int(entry.name))
+    return found

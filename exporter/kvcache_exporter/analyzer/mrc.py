@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
-from ..derive.fingerprints import anchored_prints
+from ..derive.fingerprints import anchors
+from ..derive.reorder import first_known_run, overlaps, served_span, served_tokens
 from ..routing import route_all
 from ..simulator.blocks import BlockPool
 from .blocktrace import BlockRequest, fresh_keys, prompt_keys, total_blocks
@@ -223,6 +224,7 @@ def stack_curve(
     stacks = [Stack(entries) for _ in range(replicas)]
     before_restart: list[set[int]] = [set() for _ in range(replicas)]
     prints: set[int] = set()
+    marked: set[int] = set()
     restarts = restart_points(requests, restart_at)
     causes = dict.fromkeys((*CAUSES, "partial_block"), 0)
     per_request, prompt_tokens, unbounded = [], 0, 0
@@ -238,8 +240,8 @@ def stack_curve(
         unbounded += _unbounded_hits(r, stack, bs)
         per_request.append(hits * bs)
         prompt_tokens += r.prompt_tokens
-        known = _content_known(r, hits, prints, bs)
-        _classify(r, replica, hits, stacks, before_restart[replica], known, causes, bs)
+        served = _served_by_reorder(r, hits, prints, marked, bs)
+        _classify(r, replica, hits, stacks, before_restart[replica], served, causes, bs)
         _use(r, stack, bs)
     below = tally.hits_below()
     return Curve(
@@ -300,27 +302,29 @@ def _unbounded_hits(r: BlockRequest, stack: Stack, bs: int) -> int:
     return hits
 
 
-def _content_known(r: BlockRequest, hits: int, prints: set[int], bs: int) -> list[bool]:
-    """Per computed prompt block (from `hits` on): was its content computed before, wherever it sat? The
-    live rule (derive/attribution.py): at least half of the block's anchored fingerprints were seen; a
-    block without anchors reads like the one before. The computed blocks' prints are then remembered."""
-    if r.tokens is None:
+def _served_by_reorder(r: BlockRequest, hits: int, prints: set[int], marked: set[int], bs: int) -> list[int]:
+    """Per computed full prompt block (from `hits` on): the tokens a reorder would have served, by the
+    live rule itself (derive/reorder.py: the first known run behind a per-request front, in whole hit
+    units; derive/attribution.py applies it to each BlockStored). `prints`: fingerprints of the content
+    computed before; `marked`: groups whose blocks were served (a chain continuing one is served from its
+    start). The computed blocks' prints are then remembered."""
+    count = r.prompt_tokens // bs - hits
+    if r.tokens is None or count <= 0:
         return []
-    full = r.prompt_tokens // bs
-    found = anchored_prints(r.tokens[hits * bs : full * bs])
-    seen, total = [0] * (full - hits), [0] * (full - hits)
-    for position, print_ in found:
-        total[position // bs] += 1
-        seen[position // bs] += print_ in prints
-    verdicts, previous = [], False
-    for s, t in zip(seen, total, strict=True):
-        previous = 2 * s >= t if t else previous
-        verdicts.append(previous)
-    prints.update(print_ for _, print_ in found)
-    return verdicts
+    positions, found = anchors(r.tokens[hits * bs : (hits + count) * bs])
+    seen = [p in prints for p in found]
+    prints.update(found)
+    length = count * bs
+    run = first_known_run(positions, seen, length, hits == 0) if any(seen) else None
+    served = served_tokens(run, length, bs, hits > 0 and r.groups[hits - 1] in marked, bs // 2)
+    if not served:
+        return [0] * count
+    start, stop = served_span(run, length, served)
+    marked.update(r.groups[hits + b] for b in range(start // bs, -(-stop // bs)))
+    return overlaps(start, stop, bs, count)
 
 
-def _classify(r, replica, hits, stacks, before_restart, known, causes, bs) -> None:
+def _classify(r, replica, hits, stacks, before_restart, served, causes, bs) -> None:
     """Blame each computed prompt token on one cause, by what its block was (the live rules' order)."""
     hittable = (r.prompt_tokens - 1) // bs
     causes["partial_block"] += r.prompt_tokens - hittable * bs
@@ -328,21 +332,23 @@ def _classify(r, replica, hits, stacks, before_restart, known, causes, bs) -> No
     own = stacks[replica]
     for group, width in zip(r.groups, r.widths, strict=True):
         for j in range(max(index, hits), min(index + width, hittable)):
-            diverged = bool(known) and known[j - hits]
-            causes[_cause(group, j - index, own, stacks, replica, before_restart, diverged)] += bs
+            cause = _cause(group, j - index, own, stacks, replica, before_restart)
+            diverged = served[j - hits] if cause == "cold" and j - hits < len(served) else 0
+            causes["prefix_diverged"] += diverged
+            causes[cause] += bs - diverged
         index += width
         if index >= hittable:
             break
 
 
-def _cause(group, j, own, stacks, replica, before_restart, diverged) -> str:
+def _cause(group, j, own, stacks, replica, before_restart) -> str:
     if j < own.widest(group):
         return "evicted"
     if group in before_restart:
         return "restart"
     if any(i != replica and j < s.widest(group) for i, s in enumerate(stacks)):
         return "other_replica"
-    return "prefix_diverged" if diverged else "cold"
+    return "cold"  # or prefix_diverged, for the tokens a reorder would have served
 
 
 def _use(r: BlockRequest, stack: Stack, bs: int) -> None:

@@ -21,6 +21,8 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from ..derive.reorder import reordered_hit_ratio
+
 GRAM = 8
 """Token n-gram used to find shared content that does not start at token 0."""
 TEMPLATE_SHARE = 0.3
@@ -148,8 +150,6 @@ def dynamic_field(found: Sequence[Layout | None]) -> DynamicField | None:
 
 
 def live_estimate(hit_tokens: int, prompt_tokens: int, diverged_tokens: int) -> float | None:
-    """The sidecar's estimate of the reorder's worth: the prefix_diverged tokens would have hit (derive's
-    reordered_hit_ratio, issue 21; the exact replay of `reordered_prompts` is its offline check)."""
-    if prompt_tokens <= 0:
-        return None
-    return min(max((hit_tokens + diverged_tokens) / prompt_tokens, 0.0), 1.0)
+    """The sidecar's estimate of the reorder's worth (derive/reorder.py: the prefix_diverged tokens would
+    have hit); the exact replay of `reordered_prompts` is its offline check."""
+    return reordered_hit_ratio(hit_tokens, prompt_tokens, diverged_tokens)

@@ -5,7 +5,9 @@ Alertmanager when installed, and a live view of what the exporter reports (and w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -20,6 +22,7 @@ from .view import (
     recent_misses,
     render_frame,
     render_line,
+    story,
 )
 
 PHASES = ("normalized", "raw", "normalized", "templates")
@@ -83,19 +86,37 @@ def run(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     stack = stack_mod.Stack()
     tty = sys.stdout.isatty()
+    code = 0
     try:
-        return _run(args, stack, stop, tty)
+        code = _run(args, stack, stop, tty)
     except RuntimeError as err:
-        print(f"demo: {err}", file=sys.stderr)
-        return 1
+        _say(f"demo: {err}", sys.stderr)
+        code = 1
+    except BrokenPipeError:  # the reader went away (`| head`): stop as for Ctrl-C
+        _silence_stdout()
     finally:
-        if tty:
-            sys.stdout.write("\n")
-        print("demo: stopping ...", flush=True)
-        stack.stop()
-        print("demo: stopped, temporary files removed", flush=True)
+        _say(("\n" if tty else "") + "demo: stopping ...")
+        stack.stop()  # whatever the prints did: children and the temp dir never outlive the demo
+        _say("demo: stopped, temporary files removed")
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    return code
+
+
+def _say(text: str, stream=None) -> None:
+    """Print, unless the reader is gone: a closed pipe must not keep the demo from cleaning up."""
+    try:
+        print(text, file=stream or sys.stdout, flush=True)
+    except (BrokenPipeError, ValueError):
+        _silence_stdout()
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so later writes and the exit flush do not fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def _run(args: argparse.Namespace, stack: stack_mod.Stack, stop: threading.Event, tty: bool) -> int:
@@ -144,6 +165,7 @@ def _run(args: argparse.Namespace, stack: stack_mod.Stack, stop: threading.Event
     print(f"demo: temp dir {stack.workdir}", flush=True)
 
     recent: list[tuple[float, object]] = []  # (time, snapshot): misses are shown over the short window
+    told: tuple[int, str | None] = (0, None)  # line mode: the phase and the cause last explained
     short = _window_seconds(windows[0]) or 30.0
     while not stop.is_set():
         now = time.monotonic()
@@ -174,6 +196,10 @@ def _run(args: argparse.Namespace, stack: stack_mod.Stack, stop: threading.Event
         if tty:
             sys.stdout.write(render_frame(elapsed, phase, snap, firing, pending, urls, misses))
         else:
+            top = misses.top if misses is not None else None
+            if phase.index != told[0] or (top is not None and top != told[1]):  # a new phase or cause
+                told = (phase.index, top)
+                sys.stdout.write("\n".join(story(phase, misses, snap)) + "\n")
             sys.stdout.write(render_line(elapsed, phase, snap, firing, pending, misses) + "\n")
         sys.stdout.flush()
         wait = args.refresh - (time.monotonic() - now)

@@ -29,6 +29,8 @@ class Snapshot:
     offset_sum: float = 0.0
     offset_count: float = 0.0
     estimate_2x: float | None = None
+    reordered: float | None = None
+    """the hit ratio had the per-request fields come after the shared part (shortest window)"""
 
 
 PHASE_TEXT = {
@@ -96,6 +98,7 @@ def parse_metrics(text: str) -> Snapshot:
     p99: dict[str, list[float]] = {}
     ttft: dict[str, list[float]] = {}
     estimates: dict[str, list[float]] = {}
+    reordered: dict[str, list[float]] = {}
     util: list[float] = []
     cost: dict[str, dict[str, list[float]]] = {}
     snap = Snapshot()
@@ -118,6 +121,8 @@ def parse_metrics(text: str) -> Snapshot:
                 snap.offset_count = value
             elif name == c.PREFIX_CACHE_HIT_RATIO_ESTIMATE and labels.get("capacity_factor") == "2":
                 estimates.setdefault(labels.get("window", ""), []).append(value)
+            elif name == c.PREFIX_CACHE_HIT_RATIO_REORDERED_ESTIMATE:
+                reordered.setdefault(labels.get("window", ""), []).append(value)
             elif name == c.BLOCK_UTILIZATION_RATIO:
                 util.append(value)
             elif name == c.COST_PER_MILLION_TOKENS:
@@ -129,6 +134,8 @@ def parse_metrics(text: str) -> Snapshot:
     snap.ttft_p99 = {w: m for w, vs in by_window(ttft).items() if (m := _mean(vs)) is not None}
     if estimates:
         snap.estimate_2x = _mean(next(iter(by_window(estimates).values())))
+    if reordered:
+        snap.reordered = _mean(next(iter(by_window(reordered).values())))
     snap.block_utilization = _mean(util)
     if cost:
         shortest = by_window(cost)
@@ -180,6 +187,8 @@ def render_line(
         parts += [f"hit_ratio{{{w}}}={v:.3f}" for w, v in snap.hit_ratio.items()] or ["hit_ratio=n/a"]
         parts += [f"prefill_p99{{{w}}}={v:.3f}s" for w, v in list(snap.prefill_p99.items())[:1]]
         parts += [f"ttft_p99{{{w}}}={v:.3f}s" for w, v in list(snap.ttft_p99.items())[:1]]
+        if snap.reordered is not None:
+            parts.append(f"reordered={snap.reordered:.3f}")
         if misses is not None:
             parts.append(f"top_miss={misses.top}")
             parts += [f"miss{{{cause}}}={share:.2f}" for cause, share in misses.shares.items()]
@@ -229,7 +238,7 @@ def render_frame(
             ttft = snap.ttft_p99.get(w)
             ttft_text = "" if ttft is None else f"   TTFT p99 {ttft * 1000:8.1f} ms"
             lines.append(f"{BOLD}prefill p99{RESET} {w:>3} {v * 1000:8.1f} ms{ttft_text}")
-        lines += _miss_lines(misses, snap.estimate_2x)
+        lines += _miss_lines(misses, snap)
         lines.append(f"{BOLD}block util{RESET}      {_fmt(snap.block_utilization, '.1%')}")
         cost = "   ".join(f"{k} {v:.4f}" for k, v in snap.cost_per_million_tokens.items()) or "n/a"
         lines.append(f"{BOLD}cost / 1M tok{RESET}   {cost}")
@@ -243,16 +252,54 @@ def render_frame(
     return CLEAR + "\n".join(lines) + "\n"
 
 
-def _miss_lines(misses: Misses | None, estimate_2x: float | None) -> list[str]:
-    """Why the cache misses now (KV events), and what to do about it."""
+def why(misses: Misses | None) -> str | None:
+    """The top cause of the recent misses, its share, and what the stream says about it."""
+    if misses is None or misses.top is None:
+        return None
+    text = f"{misses.top} ({misses.shares[misses.top]:.0%} of the recent misses)"
+    if misses.top == "prefix_diverged" and misses.offset is not None:
+        text += f": shared content starts ~{misses.offset:.0f} tokens into the prompt"
+    return text
+
+
+def worth(misses: Misses | None, snap: Snapshot | None) -> str | None:
+    """What the action is worth, from the exporter's what-if estimates (shortest window)."""
+    if misses is None or snap is None or not snap.hit_ratio:
+        return None
+    now = next(iter(snap.hit_ratio.values()))
+    if misses.top == "prefix_diverged" and snap.reordered is not None:
+        return (
+            f"moving the per-request fields after the shared part: ~{snap.reordered:.0%} instead of {now:.0%}"
+        )
+    if misses.top == "evicted" and snap.estimate_2x is not None:
+        return f"twice the KV cache: ~{snap.estimate_2x:.0%} instead of {now:.0%}"
+    return None
+
+
+def story(phase: Phase, misses: Misses | None, snap: Snapshot | None) -> list[str]:
+    """Line mode's explanation: the phase, why the cache misses, the action and its worth."""
+    lines = [f"demo: phase {phase.index}/{phase.count} {phase.name}: {PHASE_TEXT.get(phase.name, '')}"]
+    reason = why(misses)
+    if reason is not None:
+        lines.append(f"demo: why: {reason}")
+        lines.append(f"demo: action: {ACTION.get(misses.top, '')}")
+    value = worth(misses, snap)
+    if value is not None:
+        lines.append(f"demo: worth: {value}")
+    return lines
+
+
+def _miss_lines(misses: Misses | None, snap: Snapshot) -> list[str]:
+    """Why the cache misses now (KV events), what to do about it, and what that is worth."""
     if misses is None or misses.top is None:
         return [f"{BOLD}misses{RESET}          {DIM}n/a (no computed blocks lately){RESET}"]
     shares = "  ".join(f"{cause} {share:.0%}" for cause, share in misses.shares.items())
     lines = [f"{BOLD}misses{RESET}          {shares}"]
-    why = f"{BOLD}why{RESET}             {YELLOW}{misses.top}{RESET}"
-    if misses.top == "prefix_diverged" and misses.offset is not None:
-        why += f": shared content starts ~{misses.offset:.0f} tokens into the prompt"
-    if misses.top == "evicted" and estimate_2x is not None:
-        why += f": with 2x the KV cache the hit ratio would be ~{estimate_2x:.0%}"
-    lines += [why, f"{BOLD}action{RESET}          {ACTION.get(misses.top, '')}"]
+    lines += [
+        f"{BOLD}why{RESET}             {YELLOW}{why(misses)}{RESET}",
+        f"{BOLD}action{RESET}          {ACTION.get(misses.top, '')}",
+    ]
+    value = worth(misses, snap)
+    if value is not None:
+        lines.append(f"{BOLD}worth{RESET}           {GREEN}{value}{RESET}")
     return lines

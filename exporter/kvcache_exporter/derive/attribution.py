@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..sources.kv_events_decode import IN_ORDER, Batch, Dropped, Event, KvEventDrain, Mark, SeqCursor
-from .fingerprints import FingerprintSet, Generations, anchors
+from .fingerprints import ANCHOR_SPACING, FingerprintSet, Generations, anchors
 from .reorder import KnownRun, first_known_run, overlaps, served_span, served_tokens, unit_shortfall_tokens
 
 CAUSES = ("evicted", "restart", "prefix_diverged", "other_replica", "cold")
@@ -65,6 +65,8 @@ class Totals:
     tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
     decode_tokens: int = 0
     unit_shortfall_tokens: int = 0
+    host_hit_tokens: int | None = None  # None while no host tier is known (whatif.py)
+    host_load_bytes: float = 0.0  # what loading those tokens from the host would move
     extra_hit_tokens: dict[int, int] = field(default_factory=lambda: dict.fromkeys(CAPACITY_FACTORS, 0))
     offset_counts: list[int] = field(default_factory=lambda: [0] * (len(OFFSET_BUCKETS) + 1))
     offset_sum: float = 0.0
@@ -87,6 +89,8 @@ class Attribution:
         hit_unit: int | None = None,
     ):
         self.hit_unit = hit_unit  # tokens vLLM hits in (a whole number of blocks); None: the block size
+        self.host_tier_blocks: int | None = None  # the what-if host tier (whatif.py), set once known
+        self.kv_bytes_per_token = 0.0
         self.capacity_blocks = capacity_blocks  # vLLM's num_gpu_blocks when known (cache_config_info)
         self.other_replica = other_replica
         self.totals = Totals()
@@ -98,6 +102,12 @@ class Attribution:
         self._stored = 0  # blocks stored so far: the clock of the what-if estimate
         self._era = 0
         self.cursor = SeqCursor()  # used when driven alone; the poll state passes marks instead
+
+    def set_host_tier(self, blocks: int | None, bytes_per_token: float | None) -> None:
+        """The what-if host tier (whatif.host_tier_blocks) and the KV bytes of a token, once known."""
+        self.host_tier_blocks, self.kv_bytes_per_token = blocks, bytes_per_token or 0.0
+        if blocks is not None and self.totals.host_hit_tokens is None:
+            self.totals.host_hit_tokens = 0
 
     @property
     def tracked(self) -> tuple[int, int]:
@@ -224,8 +234,10 @@ class Attribution:
             found.intersection_update(prints)
             if not found:
                 return None
-        seen = [True] * len(prints) if found.issuperset(prints) else list(map(found.__contains__, prints))
-        return first_known_run(positions, seen, length, root)
+        if found.issuperset(prints):  # all known (the common case when any is): the run is the rest
+            start = max(positions[0] - ANCHOR_SPACING // 4, 0)
+            return KnownRun(start, length, root and start > 0)
+        return first_known_run(positions, list(map(found.__contains__, prints)), length, root)
 
     def _seen_before(self, info: int, size: int) -> str:
         """The cause of a block whose hash is tracked: rules 1 and 2, or a duplicate store."""
@@ -243,6 +255,10 @@ class Attribution:
         for factor in CAPACITY_FACTORS:
             if capacity and stored_since <= (factor - 1) * capacity:
                 self.totals.extra_hit_tokens[factor] += size
+        host = self.host_tier_blocks
+        if host is not None and stored_since <= host:
+            self.totals.host_hit_tokens += size
+            self.totals.host_load_bytes += size * self.kv_bytes_per_token
 
     def _track(self, hashes: Sequence, depth: int | None, marked: tuple[int, int]) -> None:
         """Remember the event's blocks: resident, in this era, blocks marked[0] to marked[1] (not

@@ -147,8 +147,14 @@ def audit_samples(state: PollState, ceiling: float, windows: Sequence[float]) ->
                 residency[model] = residency.get(model, True) and "block_lifetime" in sample.histograms
     events = kv_events_received(state, max(windows))
     bounds = [part.attribution.limits[0] for part in state.kv_events if part.attribution is not None]
-    # The stream's group kinds, once the KV-event view keeps them (issue 20's per-group model).
-    kinds = {kind for part in state.kv_events for kind in getattr(part.events, "group_kinds", ())}
+    # The kv_cache_spec_kind of every group the streams' BlockStored events described (derive/units.py).
+    kinds = {
+        group.kind
+        for part in state.kv_events
+        if part.units is not None
+        for group in part.units.groups.values()
+        if group.kind is not None
+    }
     sharing = None
     if state.gpu is not None:  # vLLM's budget on the GPU: the largest gpu_memory_utilization configured
         values = [config_number(c, "gpu_memory_utilization") for cs in configs.values() for c in cs]

@@ -15,6 +15,7 @@ from ..sources.vllm_snapshot import EngineSample, VllmSnapshot
 from .attribution import CAPACITY_FACTORS, OFFSET_BUCKETS, Totals
 from .cache_config import config_number
 from .reorder import reordered_hit_ratio
+from .whatif import host_hit_ratio
 from .windows import Delta, SeriesHistory
 
 VllmWindow = Callable[[float], Delta | None]  # window seconds -> summed deltas of vLLM's counters
@@ -40,7 +41,7 @@ def miss_samples(
     for seconds, label in windows:
         mine, theirs = misses.window(seconds), vllm(seconds)
         if mine is not None and theirs is not None:
-            out += window_samples(label, mine.counters, theirs.counters)
+            out += window_samples(label, mine.counters, theirs.counters, mine.seconds)
     return out
 
 
@@ -64,6 +65,9 @@ def _counters(totals: Totals) -> dict[str, float]:
     counters = {"attributed": float(totals.prompt_miss_tokens)}
     counters |= {f"extra_{f}": float(n) for f, n in totals.extra_hit_tokens.items()}
     counters["diverged"] = float(totals.tokens["prefix_diverged"])
+    if totals.host_hit_tokens is not None:
+        counters["extra_host"] = float(totals.host_hit_tokens)
+        counters["host_load_bytes"] = totals.host_load_bytes
     return counters
 
 
@@ -82,8 +86,11 @@ def totals_samples(totals: Totals) -> list[Sample]:
     return out
 
 
-def window_samples(label: str, mine: dict[str, float], vllm: dict[str, float]) -> list[Sample]:
-    """Coverage and the what-if hit ratios of one window; none where vLLM saw nothing to divide by."""
+def window_samples(
+    label: str, mine: dict[str, float], vllm: dict[str, float], seconds: float | None = None
+) -> list[Sample]:
+    """Coverage and the what-if hit ratios of one window; none where vLLM saw nothing to divide by.
+    `seconds`: the window's real span (the host tier's load rate)."""
     queries, hits = vllm.get("query_tokens"), vllm.get("hit_tokens")
     if queries is None or hits is None or queries <= 0:
         return []
@@ -102,6 +109,12 @@ def window_samples(label: str, mine: dict[str, float], vllm: dict[str, float]) -
     reordered = reordered_hit_ratio(hits, queries, mine["diverged"]) if "diverged" in mine else None
     if reordered is not None:
         out.append(Sample(c.PREFIX_CACHE_HIT_RATIO_REORDERED_ESTIMATE, {"window": label}, reordered))
+    host = host_hit_ratio(hits, queries, mine["extra_host"]) if "extra_host" in mine else None
+    if host is not None:
+        out.append(Sample(c.PREFIX_CACHE_HIT_RATIO_HOST_TIER_ESTIMATE, {"window": label}, host))
+        if seconds:
+            load = mine["host_load_bytes"] / seconds
+            out.append(Sample(c.HOST_TIER_LOAD_BYTES_PER_SECOND_ESTIMATE, {"window": label}, load))
     return out
 
 

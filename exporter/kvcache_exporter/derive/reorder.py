@@ -21,21 +21,18 @@ fingerprints were seen before (fingerprints.py). The rule (docs/kv-events.md, "p
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .fingerprints import ANCHOR_SPACING, K
 
 
-@dataclass(frozen=True, slots=True)
-class KnownRun:
+class KnownRun(NamedTuple):
     start: int  # first token of the known run in the run of new blocks (estimate)
     end: int  # the token after it (estimate)
     fronted: bool  # per-request content sits between the divergence point and the run
 
 
-def first_known_run(
-    positions: Sequence[int], seen: Sequence[bool], length: int, root: bool
-) -> KnownRun | None:
+def first_known_run(positions: Sequence[int], seen: list[bool], length: int, root: bool) -> KnownRun | None:
     """The first known run of `length` new tokens whose anchors sit at `positions` (ascending, all
     below `length`) and were `seen` before; None when no anchor was seen. `root`: the tokens start
     a chain (no parent block), so whatever precedes the run is the prompt's own front part.
@@ -43,9 +40,9 @@ def first_known_run(
     The run starts ANCHOR_SPACING / 4 tokens before its first seen anchor (never at or before the
     unseen anchor preceding it) and ends K / 2 tokens into the first unseen anchor's window after
     it (at least K tokens past its last seen anchor: that window was known whole)."""
-    first = next((i for i, s in enumerate(seen) if s), None)
-    if first is None:
+    if True not in seen:
         return None
+    first = seen.index(True)
     after = next((i for i in range(first + 1, len(seen)) if not seen[i]), None)
     floor = positions[first - 1] + 1 if first else 0
     start = max(floor, positions[first] - ANCHOR_SPACING // 4)

@@ -25,6 +25,7 @@ from .kv_budget import within_budget
 from .kv_events import EventState, KvEventDrain
 from .miss_windows import MissHistory, num_gpu_blocks
 from .units import UnitView
+from .whatif import host_tier_blocks, kv_bytes_per_token
 from .windows import SeriesHistory
 
 
@@ -150,6 +151,7 @@ class PollState:
     gpu: GpuState | None = None
     kv_events: list[KvEventsState] = field(default_factory=list)
     now: float = 0.0  # when the latest poll ended
+    host_tier_bytes: int | None = None  # --whatif.host-tier-bytes (whatif.py)
     load_peaks: LoadPeaks = field(init=False)
 
     def __post_init__(self) -> None:
@@ -184,10 +186,15 @@ class PollState:
     def end_poll(self, now: float) -> None:
         """After every source was ingested: the running + waiting load per model, for the audit's peak."""
         self.now = now
-        capacity = num_gpu_blocks(self.targets[0].snapshot) if self.targets else None
-        for part in self.kv_events:  # the what-if estimate needs vLLM's cache size, from /metrics
+        snapshot = self.targets[0].snapshot if self.targets else None
+        capacity = num_gpu_blocks(snapshot)
+        config = next(iter(snapshot.cache_configs.values()), None) if snapshot is not None else None
+        host = host_tier_blocks(config, self.host_tier_bytes)
+        for part in self.kv_events:  # the what-if estimates need vLLM's cache sizes, from /metrics
             if part.attribution is not None and capacity:
                 part.attribution.capacity_blocks = capacity
+            if part.attribution is not None and host is not None:
+                part.attribution.set_host_tier(host, kv_bytes_per_token(config))
             if part.attribution is not None and part.units is not None and part.units.hit_unit:
                 part.attribution.hit_unit = part.units.hit_unit  # what the groups say vLLM hits in
         load: dict[str, float] = {}

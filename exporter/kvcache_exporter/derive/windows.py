@@ -14,8 +14,10 @@ number of points grows with the log of the retention, not with retention / inter
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import math
+import operator
 import zlib
 from array import array
 from collections import deque
@@ -111,7 +113,10 @@ def _good_histogram(hist: Histogram) -> bool:
 def _countable_part(raw: EngineSample, last: EngineSample | None) -> EngineSample:
     """NaN, ±Inf or a negative counter would poison every window it is in, and stay there after the
     upstream recovers: such a value is replaced by the last good one (no increase), or left out."""
-    if all(map(_countable, raw.counters.values())) and all(map(_good_histogram, raw.histograms.values())):
+    kept = last.histograms if last is not None else {}
+    if all(map(_countable, raw.counters.values())) and all(
+        h is kept.get(name) or _good_histogram(h) for name, h in raw.histograms.items()
+    ):  # a histogram object kept last poll was checked then
         return raw  # the usual case: nothing to copy
     counters = {}
     for name, value in raw.counters.items():
@@ -154,6 +159,7 @@ class SeriesHistory:
         self._raw_histograms: dict[str, Histogram] = {}
         self._histogram_totals: dict[str, Histogram] = {}
         self._layouts: dict[tuple, Layout] = {}
+        self._changed: dict[str, float] = {}  # histogram -> when its running totals last moved
         self._appended = 0
 
     def append(self, ts: float, raw: EngineSample) -> None:
@@ -175,6 +181,10 @@ class SeriesHistory:
         histograms = {}
         for name, hist in raw.histograms.items():
             before, total = self._raw_histograms.get(name), self._histogram_totals.get(name)
+            if hist is before and total is not None and not restarted:
+                histograms[name] = total  # the source handed the same object: nothing changed
+                continue
+            self._changed[name] = ts
             if before is None or total is None or before.bounds != hist.bounds:
                 if before is not None and before.bounds != hist.bounds:
                     self._forget(name)  # bucket layout changed: old points cannot be compared
@@ -259,7 +269,8 @@ class SeriesHistory:
 
         first = self.points[start]
         if first.layout is latest.layout:  # the usual case: the same series all along
-            return _whole_delta(latest, first)
+            still = {name for name, ts in self._changed.items() if ts <= first.ts}
+            return _whole_delta(latest, first, still)
 
         def candidates():  # usually the first one has every series: stay lazy
             return itertools.islice(self.points, start, len(self.points) - 1)
@@ -282,16 +293,23 @@ class SeriesHistory:
         return Delta(latest.ts - self.points[start].ts, counters, histograms)
 
 
-def _whole_delta(latest: Point, base: Point) -> Delta:
-    """The delta of two points with one layout: one subtraction over the values array."""
-    diff = [a - b for a, b in zip(latest.values, base.values, strict=True)]
+def _whole_delta(latest: Point, base: Point, still: set[str]) -> Delta:
+    """The delta of two points with one layout: one subtraction over the values array. A histogram
+    in `still` has not moved since `base` was taken: its delta is zero, one shared object."""
+    diff = list(map(operator.sub, latest.values, base.values))  # one layout: the same length
     layout = latest.layout
     counters = {name: diff[i] for name, i in layout.counters.items()}
     histograms = {
-        name: Histogram(bounds, tuple(diff[at : at + len(bounds)]), diff[at + len(bounds)])
+        name: _zero(bounds) if name in still else
+        Histogram(bounds, tuple(diff[at : at + len(bounds)]), diff[at + len(bounds)])
         for name, (at, bounds) in layout.histograms.items()
-    }
+    }  # fmt: skip
     return Delta(latest.ts - base.ts, counters, histograms)
+
+
+@functools.lru_cache(maxsize=256)
+def _zero(bounds: tuple[float, ...]) -> Histogram:
+    return Histogram(bounds, (0.0,) * len(bounds), 0.0)
 
 
 def _bounds(point: Point, histogram: str) -> tuple[float, ...] | None:

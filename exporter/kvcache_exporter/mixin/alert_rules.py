@@ -274,6 +274,18 @@ def fleet(g) -> list[dict]:
     )
 
 
+def _figure(series: str, labels: str | None, text: str, inner: str = "", after: str = "") -> str:
+    """Template text shown when Prometheus has `series{labels}` for the alert's instance: `text` with
+    its value as a percentage for {}, then `inner` (nested figures), then `after`."""
+    query = series if labels is None else f"{series}{{{labels},instance=%q}}"
+    query = query.replace('"', '\\"')
+    value = "{{ value . | humanizePercentage }}"
+    return (
+        f'{{{{ with printf "{query}" $labels.instance | query }}}}'
+        f"{{{{ with first . }}}}{text.format(value)}{inner}{after}{{{{ end }}}}{{{{ end }}}}"
+    )
+
+
 def attribution(g) -> list[dict]:
     a = g.cfg["attribution"]
     w, tps = a["window"], a["min_miss_tokens_per_second"]
@@ -286,10 +298,25 @@ def attribution(g) -> list[dict]:
         "| query }}{{ with first . }} The shared content "
         'starts about {{ value . | printf "%.0f" }} tokens into the prompt (median).{{ end }}{{ end }}'
     )
-    estimate = (
-        '{{ with printf "kvcache_prefix_cache_hit_ratio_estimate{instance=%q,capacity_factor=\\"2\\"}" '
-        "$labels.instance | query }}{{ with first . }} With twice the KV cache the hit ratio would be "
-        'about {{ value . | humanizePercentage }} (window {{ label "window" . }}).{{ end }}{{ end }}'
+    now = f"sum({RATIO}{g.cfg['hit_ratio']['windows'][0]}{{instance=%q}})"
+    worth = _figure(
+        "kvcache_prefix_cache_hit_ratio_reordered_estimate",
+        f'window="{w}"',
+        " Moving the per-request fields after the shared part: a hit ratio of about {}",
+        _figure(now, None, " instead of {}"),
+        ".",
+    )
+    estimate = _figure(
+        "kvcache_prefix_cache_hit_ratio_estimate",
+        f'window="{w}",capacity_factor="2"',
+        f" Over {w}, with twice the KV cache the hit ratio would be about {{}}",
+        _figure(
+            "kvcache_prefix_cache_hit_ratio_host_tier_estimate",
+            f'window="{w}"',
+            "; with the host (CPU) tier of --whatif.host-tier-bytes, about {}",
+        )
+        + _figure(now, None, " (it is {} now)"),
+        ".",
     )
     idle, reuse = (f"{LVL}:vllm_kv_block_{h}_seconds:p50_rate{w}" for h in ("idle_before_evict", "reuse_gap"))
     short, min_tps = g.cfg["hit_ratio"]["windows"][0], g.cfg["hit_ratio"]["min_query_tokens_per_second"]
@@ -298,9 +325,9 @@ def attribution(g) -> list[dict]:
             "KVCacheMissesFromDivergedPrefix",
             f'{share}{{cause="prefix_diverged"}} > <threshold>\n{guard}',
             "Most prefix-cache misses recompute shared content behind a per-request prefix.",
-            f"{VALUE} of the prompt tokens {where} computed over {w} were content the cache already held "
-            "behind a different front part (cause prefix_diverged): per-request fields come before the "
-            f"shared template.{offset}",
+            f"{VALUE} of the prompt tokens {where} computed over {w} were shared content behind a "
+            "per-request front part that a reorder would have served (cause prefix_diverged): per-request "
+            f"fields come before the shared part.{offset}{worth}",
         )
         + g.alert(
             "KVCacheEvictionThrashing",

@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=tuple(LAYOUTS),
         default="llama",
         help="KV-cache groups: llama (one full-attention group), gemma-3 (5 sliding-window groups of "
-        "window 64 + 1 full, block 32), deepseek-v4 (6 groups, 256-token hit unit); see docs/simulator.md",
+        "window 64 + 1 full, block 32), gemma-2 (1 + 1), deepseek-v4 (6 groups, 256-token hit unit); "
+        "see docs/simulator.md",
     )
     add("--num-gpu-blocks", type=int, default=2048)
     add("--max-num-seqs", type=int, default=256)

@@ -76,9 +76,9 @@ LAYOUTS = {
         ),
     ),
     # Gemma-3's pattern: 5 sliding-window layers (window 64) per full-attention layer, block 32.
-    "gemma-3": Layout(
-        "gemma-3", (*[_GEMMA_SWA] * 5, KVGroup("full_attention", 32)), hash_block_size=32, cache_config=()
-    ),
+    "gemma-3": Layout("gemma-3", (*[_GEMMA_SWA] * 5, KVGroup("full_attention", 32)), hash_block_size=32),
+    # Gemma-2's: alternating (the deployments/hybrid-gemma2-swa capture).
+    "gemma-2": Layout("gemma-2", (_GEMMA_SWA, KVGroup("full_attention", 32)), hash_block_size=32),
 }
 
 

@@ -18,16 +18,25 @@ def shape_frames(
     num_gpu_blocks: int = 64,
     lora_adapters: tuple[str, ...] = (),
     seed: int = 20251206,
+    offload_cpu_blocks: int = 0,
+    engines: list[Engine] | None = None,
 ) -> list[list[bytes]]:
-    """[topic, seq, payload] per published batch; requests rotate over the base model and the adapters."""
+    """[topic, seq, payload] per published batch; requests rotate over the base model and the adapters;
+    with offload_cpu_blocks, a CPU tier adds its medium "CPU" events. `engines` receives the engine (its
+    stats say what vLLM computed)."""
     shape = layout_named(layout)
+    block_size = 16 if shape is None else shape.unit
     config = EngineConfig(
-        block_size=16 if shape is None else shape.unit,
+        block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,
         layout=layout,
         max_model_len=1 << 16,
+        offload_cpu_blocks=offload_cpu_blocks,
+        offload_block_bytes=block_size * 131072,
     )
     engine, rng = Engine(config), random.Random(seed)
+    if engines is not None:
+        engines.append(engine)
     system = [rng.randrange(5, 500) for _ in range(4 * config.block_size + 44)]
     adapters = (None, *lora_adapters)
     sent: list[list[int]] = []

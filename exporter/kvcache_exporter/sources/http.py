@@ -3,7 +3,9 @@
 The whole body is read to its end, within a byte bound and one deadline: a body that arrives
 in many small writes is complete or an error, never silently cut. No redirect is followed (a
 target never comes from an answer) and gzip is inflated with the same byte bound applied to
-the inflated size, so a compression bomb costs at most `max_bytes`.
+the inflated size, so a compression bomb costs at most `max_bytes`. The text format ends every
+line with a line feed: a body whose last line has none was cut (no Content-Length and a close,
+or a proxy that cut it), and its last "sample" may be a number's first digits: truncated_body.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ async def fetch_text(
         raise SourceError("truncated_body", f"{url} closed the connection mid-body: {err}") from err
     except aiohttp.ClientError as err:
         raise SourceError("connection", f"{url}: {err}") from err
+    if body and not body.endswith(b"\n"):
+        raise SourceError("truncated_body", f"{url} body ends mid-line: {body[-24:]!r} has no line feed")
     try:
         return body.decode("utf-8")
     except UnicodeDecodeError as err:

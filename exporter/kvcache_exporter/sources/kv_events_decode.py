@@ -105,6 +105,16 @@ class _LazyTokens:
     __slots__ = ()
 
     @property
+    def token_count(self) -> int:
+        """How many token ids the list holds, from its msgpack header (no decoding)."""
+        raw = memoryview(self.raw_tokens)  # type: ignore[attr-defined]
+        head = raw[0] if raw.nbytes else 0x90
+        if 0x90 <= head <= 0x9F:
+            return head & 0x0F
+        size = {0xDC: 2, 0xDD: 4}.get(head)
+        return int.from_bytes(raw[1 : 1 + size], "big") if size and raw.nbytes > size else 0
+
+    @property
     def token_ids(self) -> list[int]:
         try:
             return _tokens.decode(self.raw_tokens)  # type: ignore[attr-defined]
@@ -312,7 +322,8 @@ def weight(events: Sequence) -> tuple[int, int]:
     hashes = tokens = 0
     for event in events:
         hashes += len(getattr(event, "block_hashes", ()))
-        tokens += len(getattr(event, "token_ids", ()))
+        count = getattr(event, "token_count", None)  # lazily decoded ids: their header's count
+        tokens += count if count is not None else len(getattr(event, "token_ids", ()))
     return hashes, tokens
 
 

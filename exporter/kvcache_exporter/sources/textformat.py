@@ -8,6 +8,9 @@ either returns what prometheus_client returns or raises ValueError, never a diff
 Where prometheus_client is laxer than the format (text after the value, `{,}`, no space before
 the value, leading whitespace) this reader refuses.
 
+`family_runs` finds the lines of chosen families in a whole body at C speed (one regex pass),
+so a reader that needs a fifth of a body never splits or looks at the rest.
+
 Prometheus 3's quoted UTF-8 names (`{"my.metric", "a.b"="1"} 1`) are not the classic format:
 such a line raises ValueError here (prometheus_client 0.26 reads them).
 """
@@ -15,6 +18,7 @@ such a line raises ValueError here (prometheus_client 0.26 reads them).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import NamedTuple
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
@@ -81,3 +85,37 @@ def parse_line_and_head(line: str) -> tuple[Line, str | None]:
     start = match.start(3)
     head = line[: start - 1] if match.end(3) == len(line) and line[start - 1] == " " else None
     return Line(name, parse_labels(labels) if labels else {}, parse_value(value)), head
+
+
+def family_runs(names: Iterable[str], ray: bool = False) -> re.Pattern[str]:
+    """A pattern whose matches in "\n" + body are the runs of consecutive sample lines of one of
+    `names`, each with its leading line feed (group 1; group 2 the name as written: a line's name
+    ends at `{`, a blank or the line's end), so `findall` gives (run, name) pairs. With `ray`, a
+    `vllm:` name may also be written `ray_vllm:`. The names form a prefix tree, so each line costs
+    one walk of its first characters."""
+    vllm = [n.removeprefix("vllm:") for n in names if n.startswith("vllm:")]
+    other = [n for n in names if not n.startswith("vllm:")]
+    alternatives = [f"{'(?:ray_)?' if ray else ''}vllm:{_tree(vllm)}"] if vllm else []
+    alternatives += [_tree(other)] if other else []
+    end = r"(?=[{ \t\n]|\Z)"
+    return re.compile(rf"(\n({'|'.join(alternatives)}){end}[^\n]*(?:\n\2{end}[^\n]*)*)")
+
+
+def _tree(words: Iterable[str]) -> str:
+    """An alternation of `words` as a prefix tree: no character is compared twice."""
+    root: dict[str, dict] = {}
+    for word in words:
+        node = root
+        for char in word:
+            node = node.setdefault(char, {})
+        node[""] = {}
+    return _branches(root)
+
+
+def _branches(node: dict[str, dict]) -> str:
+    alternatives = [re.escape(char) + _branches(child) for char, child in sorted(node.items()) if char]
+    if not alternatives:
+        return ""
+    if len(alternatives) == 1 and "" not in node:
+        return alternatives[0]
+    return "(?:" + "|".join(alternatives) + ")" + ("?" if "" in node else "")

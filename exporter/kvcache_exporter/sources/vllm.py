@@ -53,19 +53,26 @@ class VllmSource:
         return {"Authorization": f"Bearer {token}"}
 
     async def collect(self) -> VllmSnapshot:
+        text = await self.fetch()
+        if len(text) <= INLINE_PARSE_CHARS:  # a few ms at most: not worth a thread hop
+            return self.read(text)
+        # In a worker thread: a long parse (8 MiB of series) must not hold up scrapes of /metrics.
+        return await asyncio.to_thread(self.read, text)
+
+    async def fetch(self) -> str:
+        """The whole body of one GET (its last line ended), or SourceError."""
         if self._session is None:
             self._session = new_session(self.keep_alive)
-        text = await fetch_text(
+        return await fetch_text(
             self._session,
             self.url,
             timeout=self.timeout,
             max_bytes=self.max_body_bytes,
             headers=self._headers(),
         )
-        if len(text) <= INLINE_PARSE_CHARS:  # a few ms at most: not worth a thread hop
-            return parse(text, None, self.limits, self._memory)
-        # In a worker thread: a long parse (8 MiB of series) must not hold up scrapes of /metrics.
-        return await asyncio.to_thread(parse, text, None, self.limits, self._memory)
+
+    def read(self, text: str) -> VllmSnapshot:
+        return parse(text, None, self.limits, self._memory)
 
     async def close(self) -> None:
         if self._session is not None:

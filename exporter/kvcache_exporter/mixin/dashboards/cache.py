@@ -6,7 +6,19 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import units
 
 from . import attribution, fleet
-from .common import Query, below_is_bad, dashboard, graph, grid, limits, rate, ratio, sel
+from .common import (
+    BATCHES_PER_SECOND,
+    TOKENS_PER_SECOND,
+    Query,
+    below_is_bad,
+    dashboard,
+    graph,
+    grid,
+    limits,
+    rate,
+    ratio,
+    sel,
+)
 
 UID = "kvcache-cache"
 HITS, QUERIES = "kvcache_prefix_cache_hit_tokens_total", "kvcache_prefix_cache_query_tokens_total"
@@ -39,6 +51,7 @@ def _prefix_cache():
             shows="Prompt tokens looked up in, and served from, the prefix cache per second.",
             action="Queried falling to 0 means no traffic (ratios then show gaps, not 0).",
             alerts=HIT_ALERTS,
+            unit=TOKENS_PER_SECOND,
         ),
         graph(
             "Prompt tokens: computed vs cached",
@@ -46,6 +59,7 @@ def _prefix_cache():
             shows="Prompt tokens per second whose KV was computed (prefill work) or came from the cache.",
             action="Computed growing while traffic is flat means the cache stopped helping: see hit ratio.",
             alerts=HIT_ALERTS,
+            unit=TOKENS_PER_SECOND,
             stacked=True,
         ),
         graph(
@@ -79,6 +93,7 @@ def _blocks():
             Query(
                 rate("kvcache_preemptions_total", "model_name, engine"),
                 "{{model_name}}/{{engine}} preempted/s",
+                unit=units.OpsPerSecond,
             ),
             shows="The running batch, the queue, and preemptions per second.",
             action="A growing queue with blocks full is saturation: scale out.",
@@ -114,7 +129,11 @@ def _blocks():
         graph(
             "Cached blocks per the KV-event stream",
             Query(sel("kvcache_kv_events_cached_blocks"), "cached blocks"),
-            Query(rate("kvcache_kv_events_missed_batches_total", ""), "missed batches/s"),
+            Query(
+                rate("kvcache_kv_events_missed_batches_total", ""),
+                "missed batches/s",
+                unit=BATCHES_PER_SECOND,
+            ),
             shows="Blocks in vLLM's prefix-cache hash table according to KV events, and lost event batches.",
             action="Missed batches: the subscriber falls behind or vLLM restarted; the count is then off.",
             alerts=("KVCacheEventsMissed",),

@@ -37,16 +37,21 @@ def limits() -> Limits:
     return LIMITS.get()
 
 
-# Series the exporter serves carry job/instance of the exporter's scrape; vLLM's own series
-# come from another job, so they are filtered by model and engine only.
+# Series the exporter serves carry job/instance of the exporter's scrape. vLLM's own series come
+# from vLLM's job: the sidecar's host with vLLM's port, so they follow $job/$instance through
+# $host (the host part of the selected exporter instances).
 _TARGET = ('job=~"$job"', 'instance=~"$instance"')
+_VLLM_TARGET = ('instance=~"$host:[0-9]+"',)
 _LABEL_VARS = ("model_name", "engine")
+TOKENS_PER_SECOND = "suffix: tokens/s"
+BATCHES_PER_SECOND = "suffix: batches/s"
+WINDOW = 'window=~"$window"'
 
 
 def sel(metric: str, *matchers: str) -> str:
     """`metric{...}` filtered by the dashboard variables that apply to it, plus `matchers`."""
     if metric.startswith("vllm:"):
-        labels, base = _LABEL_VARS, ()
+        labels, base = _LABEL_VARS, _VLLM_TARGET
     else:  # the exporter's series, and Prometheus' own `up`
         labels, base = (BY_NAME[metric].labels if metric in BY_NAME else ()), _TARGET
     own = tuple(f'{label}=~"${label}"' for label in _LABEL_VARS if label in labels)
@@ -66,6 +71,7 @@ class Query(NamedTuple):
     expr: str
     legend: str = ""
     instant: bool = False
+    unit: str | None = None  # this query's unit where the panel mixes units (a rate beside a gauge)
 
 
 def metrics_of(expr: str) -> list[str]:
@@ -116,6 +122,8 @@ def _finish(builder, title, queries, shows, action, alerts, unit, w, h, threshol
         if as_table:
             target = target.format(pm.PromQueryFormat.TABLE)
         builder = builder.with_target(target.instant() if q.instant else target.range())
+        if q.unit:
+            builder = builder.override_by_query(chr(ord("A") + i), [dm.DynamicConfigValue("unit", q.unit)])
     return builder.thresholds(thresholds) if thresholds else builder
 
 
@@ -157,8 +165,12 @@ def single(
     w: int = 4,
     h: int = 4,
     thresholds: db.ThresholdsConfig | None = None,
+    named: bool = False,
 ) -> stat.Panel:
+    """A stat; `named`: each value with its series' legend (what it is matters as much as how much)."""
     panel = stat.Panel().graph_mode(cm.BigValueGraphMode.AREA).color_mode(cm.BigValueColorMode.VALUE)
+    if named:
+        panel = panel.text_mode(cm.BigValueTextMode.VALUE_AND_NAME)
     panel = panel.reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]))
     return _finish(panel, title, queries, shows, action, alerts, unit, w, h, thresholds)
 
@@ -183,15 +195,25 @@ def grid(
 
 
 def variables() -> list[db.DatasourceVariable | db.QueryVariable]:
-    """datasource, job, instance (pod), model_name and engine, each narrowing the next."""
+    """datasource, job, instance (pod), its host (hidden: vLLM's series), model_name, engine, each
+    narrowing the next, and the exporter's window for the windowed gauges."""
     build_info = "kvcache_exporter_build_info"
     config = 'kvcache_vllm_config_info{job=~"$job", instance=~"$instance"'
     return [
         db.DatasourceVariable("datasource").label("Data source").type("prometheus"),
         _query_var("job", "Job", f'label_values({build_info}{{job!=""}}, job)'),
         _query_var("instance", "Instance (pod)", f'label_values({build_info}{{job=~"$job"}}, instance)'),
+        _query_var(
+            "host", "Host", f'label_values({build_info}{{job=~"$job", instance=~"$instance"}}, instance)'
+        )
+        .regex("/^(.*):[0-9]+$/")
+        .hide(dm.VariableHide.HIDE_VARIABLE),
         _query_var("model_name", "Model", f"label_values({config}}}, model_name)"),
         _query_var("engine", "Engine", f'label_values({config}, model_name=~"$model_name"}}, engine)'),
+        _query_var("window", "Window", 'label_values(kvcache_prefix_cache_hit_ratio{job=~"$job"}, window)')
+        .multi(False)
+        .include_all(False)
+        .current(dm.VariableOption(selected=True, text="5m", value="5m")),
     ]
 
 

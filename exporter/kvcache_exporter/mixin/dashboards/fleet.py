@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import units
 
-from .common import RATE, Query, graph, ratio, sel
+from .common import BATCHES_PER_SECOND, RATE, TOKENS_PER_SECOND, Query, graph, ratio, sel
 
 OTHER = sel("kvcache_prefix_cache_miss_tokens_total", 'cause="other_replica"')
 AFFINITY = ("KVCacheAffinityLoss",)
@@ -37,6 +37,7 @@ def panels():
             action="other_replica a large part of computed on every replica: requests sharing a prefix are "
             "spread over replicas; route by session or prefix (runbook).",
             alerts=AFFINITY,
+            unit=TOKENS_PER_SECOND,
         ),
         graph(
             "Pool hit ratio: real vs with prefix affinity",
@@ -72,10 +73,12 @@ def panels():
             Query(
                 f"sum by (replica) (rate({sel('kvcache_kv_events_batches_total')}[{RATE}]))",
                 "{{replica}} batches/s",
+                unit=BATCHES_PER_SECOND,
             ),
             Query(
                 f"sum by (replica) (rate({sel('kvcache_kv_events_missed_batches_total')}[{RATE}]))",
                 "{{replica}} missed/s",
+                unit=BATCHES_PER_SECOND,
             ),
             shows="Per replica, as the aggregator sees it: its /metrics poll (1 = up), KV-event batches "
             "received and lost per second.",

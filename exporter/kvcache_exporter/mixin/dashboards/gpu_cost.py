@@ -5,7 +5,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import units
 
-from .common import Query, dashboard, graph, grid, rate, sel
+from .common import TOKENS_PER_SECOND, Query, dashboard, graph, grid, rate, sel
 
 UID = "kvcache-gpu-cost"
 GPU = "gpu{{gpu}} {{name}}"
@@ -107,6 +107,7 @@ def _cost():
             shows="Tokens per second that the cost is spread over.",
             action="Falling throughput at constant GPU cost raises cost per token.",
             alerts=COST_ALERTS,
+            unit=TOKENS_PER_SECOND,
             w=8,
         ),
         grid(

@@ -6,6 +6,8 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import units
 
 from .common import (
+    RATE,
+    WINDOW,
     Query,
     above_is_bad,
     below_is_bad,
@@ -25,6 +27,61 @@ LATENCY_ALERTS = ("KVCacheTimeToFirstTokenSLOBurn", "KVCachePrefillLatencySLOBur
 HIT_ALERTS = ("KVCacheHitRatioBelowFloor", "KVCacheHitRatioDropped")
 MEMORY_ALERTS = ("KVCacheGPUMemoryOverBudget", "KVCacheGPUMemorySwingLarge")
 UP_ALERTS = ("KVCacheExporterDown", "KVCacheExporterAbsent", "KVCacheVLLMDown", "KVCacheCollectorFailing")
+CAUSE_ALERTS = ("KVCacheMissesFromDivergedPrefix", "KVCacheEvictionThrashing", "KVCacheAffinityLoss")
+MISSES = "kvcache_prefix_cache_miss_tokens_total"
+NO_REPLICA, TWICE = 'replica=""', 'capacity_factor="2"'  # the sidecar's series; the 2x estimate
+ACTIONS = {  # docs/runbook.md, per cause of kvcache_prefix_cache_miss_tokens_total
+    "prefix_diverged": "move the per-request fields after the shared part",
+    "evicted": "the cache is too small: more KV memory, a host tier, fewer sequences",
+    "restart": "vLLM restarted: the cache is warming up",
+    "other_replica": "route requests that share a prefix to the same replica",
+    "cold": "new content: nothing to share yet",
+}
+
+
+def _top_cause() -> str:
+    """The cause with the largest share of the miss tokens, labelled with its `action`."""
+    misses = f"sum by (cause) (rate({sel(MISSES, NO_REPLICA)}[{RATE}]))"
+    expr = f"topk(1, {misses} / ignoring(cause) group_left() (sum({misses}) > 0))"
+    for cause, action in ACTIONS.items():
+        expr = f'label_replace({expr}, "action", "{action}", "cause", "{cause}")'
+    return expr
+
+
+def _why():
+    """The on-call's why: the top cause, its share and action; what each fix is worth."""
+    estimate = "kvcache_prefix_cache_hit_ratio_estimate"
+    return [
+        single(
+            "Why the cache misses",
+            Query(_top_cause(), "{{cause}}: {{action}}"),
+            shows="The cause of most prompt tokens vLLM computed (KV events), its share of them, and the "
+            "action that addresses it.",
+            action="Do what the panel says; the next panel says what it is worth. Open the deep dive's "
+            "'Why is the cache missing?' row for the evidence.",
+            alerts=CAUSE_ALERTS,
+            unit=units.PercentUnit,
+            w=12,
+            named=True,
+        ),
+        single(
+            "What each fix is worth (hit ratio)",
+            Query(f"avg({sel('kvcache_prefix_cache_hit_ratio', WINDOW)})", "now"),
+            Query(
+                f"max({sel('kvcache_prefix_cache_hit_ratio_reordered_estimate', WINDOW)})",
+                "per-request fields after the shared part",
+            ),
+            Query(f"max({sel(estimate, WINDOW, TWICE)})", "2x KV cache"),
+            Query(f"max({sel('kvcache_prefix_cache_hit_ratio_host_tier_estimate', WINDOW)})", "host tier"),
+            shows="The hit ratio now and the exporter's estimates over the $window window with each fix: "
+            "the prompt reordered, twice the KV cache, the host tier of --whatif.host-tier-bytes.",
+            action="The largest gain is the fix to make first; estimates are biased low (docs/kv-events.md).",
+            alerts=CAUSE_ALERTS[:2],
+            unit=units.PercentUnit,
+            w=12,
+            named=True,
+        ),
+    ]
 
 
 def _sla(name: str, label: str, default: float) -> db.TextBoxVariable:
@@ -183,5 +240,5 @@ def build() -> db.Dashboard:
         _sla("ttft_sla", "TTFT SLA (s)", lim.ttft_seconds),
         _sla("prefill_sla", "Prefill SLA (s)", lim.prefill_seconds),
     )
-    rows = {"Now": _stats(), "Trends": _graphs()}
+    rows = {"Now": _stats(), "Why": _why(), "Trends": _graphs()}
     return dashboard(UID, "KV cache / Overview", "On-call view: is vLLM's KV cache healthy now?", rows, slas)
