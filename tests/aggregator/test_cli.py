@@ -157,3 +157,15 @@ def test_aggregate_reports_every_problem_at_once_and_reads_a_config_file(tmp_pat
     assert "kvcache-exporter: --replica.max: 0 is below 1" in lines
     assert "kvcache-exporter: --collect.windows: at least one window is needed" in lines
     assert len(lines) == 3, lines
+
+
+def test_default_ports_are_outside_the_allocated_exporter_range():
+    """Prometheus's port registry allocates 9100-9999 to exporters; aggregate used 9401 (issue 19)."""
+    from kvcache_exporter.config import AGGREGATE_OPTIONS, OPTIONS
+
+    ports = {
+        int(next(o.default for o in table if o.key == "web.listen_address").rpartition(":")[2])
+        for table in (OPTIONS, AGGREGATE_OPTIONS)
+    }
+    assert ports == {18090, 18091}
+    assert not any(9100 <= port <= 9999 for port in ports)
