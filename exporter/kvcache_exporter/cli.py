@@ -8,6 +8,10 @@ import sys
 from . import __version__, config, docs
 from .config import OPTIONS
 
+DESCRIPTION = """Prometheus exporter for vLLM's KV (prefix) cache: run `serve` beside vLLM and scrape it.
+The other commands are tools around it. `kvcache-exporter COMMAND --help` lists a command's flags."""
+EXAMPLE = "example: kvcache-exporter serve --vllm.url http://127.0.0.1:8000/metrics"
+
 
 def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     serve = subparsers.add_parser(
@@ -49,11 +53,12 @@ SIDECAR_COMMANDS = ("serve", "docs")
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """All subcommands; for `serve` and `docs` only those, so the sidecar never imports the tools
     (simulator, analyzer, demo, aggregate, mixin): tests/core/test_layering.py holds this."""
-    parser = argparse.ArgumentParser(prog="kvcache-exporter", description=__doc__)
+    parser = argparse.ArgumentParser(prog="kvcache-exporter", description=DESCRIPTION, epilog=EXAMPLE)
     parser.add_argument("--version", action="version", version=f"kvcache-exporter {__version__}")
-    subparsers = parser.add_subparsers(dest="command", required=True)
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(subparsers)
-    doc = subparsers.add_parser("docs", help="write docs/metrics.md from the metric catalog")
+    # For maintainers (`make generate`): no help= keeps it out of the list users read.
+    doc = subparsers.add_parser("docs", description="write docs/metrics.md from the metric catalog")
     doc.add_argument("--output", default="-", help="file to write (default stdout)")
     doc.add_argument(
         "--flag-tables", action="append", help="rewrite the flags:COMMAND tables of this file instead"
