@@ -72,7 +72,7 @@ class VllmSource:
         )
 
     def read(self, text: str) -> VllmSnapshot:
-        return parse(text, None, self.limits, self._memory)
+        return parse(text, self.limits, self._memory)
 
     async def close(self) -> None:
         if self._session is not None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import re
 import sys
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -300,9 +299,7 @@ def _count(name: str, value: float) -> float:
     return value
 
 
-def parse(
-    text: str, ts: float | None = None, limits: ParseBounds = ParseBounds(), memory: Memory | None = None
-) -> VllmSnapshot:
+def parse(text: str, limits: ParseBounds = ParseBounds(), memory: Memory | None = None) -> VllmSnapshot:
     """Normalize one /metrics exposition. Raises SourceError("parse_error") on malformed text."""
     prefix = _RAY if _RAY in text else "vllm:"
     memory = memory or Memory()
@@ -348,7 +345,6 @@ def parse(
         present.add("cache_config")
     expected = names.EXPECTED_V0 if schema == "v0" else names.EXPECTED_V1
     return VllmSnapshot(
-        ts=time.time() if ts is None else ts,
         engines=engines,
         cache_configs=acc.cache_configs,
         schema=schema,
