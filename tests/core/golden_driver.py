@@ -142,9 +142,11 @@ def settings(gpu: str, vllm_urls: list[str], kv_endpoint: str):
         "collect.quantiles": ["0.5", "0.99"],
         "kv_events.endpoint": kv_endpoint,
         "kv_events.topic": "kv",
+        "whatif.host_tier_bytes": "64MiB",  # the host-tier what-if: 2,048 of the seed's 32 KiB blocks
         "cost.gpu_hour_price": "2.5",
         "cost.energy_price_per_kwh": "0.2",
         "gpu.source": gpu,
+        "whatif.host_tier_bytes": "64MiB",  # the host-tier what-if families (derive/whatif.py)
     }
     if gpu == "dcgm":
         flags |= {"gpu.dcgm_url": f"{vllm_url}/dcgm/metrics", "gpu.uuids": [DCGM_GPU]}

@@ -21,9 +21,12 @@ from .base import SourceError
 REQUEST_HEADERS = {"Accept-Encoding": "identity, gzip;q=0.5"}
 
 
-def new_session() -> aiohttp.ClientSession:
-    """aiohttp's own decompression has no bound on the inflated size: we do it ourselves."""
-    return aiohttp.ClientSession(auto_decompress=False)
+def new_session(keep_alive: bool = True) -> aiohttp.ClientSession:
+    """aiohttp's own decompression has no bound on the inflated size: we do it ourselves.
+    Without keep_alive a connection is closed after its request (the aggregator's 1,000 targets
+    would otherwise hold 1,000 idle descriptors)."""
+    connector = None if keep_alive else aiohttp.TCPConnector(force_close=True)
+    return aiohttp.ClientSession(auto_decompress=False, connector=connector)
 
 
 async def fetch_text(

@@ -38,6 +38,7 @@ class VllmSource:
     max_body_bytes: int = 8 * 1024 * 1024
     bearer_token_file: str | None = None
     limits: Limits = field(default_factory=Limits)
+    keep_alive: bool = True
     _session: aiohttp.ClientSession | None = None
     _memory: Memory = field(default_factory=Memory)
 
@@ -61,7 +62,7 @@ class VllmSource:
     async def fetch(self) -> str:
         """The whole body of one GET (its last line ended), or SourceError."""
         if self._session is None:
-            self._session = new_session()
+            self._session = new_session(self.keep_alive)
         return await fetch_text(
             self._session,
             self.url,
