@@ -87,9 +87,9 @@ def test_the_live_estimate_is_the_exact_reorder_on_a_chat_trace():
 @pytest.mark.parametrize("tokenizer", [TINY_LLAMA, None], ids=["tiny-llama", "simulator-tokenizer"])
 def test_the_analyzer_prints_the_live_rule_beside_the_exact_replay(tmp_path, capsys, tokenizer):
     """The analyzer's live-rule estimate (its curve's prefix_diverged tokens) beside its exact replay.
-    With the simulator's tokenizer anchors are rare (small ids: about one token in 50 of this
-    system prompt), so the known run starts up to an anchor gap after the shared content does: the
-    estimate stays below the replay there, never above it."""
+    With the simulator's tokenizer anchors are rare (small ids: one token in 61 of this system
+    prompt), so the known run is estimated to start up to an anchor gap after the shared content
+    does: the estimate stays below the replay there, never above it."""
     path = tmp_path / "chat.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in chat_lines(200, "timestamp")))
     assert main([str(path), "--format", "json", *(["--tokenizer", str(tokenizer)] if tokenizer else [])]) == 0

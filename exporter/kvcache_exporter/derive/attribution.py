@@ -39,11 +39,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..sources.kv_events_decode import IN_ORDER, Batch, Dropped, Event, KvEventDrain, Mark, SeqCursor
-from .fingerprints import ANCHOR_SPACING, FingerprintSet, Generations, anchors
+from .fingerprints import FingerprintSet, Generations, anchors
 from .reorder import (
     KnownRun,
     first_known_run,
     front_without_anchors,
+    lead,
     overlaps,
     served_span,
     served_tokens,
@@ -245,7 +246,7 @@ class Attribution:
             if not found:
                 return None
         if found.issuperset(prints):  # all known (the common case when any is): the run is the rest
-            start = max(positions[0] - ANCHOR_SPACING // 4, 0)
+            start = max(positions[0] - lead(positions, length), 0)
             return KnownRun(start, length, front_without_anchors(start, root, unit))
         return first_known_run(positions, list(map(found.__contains__, prints)), length, root, unit)
 

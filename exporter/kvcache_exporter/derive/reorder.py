@@ -48,8 +48,8 @@ def first_known_run(
     at the divergence point shorter than `unit` tokens is the head: the next known run is returned,
     with the head's length (none after it: the head itself).
 
-    The run starts ANCHOR_SPACING / 4 tokens before its first seen anchor (never at or before the
-    unseen anchor preceding it) and ends K / 2 tokens into the first unseen anchor's window after
+    The run starts `lead` tokens before its first seen anchor (never at or before the unseen
+    anchor preceding it) and ends K / 2 tokens into the first unseen anchor's window after
     it (at least K tokens past its last seen anchor: that window was known whole)."""
     if True not in seen:
         return None
@@ -71,21 +71,30 @@ def _run_from(
 ) -> KnownRun:
     after = next((i for i in range(first + 1, len(seen)) if not seen[i]), None)
     floor = positions[first - 1] + 1 if first else 0
-    start = max(floor, positions[first] - ANCHOR_SPACING // 4)
+    start = max(floor, positions[first] - lead(positions, length))
     end = length if after is None else min(max(positions[after - 1] + K, positions[after] + K // 2), length)
     fronted = first > 0 or ((root or after is None) and front_without_anchors(start, root, unit))
     return KnownRun(start, max(end, start), fronted)
+
+
+def lead(positions: Sequence[int], length: int) -> int:
+    """Tokens a known run is estimated to start before its first seen anchor: a quarter of the
+    anchor spacing; the event's own (tokens per anchor) where it is at least twice the typical one
+    (ids below 512 have one byte that can select them: a text of few distinct ids may hold few)."""
+    spacing = length // max(len(positions), 1)
+    return (spacing if spacing >= 2 * ANCHOR_SPACING else ANCHOR_SPACING) // 4
 
 
 def front_without_anchors(start: int, root: bool, unit: int) -> bool:
     """Whether the tokens before a known run's `start`, with no anchor among them, are its
     per-request front: at a chain's root any (the first block's hash is new, so it differs from
     every prompt before); behind a cached prefix, for a run that reaches the end of the new tokens,
-    a hit unit or more even had the known content begun a whole anchor spacing before its first
-    anchor (a field of small ids such as digits may hold no anchor at all, while known content at
-    the divergence point mostly shows one sooner). A run that ends before the new tokens do needs
-    an unseen anchor before it there: recurring pieces after a unique header do not count."""
-    return start > 0 if root else 0 < unit <= start - (ANCHOR_SPACING - ANCHOR_SPACING // 4)
+    a hit unit plus three quarters of an anchor spacing or more (at typical spacing: had the known
+    content begun a whole spacing before its first anchor, a unit would still precede it). A field
+    of small ids such as digits may hold no anchor at all, while known content at the divergence
+    point mostly shows one sooner. A run that ends before the new tokens do needs an unseen anchor
+    before it there: recurring pieces after a unique header do not count."""
+    return start > 0 if root else 0 < unit <= start - ANCHOR_SPACING * 3 // 4
 
 
 def served_tokens(
