@@ -52,6 +52,17 @@ def panels():
             unit=units.PercentUnit,
         ),
         graph(
+            "Sessions split across replicas (ground truth)",
+            Query(f"max({sel('kvcache_fleet_sessions_split_ratio')})", "split sessions"),
+            shows="Where requests carry a session id (vLLM 0.32+ puts it on BlockStored): the share of "
+            "recent sessions whose blocks were stored on two or more replicas. No data without session ids; "
+            "every aggregator shard reports the same figure.",
+            action="High: the router splits sessions; with a wide gap between the real and the affinity hit "
+            "ratio, sticky session routing wins it. 0 with a gap: the prefix is shared across sessions.",
+            alerts=AFFINITY,
+            unit=units.PercentUnit,
+        ),
+        graph(
             "Blocks held by two or more replicas",
             Query(
                 ratio(
