@@ -97,4 +97,16 @@ def panels():
             "endpoint, which only the sidecar can receive: use tcp://*:5557 (docs/fleet.md).",
             alerts=("KVCacheEventsMissed", "KVCacheVLLMDown"),
         ),
+        graph(
+            "Aggregator up",
+            Query(
+                f"max by (instance) ({sel('up')} and on (job, instance) "
+                f"last_over_time({sel('kvcache_fleet_distinct_blocks')}[1d]))",
+                "{{instance}}",
+            ),
+            shows="Whether Prometheus can scrape each fleet aggregator seen in the last day (1 = up): the "
+            "process behind every panel of this row.",
+            action="0 or gone: the fleet view is blind; see the aggregator's log and its pod (runbook).",
+            alerts=("KVCacheAggregatorDown", "KVCacheAggregatorAbsent"),
+        ),
     ]
