@@ -336,6 +336,7 @@ def shape_server(
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache (AllBlocksCleared), loopback only
         "PYTHONUNBUFFERED": "1",
         **(env or {}),
     }

@@ -6,13 +6,17 @@ kv_cache_report_mode=full on one server.
 Prompts are token ids whose length is a whole number of hit units plus 3: vLLM computes those 3
 tokens and stores them nowhere (no event can show them), so coverage is checked at 5 %, never above.
 Workloads: a per-request header before a shared template (prefix_diverged must dominate), then exact
-repeats (no misses beyond the never-cacheable 3 tokens).
+repeats (no misses beyond the never-cacheable 3 tokens), then more distinct prompts than the cache
+holds and the first of them again (evicted), then a prompt again after vLLM's /reset_prefix_cache
+(AllBlocksCleared: restart), then the fix: the template first and the header after it (no
+prefix_diverged).
 """
 
 from __future__ import annotations
 
 import random
 import time
+import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -96,7 +100,16 @@ def header_then_repeats(rng, unit: int, units: int) -> tuple[list, list]:
     return diverged, [repeated] * 4
 
 
-def check_shape(exporter, server, unit: int, units: int, engine: str | None = None, headers=None) -> dict:
+def reset_prefix_cache(server) -> None:
+    reset = urllib.request.Request(server.base_url + "/reset_prefix_cache", data=b"", method="POST")
+    with urllib.request.urlopen(reset, timeout=60) as answer:
+        assert answer.status == 200  # vLLM emits AllBlocksCleared (VLLM_SERVER_DEV_MODE=1)
+
+
+def check_shape(
+    exporter, server, unit: int, units: int, capacity: int, engine: str | None = None, headers=None
+) -> dict:
+    """`capacity`: the tokens the KV cache holds (vLLM's "KV cache size" line for these flags)."""
     rng = random.Random(20 + int(engine or 0))
     vllm_engine = engine or "0"
     start, start_computed = settle(exporter, (engine,))[engine], computed(server, vllm_engine)
@@ -114,6 +127,27 @@ def check_shape(exporter, server, unit: int, units: int, engine: str | None = No
     got = delta(after_repeats, after_header)
     assert sum(got.values()) == units * unit and got["cold"] == units * unit, got  # the first send only
 
+    distinct = [tokens(rng, units * unit + TAIL) for _ in range(capacity // (units * unit) + 3)]
+    for prompt in [*distinct, distinct[0]]:
+        send(server, prompt, headers=headers)
+    after_evictions = settle(exporter, (engine,))[engine]
+    got = delta(after_evictions, after_repeats)
+    assert got["evicted"] >= units * unit, got  # the first came back after the cache turned over
+
+    reset_prefix_cache(server)
+    send(server, distinct[-1], headers=headers)  # held until the reset: lost with the cache, not evicted
+    after_reset = settle(exporter, (engine,))[engine]
+    got = delta(after_reset, after_evictions)
+    assert got["restart"] == units * unit and sum(got.values()) == units * unit, got
+
+    fixed = tokens(rng, units * unit)
+    for _ in range(6):  # the fix: the shared part first, the per-request header after it
+        send(server, fixed + tokens(rng, 8 + TAIL), headers=headers)
+    after_fix = settle(exporter, (engine,))[engine]
+    got = delta(after_fix, after_reset)
+    assert got["prefix_diverged"] == 0 and got["cold"] == units * unit, got  # the template once, then hits
+    after_repeats = after_fix
+
     attributed = sum(after_repeats.values()) - sum(start.values())
     vllm_computed = computed(server, vllm_engine) - start_computed
     print(f"\nengine {vllm_engine}: attributed {attributed:.0f} of {vllm_computed:.0f}: {after_repeats}")
@@ -124,7 +158,7 @@ def check_shape(exporter, server, unit: int, units: int, engine: str | None = No
 def test_deepseek_v4_hit_units(vllm_dsv4, start_exporter) -> None:
     with start_exporter(*serve_args(vllm_dsv4)) as exporter:
         warm_up(exporter, vllm_dsv4, random.Random(1), 256)
-        check_shape(exporter, vllm_dsv4, 256, 3)
+        check_shape(exporter, vllm_dsv4, 256, 3, capacity=6555)
         samples = scrape(exporter)
         groups = [labels for name, labels, _ in samples if name == "kvcache_kv_events_group_info"]
         assert sorted(g["block_size"] for g in groups) == ["256", "4", "64", "64", "64", "8"], groups
@@ -134,7 +168,7 @@ def test_deepseek_v4_hit_units(vllm_dsv4, start_exporter) -> None:
 def test_gemma3_six_groups(vllm_gemma3, start_exporter) -> None:
     with start_exporter(*serve_args(vllm_gemma3)) as exporter:
         warm_up(exporter, vllm_gemma3, random.Random(2), 32)
-        check_shape(exporter, vllm_gemma3, 32, 10)
+        check_shape(exporter, vllm_gemma3, 32, 10, capacity=2661)
         groups = [labels for name, labels, _ in scrape(exporter) if name == "kvcache_kv_events_group_info"]
         assert len(groups) == 6 and sum(g["kind"] == "sliding_window" for g in groups) == 5, groups
 
@@ -149,7 +183,7 @@ def test_data_parallel_lora_sessions_and_reuse_reports(vllm_dp_lora, start_expor
     with start_exporter(*serve_args(server, "--kv-events.data-parallel-size", "2")) as exporter:
         warm_up(exporter, server, random.Random(3), 32, engines, route)
         for engine in engines:  # each rank its own stream, its own /metrics engine
-            check_shape(exporter, server, 32, 10, engine, route(engine))
+            check_shape(exporter, server, 32, 10, 2048, engine, route(engine))
 
         rng = random.Random(4)
         prompt = tokens(rng, 320 + TAIL)
