@@ -166,3 +166,52 @@ def test_the_same_lines_with_their_line_feed_are_read_whole(shared_fixtures, fra
     whole = text[: len(cut) - 1] + value + "\n"  # cut after the line instead of inside it
     assert asyncio.run(fetch_framed(whole.encode(), framing)) == whole
     assert asyncio.run(fetch_framed(text.encode(), framing)) == text
+
+
+class KeepAliveServer:
+    """Answers every GET on a connection with the same body and a Content-Length; with `close_after`,
+    closes each connection after that many answers without saying so (an idle-timeout upstream)."""
+
+    def __init__(self, body: bytes, close_after: int | None = None):
+        self.body, self.close_after, self.connections = body, close_after, 0
+
+    async def answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        answered = 0
+        try:
+            while self.close_after is None or answered < self.close_after:
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(self.body), self.body))
+                await writer.drain()
+                answered += 1
+        except asyncio.IncompleteReadError:
+            pass  # the client closed it
+        finally:
+            writer.close()
+
+
+async def fetch_repeatedly(server: KeepAliveServer, times: int, pause: float = 0.05) -> list[str]:
+    listener = await asyncio.start_server(server.answer, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/metrics"
+    got = []
+    try:
+        async with new_session() as session:
+            for _ in range(times):
+                got.append(await fetch_text(session, url, timeout=10.0, max_bytes=1 << 20))
+                await asyncio.sleep(pause)  # a poll interval: the upstream's close may arrive meanwhile
+    finally:
+        listener.close()
+    return got
+
+
+def test_polls_share_one_kept_alive_connection():
+    server = KeepAliveServer(b"vllm:x 1\n")
+    assert asyncio.run(fetch_repeatedly(server, 5)) == ["vllm:x 1\n"] * 5
+    assert server.connections == 1
+
+
+@pytest.mark.parametrize("pause", [0.0, 0.05])  # the close not yet seen (the GET is sent again), or seen
+def test_a_connection_the_upstream_closed_between_polls_is_reopened(pause):
+    server = KeepAliveServer(b"vllm:x 1\n", close_after=1)
+    assert asyncio.run(fetch_repeatedly(server, 3, pause)) == ["vllm:x 1\n"] * 3
+    assert server.connections == 3

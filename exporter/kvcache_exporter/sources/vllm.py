@@ -7,10 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-import aiohttp
-
 from .base import SourceError
-from .http import fetch_text, new_session
+from .http import Session, fetch_text, new_session
 from .vllm_parse import Limits, Memory, parse
 from .vllm_snapshot import EngineKey, EngineSample, Histogram, VllmSnapshot
 
@@ -38,7 +36,7 @@ class VllmSource:
     max_body_bytes: int = 8 * 1024 * 1024
     bearer_token_file: str | None = None
     limits: Limits = field(default_factory=Limits)
-    _session: aiohttp.ClientSession | None = None
+    _session: Session | None = None
     _memory: Memory = field(default_factory=Memory)
 
     def _headers(self) -> dict[str, str]:
