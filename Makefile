@@ -54,10 +54,11 @@ lint: venv
 # Every generated file is committed; `make check` regenerates and fails on drift.
 # MIXIN_DATA: what `kvcache-exporter mixin` ships in the wheel, copies of the repository's sources.
 MIXIN_DATA := exporter/kvcache_exporter/mixin/data
-GENERATED := docs/metrics.md alerts/rules docs/alerts.md dashboards/json deploy/kubernetes $(MIXIN_DATA)
+GENERATED := docs/metrics.md README.md docs/fleet.md alerts/rules docs/alerts.md dashboards/json deploy/kubernetes $(MIXIN_DATA)
 
 generate: venv
 	$(PY) -m kvcache_exporter docs --output docs/metrics.md
+	$(PY) -m kvcache_exporter docs --flag-tables README.md --flag-tables docs/fleet.md
 	$(PY) -m alerts.generate
 	$(PY) -m alerts.quality --write docs/alerts.md
 	$(PY) -m dashboards

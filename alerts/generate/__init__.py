@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from kvcache_exporter.durations import parse_duration as seconds
 from kvcache_exporter.mixin import rules
-from kvcache_exporter.mixin.config import seconds
 
 HERE = Path(__file__).resolve().parent.parent  # alerts/
 __all__ = ["HERE", "main", "seconds", "write"]

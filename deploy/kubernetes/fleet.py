@@ -8,7 +8,7 @@ a Service and ServiceMonitor let Prometheus scrape every shard and sum them (doc
 from __future__ import annotations
 
 NAME = "kvcache-aggregator"
-PORT, KV_EVENTS_PORT, SHARDS = 9401, 5557, 2
+PORT, KV_EVENTS_PORT, SHARDS = 18091, 5557, 2  # 18091: beside serve's 18090, outside 9100-9999
 LABELS = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/component": "fleet-view"}
 
 

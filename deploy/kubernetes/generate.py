@@ -3,9 +3,10 @@
 base/: Deployment (vLLM + sidecar), Service, ServiceMonitor and the PrometheusRule built from
 alerts/rules/*.yaml. examples/: overlays on the base — podmonitor (a PodMonitor instead of the
 ServiceMonitor), gpu-sidecar (NVML in the sidecar) and dcgm (the node's dcgm-exporter through a
-node-local Service) and fleet (the aggregator of fleet.py beside the pool). Edit these files, not the
-output; `--release` sets the `release` label that
-kube-prometheus-stack's monitor and rule selectors match.
+node-local Service) and fleet (the aggregator of fleet.py beside the pool). dashboards/: the Grafana
+dashboards of dashboards/json as ConfigMaps labelled `grafana_dashboard: "1"`, for the Grafana
+sidecar (kube-prometheus-stack, production-stack, llm-d). Edit these files, not the output;
+`--release` sets the `release` label that kube-prometheus-stack's monitor and rule selectors match.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 RULES = HERE.parents[1] / "alerts" / "rules"
+DASHBOARDS = HERE.parents[1] / "dashboards" / "json"
 NAME, PORT, VLLM_PORT = "vllm", 18090, 8000
 LABELS = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/component": "inference"}
 RELEASE = "kube-prometheus-stack"
@@ -166,6 +168,26 @@ def prometheus_rule(release: str, rules_dir: Path = RULES) -> dict | None:
     }
 
 
+class _Literal(str):
+    """Written as a YAML block (|), so a dashboard reads as the JSON it is."""
+
+
+def dashboard_config_maps(dashboards_dir: Path = DASHBOARDS) -> list[dict]:
+    """One ConfigMap per dashboard; the Grafana sidecar loads every ConfigMap with this label."""
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": f"grafana-dashboard-{path.stem}",
+                "labels": {"app.kubernetes.io/name": "kvcache-exporter", "grafana_dashboard": "1"},
+            },
+            "data": {path.name: _Literal(path.read_text())},
+        }
+        for path in sorted(dashboards_dir.glob("*.json"))
+    ]
+
+
 def dcgm_node_local_service() -> dict:
     """dcgm-exporter's pods behind a Service that answers only from the caller's node."""
     return {
@@ -246,12 +268,17 @@ def layout(release: str = RELEASE) -> dict[str, list[dict]]:
         ],
         "examples/fleet/aggregator.yaml": fleet_documents(release),
         "examples/fleet/kustomization.yaml": [kustomization(["../../base", "aggregator.yaml"])],
+        "dashboards/dashboards.yaml": dashboard_config_maps(),
+        "dashboards/kustomization.yaml": [kustomization(["dashboards.yaml"])],
     }
 
 
 class _Dumper(yaml.SafeDumper):
     def ignore_aliases(self, data) -> bool:  # the label set repeats: write it out, not as &id001
         return True
+
+
+_Dumper.add_representer(_Literal, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s, style="|"))
 
 
 def _dump(documents: list[dict]) -> str:

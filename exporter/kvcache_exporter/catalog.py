@@ -1201,8 +1201,10 @@ CATALOG: tuple[Metric, ...] = (
     _m(
         EXPORTER_HTTP_REJECTED_TOTAL,
         "counter",
-        "Connections and requests our endpoint refused, by reason: too_many_connections, tls_handshake "
-        "(failed or timed out), header_too_large, bad_request, auth_busy (too many password checks queued).",
+        "Connections and requests our endpoint refused, by reason: too_many_connections (every slot "
+        "has a request in flight), idle_evicted (an idle connection closed to let a new one in), "
+        "tls_handshake (failed or timed out), header_too_large, bad_request, auth_busy (too many "
+        "checks of unknown passwords queued).",
         ("reason",),
         "",
         "health",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
 import sys
 
 from . import __version__, config, docs
-from .config import OPTIONS, ConfigError
+from .config import OPTIONS
+
+DESCRIPTION = """Prometheus exporter for vLLM's KV (prefix) cache: run `serve` beside vLLM and scrape it.
+The other commands are tools around it. `kvcache-exporter COMMAND --help` lists a command's flags."""
+EXAMPLE = "example: kvcache-exporter serve --vllm.url http://127.0.0.1:8000/metrics"
 
 
 def _add_serve(subparsers: argparse._SubParsersAction) -> None:
@@ -17,42 +19,25 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
         help="poll vLLM (and the GPU, and the KV-event stream) and serve the derived metrics",
         description="Every flag has an environment twin (KVCACHE_EXPORTER_<FLAG>) and a --config.file key.",
     )
-    serve.add_argument(
-        "--config.file", dest="config_file", help="optional YAML file with the same keys as the flags"
-    )
-    serve.add_argument(
-        "--check-config", action="store_true", help="validate the configuration and exit (0 or 1)"
-    )
-    for option in OPTIONS:
-        serve.add_argument(
-            option.flag,
-            dest=option.attr,
-            action="append" if option.multiple else "store",
-            metavar=option.key.rsplit(".", 1)[-1].upper(),
-            help=f"{option.help} (env {option.env}; default {config.default_text(option)})",
-        )
+    config.add_options(serve, OPTIONS)
     serve.set_defaults(func=_serve)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from .server import serve
-    from .web.config import load_web_config
+    from . import service
+    from .server import build_exporter
 
-    flags = {o.key: getattr(args, o.attr) for o in OPTIONS}
-    try:
-        # One check for --check-config and start-up alike: serve() loads the web config again itself.
-        settings = config.resolve(flags, dict(os.environ), args.config_file)
-        load_web_config(settings.web_config_file)
-        if args.check_config:
-            print("configuration OK")
-            return 0
-        return asyncio.run(serve(settings))
-    except ConfigError as err:  # also what only start-up can find, e.g. the port is taken
-        print(f"kvcache-exporter: {err}", file=sys.stderr)
-        return 1
+    return service.main(args, OPTIONS, config.resolve, build_exporter)
 
 
 def _docs(args: argparse.Namespace) -> int:
+    for path in args.flag_tables or ():
+        with open(path, encoding="utf-8") as f:
+            text = docs.with_flag_tables(f.read())
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    if args.flag_tables:
+        return 0
     text = docs.metrics_markdown()
     if args.output == "-":
         sys.stdout.write(text)
@@ -68,12 +53,16 @@ SIDECAR_COMMANDS = ("serve", "docs")
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """All subcommands; for `serve` and `docs` only those, so the sidecar never imports the tools
     (simulator, analyzer, demo, aggregate, mixin): tests/core/test_layering.py holds this."""
-    parser = argparse.ArgumentParser(prog="kvcache-exporter", description=__doc__)
+    parser = argparse.ArgumentParser(prog="kvcache-exporter", description=DESCRIPTION, epilog=EXAMPLE)
     parser.add_argument("--version", action="version", version=f"kvcache-exporter {__version__}")
-    subparsers = parser.add_subparsers(dest="command", required=True)
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(subparsers)
-    doc = subparsers.add_parser("docs", help="write docs/metrics.md from the metric catalog")
+    # For maintainers (`make generate`): no help= keeps it out of the list users read.
+    doc = subparsers.add_parser("docs", description="write docs/metrics.md from the metric catalog")
     doc.add_argument("--output", default="-", help="file to write (default stdout)")
+    doc.add_argument(
+        "--flag-tables", action="append", help="rewrite the flags:COMMAND tables of this file instead"
+    )
     doc.set_defaults(func=_docs)
     for module in _subcommand_modules() if command not in SIDECAR_COMMANDS else ():
         module.register(subparsers)  # each sets func= on its parser

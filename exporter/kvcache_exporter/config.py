@@ -1,31 +1,38 @@
-"""Settings for `serve`: one table drives the flags, their environment twins and the YAML file.
+"""Settings for `serve` and `aggregate`: one table each drives the flags, their environment twins
+and the YAML file; both go through the same parsers and checks.
 
-Precedence: defaults < --config.file < KVCACHE_EXPORTER_* environment < flags.
+Precedence: defaults < --config.file < environment (KVCACHE_EXPORTER_*, KVCACHE_AGGREGATE_*) < flags.
 Flag `--vllm.bearer-token-file` = YAML `vllm: {bearer_token_file: ...}` = env
-`KVCACHE_EXPORTER_VLLM_BEARER_TOKEN_FILE`. Unknown YAML keys are errors.
+`KVCACHE_EXPORTER_VLLM_BEARER_TOKEN_FILE`. Unknown YAML keys are errors (with the closest key).
+Every problem of flags, environment and file is reported at once, one `location: message` a line.
 """
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
-from .settings import Settings
+from .durations import parse_duration, window_label
+from .settings import AggregateSettings, Settings
 
 ENV_PREFIX = "KVCACHE_EXPORTER_"
 DEFAULT_PORT = 18090
 
 
 class ConfigError(ValueError):
-    """`location: message` — the location is a flag, an environment variable or file:key."""
+    """One or more `location: message` lines; the location is a flag, an environment variable or
+    file:key. Resolving collects every problem of flags, environment and file before raising."""
+
+    def __init__(self, *problems: str):
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _SIZE = re.compile(r"(\d+)\s*(|B|KiB|MiB|GiB|KB|MB|GB)")
 _SIZES = {
     "": 1,
@@ -37,20 +44,7 @@ _SIZES = {
     "MB": 1000**2,
     "GB": 1000**3,
 }
-
-
-def duration(text: Any) -> float:
-    """Prometheus-style duration (`90s`, `1m30s`, `1h`) or plain seconds, in seconds."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        seconds = float(text)
-    else:
-        parts = _DURATION.findall(str(text))
-        if not parts or "".join(n + u for n, u in parts) != str(text):
-            raise ValueError(f'invalid duration "{text}" (use e.g. 5s, 1m, 1h30m)')
-        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
-    if seconds <= 0:
-        raise ValueError(f'duration "{text}" must be positive')
-    return seconds
+duration = parse_duration  # the one grammar (durations.py): flags and YAML alike need a unit
 
 
 def size(text: Any) -> int:
@@ -133,6 +127,8 @@ class Option:
     help: str
     multiple: bool = False  # a list: repeat the flag, comma-separate the env var, a YAML list
     flag_name: str = ""  # where Prometheus convention differs from the key (--web.config.file)
+    env_prefix: str = ENV_PREFIX
+    separator: str | None = ","  # between a list's items in one value; None: whitespace
 
     @property
     def flag(self) -> str:
@@ -140,7 +136,7 @@ class Option:
 
     @property
     def env(self) -> str:
-        return ENV_PREFIX + re.sub(r"[.-]", "_", self.key).upper()
+        return self.env_prefix + re.sub(r"[.-]", "_", self.flag[2:]).upper()
 
     @property
     def attr(self) -> str:
@@ -254,6 +250,80 @@ OPTIONS: tuple[Option, ...] = (
     ),
 )
 BY_KEY = {o.key: o for o in OPTIONS}
+AGGREGATE_ENV_PREFIX = "KVCACHE_AGGREGATE_"
+AGGREGATE_DEFAULT_PORT = 18091  # beside serve's 18090, outside the allocated exporter range 9100-9999
+
+
+def port(text: Any) -> int:
+    value = at_least(0)(text)
+    if value > 65535:
+        raise ValueError(f"{value} is not a port (0-65535)")
+    return value
+
+
+def sampling(text: Any) -> float:
+    value = ratio(text)
+    if value == 0:
+        raise ValueError("0 keeps no hash at all: use a fraction above 0")
+    return value
+
+
+def shard(text: Any) -> str:
+    """`K/N`: keep the K-th of N hash ranges (0 <= K < N)."""
+    index, sep, count = str(text).partition("/")
+    if not sep or not index.isdigit() or not count.isdigit() or not int(index) < int(count):
+        raise ValueError(f'"{text}" is not K/N with 0 <= K < N')
+    return str(text)
+
+
+def _shared(key: str, **changes: Any) -> Option:
+    """One of serve's options for `aggregate`: the same parse and validation, aggregate's env twin."""
+    return replace(BY_KEY[key], env_prefix=AGGREGATE_ENV_PREFIX, **changes)
+
+
+def _aggregate(key: str, parse: Callable[[Any], Any], default: Any, help: str, **more: Any) -> Option:
+    return Option(key, parse, default, help, env_prefix=AGGREGATE_ENV_PREFIX, **more)
+
+
+AGGREGATE_OPTIONS: tuple[Option, ...] = (
+    _aggregate(
+        "replica.targets",
+        str,
+        [],
+        "TARGET[,KV_ENDPOINT] of a replica (host:port or URL); repeat, whitespace-separated in the env",
+        multiple=True,
+        flag_name="--replica",
+        separator=None,
+    ),
+    _aggregate("discovery.file_sd", str, None, "Prometheus file_sd JSON/YAML file, re-read on change"),
+    _aggregate("discovery.dns", str, None, "NAME:PORT of a headless Service (A/AAAA records)"),
+    _aggregate("discovery.refresh_interval", duration, 30.0, "how often --discovery.dns is resolved again"),
+    _aggregate("replica.kv_events_port", port, 5557, "KV-event port of a replica without one (0: none)"),
+    _aggregate("replica.max", at_least(1), 64, "replicas watched at most; the rest are counted left out"),
+    _aggregate("replica.max_blocks", at_least(1), 131_072, "block hashes remembered per replica"),
+    _aggregate("fleet.hash_sampling", sampling, 1.0, "fraction of block hashes kept (0 < f <= 1)"),
+    _aggregate("fleet.shard", shard, "0/1", "K/N: keep the K-th of N hash ranges"),
+    _shared("kv_events.topic"),
+    _shared("kv_events.max_batches_per_second"),
+    _shared("vllm.timeout"),
+    _shared("vllm.max_body_bytes"),
+    _shared("collect.interval"),
+    _shared("collect.windows", default=[300.0, 3600.0]),
+    _shared("web.listen_address", default=f":{AGGREGATE_DEFAULT_PORT}"),
+    _shared("web.telemetry_path"),
+    _shared("web.config_file"),
+    _shared("web.max_connections"),
+    _shared("web.idle_timeout"),
+    _shared("web.tls_handshake_timeout"),
+    _shared("log.level"),
+    _shared("log.format"),
+)
+
+
+def _split(option: Option, item: Any) -> list[Any]:
+    if not isinstance(item, str):
+        return [item]
+    return [v for v in (item.split(option.separator) if option.separator else item.split()) if v != ""]
 
 
 def _parse(option: Option, value: Any, location: str) -> Any:
@@ -262,88 +332,168 @@ def _parse(option: Option, value: Any, location: str) -> Any:
             return price_table(value)
         if option.multiple:
             raw = value if isinstance(value, list) else [value]
-            items = [
-                v
-                for item in raw
-                for v in (str(item).split(",") if isinstance(item, str) else [item])
-                if v != ""
-            ]
-            return [option.parse(v) for v in items]
+            return [option.parse(v) for item in raw for v in _split(option, item)]
         return option.parse(value)
     except (ValueError, TypeError) as err:
         raise ConfigError(f"{location}: {err}") from err
 
 
-def _flatten(data: Any, path: str, location: str) -> dict[str, Any]:
+def _flatten(
+    data: Any, path: str, location: str, keys: dict[str, Option], problems: list[str]
+) -> dict[str, Any]:
     if not isinstance(data, dict):
-        raise ConfigError(f"{location}: {path or 'top level'} must be a mapping")
+        problems.append(f"{location}: {path or 'top level'} must be a mapping")
+        return {}
+    sections = {k.rsplit(".", 1)[0] for k in keys}
     flat = {}
     for key, value in data.items():
         full = f"{path}.{key}" if path else str(key)
-        if full in BY_KEY:
+        if full in keys:
             flat[full] = value
-        elif isinstance(value, dict) and any(k.startswith(full + ".") for k in BY_KEY):
-            flat.update(_flatten(value, full, location))
+        elif full in sections:
+            flat.update(_flatten(value, full, location, keys, problems))
         else:
-            hint = difflib.get_close_matches(full, BY_KEY, n=1)
-            raise ConfigError(
+            hint = difflib.get_close_matches(full, [*keys, *sections], n=1)
+            problems.append(
                 f"{location}:{full}: unknown key" + (f" (did you mean {hint[0]}?)" if hint else "")
             )
     return flat
 
 
-def load_file(path: str) -> dict[str, Any]:
+def load_file(path: str, options: tuple[Option, ...] = OPTIONS) -> dict[str, Any]:
+    """The file's values by key; raises ConfigError with every problem in it."""
+    problems: list[str] = []
+    values = _load_file(path, {o.key: o for o in options}, problems)
+    if problems:
+        raise ConfigError(*problems)
+    return values
+
+
+def _load_file(path: str, keys: dict[str, Option], problems: list[str]) -> dict[str, Any]:
     import yaml  # here, not at the top: only --config.file needs it (~1 MiB of serve's RSS)
 
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}
     except OSError as err:
-        raise ConfigError(f"{path}: {err.strerror}") from err
+        problems.append(f"{path}: {err.strerror}")
+        return {}
     except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from err
+        problems.append(f"{path}: not UTF-8 text (byte {err.start})")
+        return {}
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: invalid YAML: {err}") from err
-    return {key: _parse(BY_KEY[key], v, f"{path}:{key}") for key, v in _flatten(data, "", path).items()}
+        problems.append(f"{path}: invalid YAML: {err}")
+        return {}
+    values = {}
+    for key, raw in _flatten(data, "", path, keys, problems).items():
+        try:
+            values[key] = _parse(keys[key], raw, f"{path}:{key}")
+        except ConfigError as err:
+            problems += err.problems
+    return values
+
+
+def _resolve(
+    options: tuple[Option, ...], flags: dict[str, Any], environ: dict[str, str], config_file: str | None
+) -> tuple[dict[str, Any], list[str], set[str]]:
+    """Defaults < file < environment < flags: the values, every problem found, the keys that failed."""
+    values = {o.key: o.default for o in options}
+    problems: list[str] = []
+    failed: set[str] = set()
+    if config_file:
+        before = len(problems)
+        values.update(_load_file(config_file, {o.key: o for o in options}, problems))
+        failed |= {o.key for o in options for p in problems[before:] if f":{o.key}:" in p}
+    for o in options:
+        for raw, location in ((environ.get(o.env), o.env), (flags.get(o.key), o.flag)):
+            if raw is None:
+                continue
+            try:
+                values[o.key] = _parse(o, raw, location)
+            except ConfigError as err:
+                problems += err.problems
+                failed.add(o.key)
+    return values, problems, failed
+
+
+def _settle(problems: list[str], checks: list[tuple[str, str]], failed_flags: set[str]) -> None:
+    """Raise every problem; a cross-option check on a value that already failed says nothing new."""
+    problems = problems + [f"{flag}: {msg}" for flag, msg in checks if flag not in failed_flags]
+    if problems:
+        raise ConfigError(*problems)
 
 
 def resolve(flags: dict[str, Any], environ: dict[str, str], config_file: str | None) -> Settings:
-    """Merge defaults, file, environment and flags (`flags` maps keys to raw strings or lists)."""
-    values = {o.key: o.default for o in OPTIONS}
-    if config_file:
-        values.update(load_file(config_file))
-    for o in OPTIONS:
-        if o.env in environ:
-            values[o.key] = _parse(o, environ[o.env], o.env)
-        if flags.get(o.key) is not None:
-            values[o.key] = _parse(o, flags[o.key], o.flag)
+    """`serve`'s settings: defaults, file, environment and flags merged (`flags` maps keys to raw
+    strings or lists); ConfigError lists every problem at once."""
+    values, problems, failed = _resolve(OPTIONS, flags, environ, config_file)
     values["gpu.pod"] = values["gpu.pod"] or environ.get("POD_NAME")
     values["gpu.namespace"] = values["gpu.namespace"] or environ.get("POD_NAMESPACE")
     settings = Settings(**{BY_KEY[k].attr: v for k, v in values.items()})
-    validate(settings)
+    _settle(problems, checks(settings), {BY_KEY[k].flag for k in failed})
+    return settings
+
+
+def resolve_aggregate(
+    flags: dict[str, Any],
+    environ: dict[str, str],
+    config_file: str | None,
+    check: Callable[[AggregateSettings], object] | None = None,
+) -> AggregateSettings:
+    """`aggregate`'s settings, resolved and checked exactly like `serve`'s; `check` (the aggregator's
+    discovery set-up) may raise ConfigError, whose problems join the others."""
+    values, problems, failed = _resolve(AGGREGATE_OPTIONS, flags, environ, config_file)
+    by_key = {o.key: o for o in AGGREGATE_OPTIONS}
+    settings = AggregateSettings(**{by_key[k].attr: v for k, v in values.items()})
+    try:
+        if check is not None:
+            check(settings)
+    except ConfigError as err:
+        problems += err.problems
+    _settle(problems, aggregate_checks(settings), {by_key[k].flag for k in failed})
     return settings
 
 
 _RESERVED_PATHS = ("/", "/healthz", "/readyz")
 
 
-def validate(s: Settings) -> None:
-    """What start-up would reject, found before it: --check-config runs exactly this."""
-    if not s.vllm_url:
-        raise ConfigError("--vllm.url: at least one vLLM URL is needed")
+def _common_checks(s: Settings | AggregateSettings) -> list[tuple[str, str]]:
+    out = []
     if not s.collect_windows:
-        raise ConfigError("--collect.windows: at least one window is needed")
+        out.append(("--collect.windows", "at least one window is needed"))
     if any(w < s.collect_interval for w in s.collect_windows):
-        raise ConfigError("--collect.windows: every window must be at least --collect.interval")
+        out.append(("--collect.windows", "every window must be at least --collect.interval"))
+    if not s.web_telemetry_path.startswith("/"):
+        out.append(("--web.telemetry-path", "must start with /"))
+    elif s.web_telemetry_path in _RESERVED_PATHS:
+        out.append(("--web.telemetry-path", f"{s.web_telemetry_path} is taken by the exporter itself"))
+    return out
+
+
+def checks(s: Settings) -> list[tuple[str, str]]:
+    """What start-up would reject, found before it: --check-config runs exactly this."""
+    out = []
+    if not s.vllm_url:
+        out.append(("--vllm.url", "at least one vLLM URL is needed"))
+    out += _common_checks(s)
     if s.gpu_source == "dcgm" and not s.gpu_dcgm_url:
-        raise ConfigError("--gpu.dcgm-url: needed with --gpu.source=dcgm")
+        out.append(("--gpu.dcgm-url", "needed with --gpu.source=dcgm"))
     dcgm = s.gpu_source == "dcgm" or (s.gpu_source == "auto" and s.gpu_dcgm_url)
     if dcgm and not s.gpu_pod and not s.gpu_uuids:
-        raise ConfigError("--gpu.pod: the dcgm GPU source needs this pod's name ($POD_NAME) or --gpu.uuids")
-    if not s.web_telemetry_path.startswith("/"):
-        raise ConfigError("--web.telemetry-path: must start with /")
-    if s.web_telemetry_path in _RESERVED_PATHS:
-        raise ConfigError(f"--web.telemetry-path: {s.web_telemetry_path} is taken by the exporter itself")
+        out.append(("--gpu.pod", "the dcgm GPU source needs this pod's name ($POD_NAME) or --gpu.uuids"))
+    return out
+
+
+def aggregate_checks(s: AggregateSettings) -> list[tuple[str, str]]:
+    out = []
+    if not (s.replica_targets or s.discovery_file_sd or s.discovery_dns):
+        out.append(("--replica", "name the replicas: --replica, --discovery.file-sd or --discovery.dns"))
+    return out + _common_checks(s)
+
+
+def validate(s: Settings) -> None:
+    """Raise every problem `checks` finds."""
+    _settle([], checks(s), set())
 
 
 def size_text(n: int) -> str:
@@ -365,11 +515,21 @@ def default_text(option: Option) -> str:
     return ",".join(show(v) for v in value) if isinstance(value, list) else show(value)
 
 
-def window_label(seconds: float) -> str:
-    """60 -> 1m, 3600 -> 1h, 100 -> 1m40s: the `window` label value, in PromQL duration style."""
-    parts, rest = [], round(seconds * 1000)
-    for unit, size_ms in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
-        if rest >= size_ms:
-            parts.append(f"{rest // size_ms}{unit}")
-            rest %= size_ms
-    return "".join(parts) or "0s"
+def add_options(parser: argparse.ArgumentParser, options: tuple[Option, ...]) -> None:
+    """--config.file, --check-config and one flag per option; values stay raw until resolve."""
+    parser.add_argument(
+        "--config.file", dest="config_file", help="optional YAML file with the same keys as the flags"
+    )
+    parser.add_argument(
+        "--check-config",
+        action="store_true",
+        help="validate the configuration and exit (0, or 2 and every problem)",
+    )
+    for option in options:
+        parser.add_argument(
+            option.flag,
+            dest=option.attr,
+            action="append" if option.multiple else "store",
+            metavar=option.key.rsplit(".", 1)[-1].upper(),
+            help=f"{option.help} (env {option.env}; default {default_text(option)})",
+        )

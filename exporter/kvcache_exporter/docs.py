@@ -1,8 +1,11 @@
-"""docs/metrics.md, generated from the catalog (make generate; make check fails on drift)."""
+"""docs/metrics.md from the catalog and README's flag tables from the option tables (make
+generate; make check fails on drift)."""
 
 from __future__ import annotations
 
-from . import catalog
+import re
+
+from . import catalog, config
 
 GROUPS = {
     "cache": "Prefix cache and tokens",
@@ -60,3 +63,33 @@ def metrics_markdown() -> str:
         parts.append(f"\n## {title}\n\n{TABLE_HEAD}")
         parts += [_row(m) for m in metrics]
     return "\n".join(parts) + "\n"
+
+
+FLAG_TABLES = {"serve": config.OPTIONS, "aggregate": config.AGGREGATE_OPTIONS}
+FLAGS_HEAD = "| flag | environment | YAML key | default | |\n|---|---|---|---|---|"
+
+
+def flags_markdown(command: str) -> str:
+    """Every option of `command`, as `--help` says it: flag, env twin, YAML key, default, meaning."""
+    rows = [FLAGS_HEAD]
+    for o in FLAG_TABLES[command]:
+        repeat = " (repeatable)" if o.multiple else ""
+        default = config.default_text(o)
+        cells = (
+            f"`{o.flag}`{repeat}",
+            f"`{o.env}`",
+            f"`{o.key}`",
+            "—" if default == "unset" else f"`{default}`",
+            o.help,
+        )
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows)
+
+
+def with_flag_tables(text: str) -> str:
+    """`text` (README.md) with each `<!-- flags:COMMAND -->` ... `<!-- /flags -->` block rewritten."""
+
+    def table(match: re.Match[str]) -> str:
+        return f"{match.group(1)}\n{flags_markdown(match.group(2))}\n{match.group(3)}"
+
+    return re.sub(r"(<!-- flags:(\w+) -->)\n.*?\n?(<!-- /flags -->)", table, text, flags=re.S)

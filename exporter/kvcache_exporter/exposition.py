@@ -15,24 +15,33 @@ from .samples import Sample
 
 
 def families(samples: Iterable[Sample]) -> list[Metric]:
-    """Group samples into metric families. A name missing from the catalog is a bug: KeyError."""
-    grouped: dict[str, tuple[Metric, list[str]]] = {}
-    for name, labels, value in samples:
-        family_name = _summary_of(name) or name
-        if family_name not in grouped:
-            spec = catalog.get(family_name)
-            if spec.type in ("summary", "histogram"):
-                family = Metric(family_name, spec.help, spec.type)
-            else:
-                kind = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
-                family = kind(family_name, spec.help, labels=list(labels))
-            grouped[family_name] = (family, list(labels))
-        family, label_names = grouped[family_name]
-        if family.type in ("summary", "histogram"):
+    """Group samples into metric families. A name missing from the catalog is a bug: KeyError.
+    A family takes its first sample's label names (one without some of them has them empty, which
+    Prometheus reads as absent); a sample with a name beyond them keeps its own labels (collector
+    success of a discovery has no `replica`, a replica's has one: it lost it, a duplicate series)."""
+    grouped: dict[str, list[Sample]] = {}
+    for sample in samples:
+        grouped.setdefault(_summary_of(sample.name) or sample.name, []).append(sample)
+    return [_family(name, members) for name, members in grouped.items()]
+
+
+def _family(family_name: str, samples: list[Sample]) -> Metric:
+    spec = catalog.get(family_name)
+    if spec.type in ("summary", "histogram"):
+        family = Metric(family_name, spec.help, spec.type)
+        for name, labels, value in samples:
             family.add_sample(name, labels, value)
-        else:
+        return family
+    label_names = list(samples[0].labels)
+    kind = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
+    family = kind(family_name, spec.help, labels=label_names)
+    sample_name = family.name + "_total" if spec.type == "counter" else family.name
+    for _, labels, value in samples:
+        if labels.keys() <= set(label_names):
             family.add_metric([labels.get(key, "") for key in label_names], value)
-    return [family for family, _ in grouped.values()]
+        else:
+            family.add_sample(sample_name, dict(labels), value)
+    return family
 
 
 def _summary_of(name: str) -> str | None:

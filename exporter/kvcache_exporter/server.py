@@ -1,29 +1,23 @@
-"""`serve`: wire settings into sources, the poll loop and the HTTP server, then run until a signal."""
+"""`serve`: wire settings into sources and the poll loop (service.py runs it behind the HTTP server)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from . import logs
 from .collector import Exporter, Poll, target_polls
-from .config import ConfigError
 from .derive.attribution import Attribution
 from .derive.cost import Pricing
 from .derive.kv_events import EventState
 from .derive.registry import DeriveOptions
 from .derive.state import PollState
 from .derive.units import UnitView
-from .exposition import registry_for
 from .settings import Settings
 from .sources.base import SourceUnavailable
 from .sources.gpu_factory import make_gpu_source
 from .sources.vllm import VllmSource
-from .web.app import Limits, listen, load_web_config, make_app
 
 log = logging.getLogger("kvcache_exporter")
 # Of each poll interval, the time the KV events it drained may take to apply (the rest are dropped,
@@ -101,41 +95,3 @@ def pricing_from(settings: Settings) -> Pricing:
         energy_price_per_kwh=settings.cost_energy_price_per_kwh,
         hit_ratio_floor=settings.cost_hit_ratio_floor,
     )
-
-
-async def serve(s: Settings) -> int:
-    logs.setup(s.log_level, s.log_format)
-    web_config = load_web_config(s.web_config_file)
-    exporter = build_exporter(s)
-    app = make_app(
-        registry_for(lambda: exporter.latest),
-        telemetry_path=s.web_telemetry_path,
-        ready=lambda: exporter.ready,
-        users=web_config.users,
-        headers=web_config.headers,
-    )
-    limits = Limits(s.web_max_connections, s.web_idle_timeout, s.web_tls_handshake_timeout)
-    try:
-        listener = await listen(app, s.web_listen_address, web_config.ssl_context, limits)
-    except ConfigError:
-        await exporter.close()
-        raise
-    log.info(
-        "listening",
-        extra={
-            "address": s.web_listen_address,
-            "tls": web_config.ssl_context is not None,
-            "targets": len(s.vllm_url),
-        },
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await exporter.run(stop)
-    finally:
-        await exporter.close()
-        await listener.close()
-        log.info("stopped")
-    return 0

@@ -1,4 +1,5 @@
-"""The resolved settings of `serve`: frozen and typed, one field per option in config.OPTIONS."""
+"""The resolved settings of `serve` and `aggregate`: frozen and typed, one field per option of
+config.OPTIONS and config.AGGREGATE_OPTIONS."""
 
 from __future__ import annotations
 
@@ -46,3 +47,30 @@ class Settings:
     kv_events_max_fingerprints: int
     whatif_host_tier_bytes: int | None
     audit_gpu_memory_utilization_ceiling: float
+
+
+@dataclass(frozen=True, slots=True)
+class AggregateSettings:
+    replica_targets: list[str]
+    discovery_file_sd: str | None
+    discovery_dns: str | None
+    discovery_refresh_interval: float
+    replica_kv_events_port: int
+    replica_max: int
+    replica_max_blocks: int
+    fleet_hash_sampling: float
+    fleet_shard: str
+    kv_events_topic: str
+    kv_events_max_batches_per_second: int
+    vllm_timeout: float
+    vllm_max_body_bytes: int
+    collect_interval: float
+    collect_windows: list[float]
+    web_listen_address: str
+    web_telemetry_path: str
+    web_config_file: str | None
+    web_max_connections: int
+    web_idle_timeout: float
+    web_tls_handshake_timeout: float
+    log_level: str
+    log_format: str

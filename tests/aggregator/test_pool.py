@@ -8,7 +8,7 @@ import pytest
 
 from kvcache_exporter.aggregator.discovery import FileSd
 from kvcache_exporter.aggregator.fleet_residency import FleetResidency, HashRange
-from kvcache_exporter.aggregator.pool import AggregateSettings, Aggregator
+from kvcache_exporter.aggregator.pool import Aggregator, PoolSettings
 from kvcache_exporter.samples import Sample
 from kvcache_exporter.simulator import EngineConfig, LatencyModel, SimulatorConfig
 from kvcache_exporter.simulator.config import Faults
@@ -42,7 +42,7 @@ async def run_pool(tmp_path, routing, seconds=3.0, during=None, sim=None, setup=
     """Run a 4-replica chat pool and an aggregator on it for `seconds`; its last samples."""
     path = str(tmp_path / "pool.json")
     fleet = await SimulatorFleet(sim or pool_config(), REPLICAS, routing, path).start(load=False)
-    aggregator = Aggregator(AggregateSettings(windows=(600.0,), interval=0.5), [FileSd(path, None)])
+    aggregator = Aggregator(PoolSettings(windows=(600.0,), interval=0.5), [FileSd(path, None)])
     if setup is not None:
         setup(aggregator)
     try:
@@ -154,7 +154,7 @@ def test_bad_discovery_keeps_the_last_good_replicas_and_a_dead_replica_reads_dow
     """No simulator: one replica whose port nobody listens on, then a file_sd broken mid-run."""
     path = tmp_path / "pool.json"
     path.write_text(f'[{{"targets": ["127.0.0.1:{free_port()}"], "labels": {{"replica": "gone"}}}}]')
-    aggregator = Aggregator(AggregateSettings(windows=(60.0,), timeout=1.0), [FileSd(str(path), None)])
+    aggregator = Aggregator(PoolSettings(windows=(60.0,), timeout=1.0), [FileSd(str(path), None)])
 
     async def body():
         await aggregator.poll_once()
@@ -178,7 +178,7 @@ def test_bad_discovery_keeps_the_last_good_replicas_and_a_dead_replica_reads_dow
 
 
 def test_a_failing_poll_is_counted_and_the_loop_goes_on(tmp_path):
-    aggregator = Aggregator(AggregateSettings(windows=(60.0,), interval=0.05), [])
+    aggregator = Aggregator(PoolSettings(windows=(60.0,), interval=0.05), [])
     polls = []
 
     async def broken():
@@ -201,7 +201,7 @@ def test_a_failing_poll_is_counted_and_the_loop_goes_on(tmp_path):
 
 
 def test_values_outside_their_range_never_reach_metrics():
-    aggregator = Aggregator(AggregateSettings(), [])
+    aggregator = Aggregator(PoolSettings(), [])
     bad = [
         Sample("kvcache_fleet_duplicate_blocks_ratio", {}, 1.5),
         Sample("kvcache_fleet_replicas", {}, -1.0),

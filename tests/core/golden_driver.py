@@ -142,6 +142,7 @@ def settings(gpu: str, vllm_urls: list[str], kv_endpoint: str):
         "collect.quantiles": ["0.5", "0.99"],
         "kv_events.endpoint": kv_endpoint,
         "kv_events.topic": "kv",
+        "whatif.host_tier_bytes": "64MiB",  # the host-tier what-if: 2,048 of the seed's 32 KiB blocks
         "cost.gpu_hour_price": "2.5",
         "cost.energy_price_per_kwh": "0.2",
         "gpu.source": gpu,

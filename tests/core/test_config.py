@@ -55,7 +55,7 @@ def test_durations_and_window_labels():
     assert [window_label(s) for s in (60, 300, 3600, 100, 0.5)] == ["1m", "5m", "1h", "1m40s", "500ms"]
 
 
-def test_check_config_exits_0_or_1(tmp_path):
+def test_check_config_exits_0_or_2(tmp_path):
     good = tmp_path / "good.yaml"
     good.write_text("vllm:\n  url: [http://127.0.0.1:8000/metrics]\n")
     bad = tmp_path / "bad.yaml"
@@ -63,7 +63,7 @@ def test_check_config_exits_0_or_1(tmp_path):
     ok = subprocess.run([*CLI, "--config.file", str(good), "--check-config"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     fail = subprocess.run([*CLI, "--config.file", str(bad), "--check-config"], capture_output=True, text=True)
-    assert fail.returncode == 1
+    assert fail.returncode == 2
     assert "bad.yaml:web.listen_adress: unknown key (did you mean web.listen_address?)" in fail.stderr
 
 

@@ -1,5 +1,5 @@
 """Every configuration the exporter would reject is rejected by --check-config too, and both say
-`location: message` (exit 1), never a traceback: through the real CLI."""
+`location: message` (exit 2), never a traceback: through the real CLI."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def run(*args, env=None):
 
 
 def assert_config_error(result, location):
-    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     assert f"kvcache-exporter: {location}" in result.stderr, result.stderr
 
@@ -83,3 +83,40 @@ def test_port_in_use_is_a_config_error():
         address = f"127.0.0.1:{taken.getsockname()[1]}"
         result = run("--web.listen-address", address, "--vllm.url", "http://127.0.0.1:1/metrics")
     assert_config_error(result, f"--web.listen-address: cannot listen on {address}: ")
+
+
+def test_every_problem_of_flags_environment_and_file_at_once(tmp_path):
+    """Three typos, one run: one line each, then exit 2."""
+    config = file_with(
+        tmp_path, "c.yaml", "kv_event:\n  endpoint: tcp://127.0.0.1:5557\ncollect:\n  interval: 5\n"
+    )
+    env = {**__import__("os").environ, "KVCACHE_EXPORTER_VLLM_TIMEOUT": "soon"}
+    result = run("--config.file", config, "--web.max-connections", "many", "--check-config", env=env)
+    assert_config_error(result, f"{config}:kv_event: unknown key (did you mean kv_events?)")
+    for location in (
+        f"{config}:collect.interval: 5 needs a unit",
+        'KVCACHE_EXPORTER_VLLM_TIMEOUT: invalid duration "soon"',
+        '--web.max-connections: "many" is not a whole number',
+    ):
+        assert f"kvcache-exporter: {location}" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 4, result.stderr
+
+
+@pytest.mark.parametrize("where", ["flag", "yaml", "env"])
+def test_one_duration_grammar_for_flags_yaml_and_environment(tmp_path, where):
+    """`collect.interval: 5` and `--collect.interval 5` were judged apart; a bare number is refused
+    wherever it comes from (is it seconds or minutes?), and `5s` accepted wherever."""
+    import os
+
+    def attempt(value):
+        env = dict(os.environ)
+        if where == "flag":
+            return run("--collect.interval", value, "--check-config")
+        if where == "env":
+            return run("--check-config", env={**env, "KVCACHE_EXPORTER_COLLECT_INTERVAL": value})
+        config = file_with(tmp_path, "c.yaml", f"collect:\n  interval: {value}\n")
+        return run("--config.file", config, "--check-config")
+
+    refused = attempt("5")
+    assert refused.returncode == 2 and "5 needs a unit" in refused.stderr, refused.stderr
+    assert attempt("5s").returncode == 0

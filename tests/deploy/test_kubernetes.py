@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -224,3 +225,20 @@ def test_the_sidecars_arguments_pass_the_exporters_own_check(rendered, overlay):
     cmd = [sys.executable, "-m", "kvcache_exporter", *args, "--check-config"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={**os.environ, **env})
     assert done.returncode == 0 and "configuration OK" in done.stdout, done.stderr
+
+
+def test_dashboards_ship_as_config_maps_the_grafana_sidecar_loads():
+    config_maps = render("dashboards")
+    shipped = {path.name: path.read_text() for path in (ROOT / "dashboards" / "json").glob("*.json")}
+    assert len(shipped) >= 3
+    data = {}
+    for config_map in config_maps:
+        assert config_map["kind"] == "ConfigMap"
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"  # the sidecar's default label
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(config_map, version, strict=True)
+        # kubectl apply keeps a copy in an annotation limited to 256 KiB; a ConfigMap holds 1 MiB
+        assert len(yaml.safe_dump(config_map)) < 256 * 1024, config_map["metadata"]["name"]
+        data |= config_map["data"]
+    assert data == shipped  # every dashboard, byte for byte
+    assert {json.loads(text)["uid"] for text in data.values()} == {n.removesuffix(".json") for n in shipped}

@@ -204,3 +204,14 @@ def test_a_restart_forgets_every_tier():
     feed(state, unit_events(GEMMA3, Chain(words(64, 11)), 0, 64))  # another model behind the endpoint
     assert state.units.anchor == 5 and state.units.hit_unit == 32
     assert state.attribution.totals.restarts == 1 == state.events.restarts
+
+
+def test_a_hostile_stream_cannot_grow_groups_sizes_or_tiers_without_bound():
+    view = UnitView()
+    events = [
+        Event("BlockStored", [i], None, [], 16 + i % 100, group=i % 5000, kind="k") for i in range(20_000)
+    ]
+    events += [Event("BlockStored", [i], None, [], 16, medium=f"T{i}") for i in range(100)]
+    view.units(Batch(0, 1.0, tuple(events)))
+    assert len(view.groups) <= 64 and all(len(g.block_sizes) <= 8 for g in view.groups.values())
+    assert len(view.tiers) <= 8 and "other" in view.tiers

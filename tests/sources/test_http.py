@@ -190,12 +190,14 @@ class KeepAliveServer:
             writer.close()
 
 
-async def fetch_repeatedly(server: KeepAliveServer, times: int, pause: float = 0.05) -> list[str]:
+async def fetch_repeatedly(
+    server: KeepAliveServer, times: int, pause: float = 0.05, keep_alive: bool = True
+) -> list[str]:
     listener = await asyncio.start_server(server.answer, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/metrics"
     got = []
     try:
-        async with new_session() as session:
+        async with new_session(keep_alive) as session:
             for _ in range(times):
                 got.append(await fetch_text(session, url, timeout=10.0, max_bytes=1 << 20))
                 await asyncio.sleep(pause)  # a poll interval: the upstream's close may arrive meanwhile
@@ -208,6 +210,12 @@ def test_polls_share_one_kept_alive_connection():
     server = KeepAliveServer(b"vllm:x 1\n")
     assert asyncio.run(fetch_repeatedly(server, 5)) == ["vllm:x 1\n"] * 5
     assert server.connections == 1
+
+
+def test_without_keep_alive_each_poll_closes_its_connection():
+    server = KeepAliveServer(b"vllm:x 1\n")  # it would keep them open: the aggregator closes them
+    assert asyncio.run(fetch_repeatedly(server, 3, keep_alive=False)) == ["vllm:x 1\n"] * 3
+    assert server.connections == 3
 
 
 @pytest.mark.parametrize("pause", [0.0, 0.05])  # the close not yet seen (the GET is sent again), or seen

@@ -10,7 +10,7 @@ PUBLIC = "vllm-metrics"
 
 
 def load(shared, folder, name):
-    return parse((shared / folder / name).read_text(), ts=0.0)
+    return parse((shared / folder / name).read_text())
 
 
 def test_vllm_032_cpu_capture(shared_fixtures):
@@ -159,7 +159,7 @@ def split_family(text: str, family: str) -> str:
 def test_a_histogram_in_two_runs_reads_the_same_with_memory_as_without(shared_fixtures):
     """A run seen before lends its buckets to the poll; a second run of the same histogram, new or
     seen, adds to a copy: the lent buckets, and so every later poll, stay as they were."""
-    from kvcache_exporter.sources.vllm_parse import Limits, Memory
+    from kvcache_exporter.sources.vllm_parse import Memory, ParseBounds
 
     text = split_family(
         (shared_fixtures / CPU / "metrics.txt").read_text(), "vllm:time_to_first_token_seconds"
@@ -168,6 +168,6 @@ def test_a_histogram_in_two_runs_reads_the_same_with_memory_as_without(shared_fi
     changed = text.replace(last, last.rsplit(" ", 1)[0] + " 51.0")
     memory = Memory()
     for body in (text, text, changed, text, changed, changed, text):
-        with_memory = parse(body, 0.0, Limits(), memory)
-        assert with_memory == parse(body, 0.0)
+        with_memory = parse(body, ParseBounds(), memory)
+        assert with_memory == parse(body)
     assert with_memory.engines[("tiny-llama", "0")].histograms["ttft"].counts[-1] == 50

@@ -171,7 +171,7 @@ class DnsSd:
     def __init__(self, target: str, kv_port: int | None, every: float, resolver: Resolver = resolve_host):
         self.host, port = _host_port(target)
         if not self.host or port is None:
-            raise ValueError(f"--discovery.dns wants NAME:PORT, not {target!r}")
+            raise ValueError(f"want NAME:PORT, not {target!r}")
         self.port, self.kv_port, self.every, self.resolver = port, kv_port, every, resolver
         self._due = 0.0
         self.last: list[Replica] = []

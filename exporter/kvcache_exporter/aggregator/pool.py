@@ -1,32 +1,36 @@
-"""The aggregator's poll loop: discovery -> one member per replica (its /metrics poll and KV-event
-subscriber, the same source classes `serve` uses) -> the fleet view -> the samples /metrics serves.
+"""The aggregator's poll loop: discovery -> one member per replica (its /metrics poll, run by
+`serve`'s Poll: a deadline per source, a crash costs that replica's poll only) -> the fleet view
+-> the samples /metrics serves.
 
-The subscribers receive and decode in their own threads; each poll drains every subscriber
-(the Source protocol's collect()) into the one `FleetResidency`, which tracks every replica's
-sequence numbers and residency itself (no second copy of each hash in a per-replica EventState).
+Every replica's KV events arrive through one `FleetEvents` (one ZMQ context, a few sockets, one
+thread: events.py); each poll drains them into the one `FleetResidency`, which tracks every
+replica's sequence numbers and residency itself (no second copy of each hash per replica).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import resource
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from .. import catalog as c
-from ..collector import Health
-from ..config import window_label
+from ..collector import Health, Poll
 from ..derive.windows import SeriesHistory
+from ..durations import window_label
 from ..guard import Guard
 from ..samples import Sample
 from ..sources.base import SourceError
-from ..sources.kv_events import Batch, KvEventSubscriber
-from ..sources.kv_events_decode import Dropped, weight
-from ..sources.vllm import VllmSource
+from ..sources.kv_events_decode import Batch, Dropped, weight
+from ..sources.vllm import VllmSnapshot, VllmSource
 from . import fleet_pool
 from .discovery import DiscoveryError, Replica, bounded
+from .events import FleetEvents
 from .fleet_residency import FleetResidency, HashRange
 
 log = logging.getLogger("kvcache_exporter.aggregate")
@@ -35,10 +39,55 @@ DRAIN_SECONDS = 0.25
 # saturated H200 (stored + removed), so a slow /metrics poll loses none; ~14 MiB at most.
 PENDING_HASHES = 131_072
 YIELD_HASHES = 8_192  # a heavy drain is applied in slices of this, letting scrapes in between
+MAX_POLL_SLOTS = 64
+BASE_FDS = 16  # measured: stdio, the event loop, the listener, ZMQ's context and first socket
+SCRAPE_RESERVE = 4  # descriptors kept for scrapes of our own /metrics
+
+
+def poll_slots(publishers: int) -> int:
+    """/metrics polls run at once: each opens one connection, so what the open-file limit leaves
+    beyond what is open now or soon (one per KV-event publisher, once connected) and the scrapes.
+    At least one: 1,000 replicas under 1,024 poll one after another rather than fail."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        open_now = len(os.listdir("/proc/self/fd"))
+    except OSError:  # no procfs: what the publishers will take
+        open_now = 0
+    in_use = max(open_now, BASE_FDS + publishers)
+    return max(1, min(MAX_POLL_SLOTS, soft - in_use - SCRAPE_RESERVE))
+
+
+async def _unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
+    """Run `work` unless `stop` is set first (then cancel it); True when it finished."""
+    task, stopped = asyncio.ensure_future(work), asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return False
+    task.result()  # its exception, if any, to the caller
+    return True
+
+
+def raise_open_file_limit() -> int:
+    """The soft open-file limit up to the hard one, as Go programs (Prometheus) do at start: a
+    replica costs one descriptor and 1,024 is a common soft default. Returns the limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft
 
 
 @dataclass(frozen=True)
-class AggregateSettings:
+class PoolSettings:
+    """What the poll loop needs, from the resolved AggregateSettings (cli.pool_settings)."""
+
     windows: tuple[float, ...] = (300.0, 3600.0)
     interval: float = 5.0
     max_replicas: int = 64
@@ -55,11 +104,9 @@ class Member:
     """One replica being watched."""
 
     replica: Replica
-    source: VllmSource
-    subscriber: KvEventSubscriber | None
     vllm_history: SeriesHistory
     fleet_history: SeriesHistory
-    health: Health = field(default_factory=Health)
+    poll: Poll = field(init=False)  # its /metrics, with serve's deadline and crash isolation
     up: bool = False
     block_size: int | None = None
     counters: dict[str, float] = field(default_factory=dict)
@@ -67,11 +114,11 @@ class Member:
 
 
 class Aggregator:
-    def __init__(
-        self, settings: AggregateSettings, discoveries: list, clock: Callable[[], float] = time.time
-    ):
+    def __init__(self, settings: PoolSettings, discoveries: list, clock: Callable[[], float] = time.time):
         self.settings, self.discoveries, self.clock = settings, discoveries, clock
+        self.deadline = max(2 * settings.interval, settings.timeout + 1, 10.0)  # as serve's
         self.fleet = FleetResidency(settings.hash_range, settings.max_blocks_per_replica)
+        self.events = FleetEvents(settings.topic, settings.max_batches_per_second, PENDING_HASHES)
         self.members: dict[str, Member] = {}
         self.discovery_health = {d.name: Health() for d in discoveries}
         self.left_out = 0
@@ -86,11 +133,12 @@ class Aggregator:
         found: list[Replica] = []
         for discovery in self.discoveries:
             started, error = self.clock(), None
+            health = self.discovery_health[discovery.name]
             try:
                 found += await discovery.refresh()
-            except DiscoveryError as err:
-                error = err
-                found += discovery.last  # the last good answer stands until the source recovers
+            except Exception as err:  # the last good answer stands until the source recovers
+                error = err if isinstance(err, DiscoveryError) else health.crashed(discovery.name, err)
+                found += discovery.last
             self.discovery_health[discovery.name].record(discovery.name, started, self.clock(), error)
         kept, self.left_out = bounded(found, self.settings.max_replicas)
         if self.left_out:
@@ -108,33 +156,35 @@ class Aggregator:
     def _member(self, replica: Replica) -> Member:
         s = self.settings
         retention = max(s.windows) + 2 * s.interval
-        subscriber = None
         if replica.kv_events_endpoint:
-            subscriber = KvEventSubscriber(
-                replica.kv_events_endpoint,
-                mode="connect",  # vLLM binds (tcp://*:5557); the sidecar and we both connect
-                topic=s.topic,
-                max_batches_per_second=s.max_batches_per_second,
-                max_pending_hashes=PENDING_HASHES,
-            )
-            subscriber.start()
+            self.events.add(replica.name, replica.kv_events_endpoint)  # vLLM binds; we connect
         self.fleet.add_replica(replica.name)
-        return Member(
-            replica,
-            VllmSource(replica.metrics_url, s.timeout, s.max_body_bytes),
-            subscriber,
-            SeriesHistory(retention),
-            SeriesHistory(retention),
+        member = Member(replica, SeriesHistory(retention), SeriesHistory(retention))
+        source = VllmSource(replica.metrics_url, s.timeout, s.max_body_bytes, keep_alive=False)
+        member.poll = Poll(
+            source, lambda snapshot, ts: self._into(member, snapshot, ts), {"replica": replica.name}
         )
+        return member
+
+    def _into(self, member: Member, snapshot: VllmSnapshot | None, ts: float) -> None:
+        """One replica's /metrics (None: the poll failed) into its history."""
+        member.up = False
+        if snapshot is None:
+            return
+        counters = fleet_pool.replica_counters(snapshot)
+        member.vllm_history.append(ts, counters)
+        member.counters = counters.counters
+        member.block_size = fleet_pool.block_size(snapshot) or member.block_size
+        member.up = True
 
     async def _drain(self, name: str, member: Member) -> None:
-        """The batches its subscriber received since the last poll, into the fleet view."""
-        if member.subscriber is None:
+        """The batches its publisher sent since the last drain, into the fleet view."""
+        if member.replica.kv_events_endpoint is None:
             return
         try:
-            drain = await member.subscriber.collect()
+            drain = self.events.drain(name)
         except SourceError:
-            return  # the socket is down: member.subscriber.healthy says so
+            return  # not subscribed: the kv_events success series says so
         applied = 0
         for item in drain.items:
             if isinstance(item, Dropped):
@@ -156,30 +206,24 @@ class Aggregator:
         """Stop watching; `forget` (gone from discovery) also drops what it held from the pool view.
         A replica whose endpoints changed keeps its view: a restart shows as its seq going back."""
         member = self.members.pop(name)
-        if member.subscriber is not None:
-            await member.subscriber.stop()
-        await member.source.close()
+        if member.replica.kv_events_endpoint is not None:
+            self.events.remove(name)
+        await member.poll.close()
         if forget:
             self.fleet.remove_replica(name)
 
     # --- polling ----------------------------------------------------------------------------
 
-    async def _poll(self, member: Member) -> None:
-        started, error = self.clock(), None
-        try:
-            snapshot = await member.source.collect()
-            counters = fleet_pool.replica_counters(snapshot)
-            member.vllm_history.append(self.clock(), counters)
-            member.counters = counters.counters
-            member.block_size = fleet_pool.block_size(snapshot) or member.block_size
-        except SourceError as err:
-            error = err
-        member.up = error is None
-        member.health.record(f"vllm {member.replica.name}", started, self.clock(), error)
-
     async def poll_once(self) -> None:
         await self.reconcile(await self.discover())
-        await asyncio.gather(*(self._poll(m) for m in self.members.values()))
+        publishers = sum(1 for m in self.members.values() if m.replica.kv_events_endpoint)
+        slots = asyncio.Semaphore(poll_slots(publishers))
+
+        async def poll(member: Member) -> None:
+            async with slots:  # the deadline starts once a slot is free
+                await member.poll.run(self.clock, self.deadline)
+
+        await asyncio.gather(*(poll(m) for m in self.members.values()))
         await self.drain_all()
         now = self.clock()
         sizes = {name: member.block_size for name, member in self.members.items()}
@@ -220,7 +264,7 @@ class Aggregator:
         for name, member in self.members.items():
             replica = {"replica": name}
             out.append(Sample(c.VLLM_UP, replica, float(member.up)))
-            out += member.health.samples({**replica, "collector": "vllm"})
+            out += member.poll.samples()
             if member.up:
                 out += [
                     Sample(c.FLEET_QUERY_TOKENS_TOTAL, replica, member.counters["query_tokens"]),
@@ -231,9 +275,9 @@ class Aggregator:
 
     def _event_health(self, replica: dict[str, str], member: Member) -> list[Sample]:
         view = self.fleet.replicas.get(replica["replica"])
-        if member.subscriber is None or view is None:
+        if member.replica.kv_events_endpoint is None or view is None:
             return []
-        success = float(member.subscriber.healthy)
+        success = float(self.events.healthy(member.replica.name))
         return [
             Sample(c.EXPORTER_COLLECTOR_SUCCESS, {**replica, "collector": "kv_events"}, success),
             Sample(c.KV_EVENTS_BATCHES_TOTAL, replica, view.batches),
@@ -246,7 +290,12 @@ class Aggregator:
 
     async def drain_all(self) -> None:
         for name, member in list(self.members.items()):
-            await self._drain(name, member)
+            try:
+                await self._drain(name, member)
+            except Exception as err:  # a bug in one replica's stream costs that replica's events
+                error = member.poll.health.crashed(f"kv_events {name}", err)
+                self.loop_errors += 1
+                log.warning("applying KV events failed: %s", error, extra={"replica": name})
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll every `interval`; between polls, drain the subscribers every DRAIN_SECONDS so that a
@@ -254,7 +303,8 @@ class Aggregator:
         while not stop.is_set():
             started = time.monotonic()
             try:
-                await self.poll_once()
+                if not await _unless_stopped(self.poll_once(), stop):
+                    return  # a signal mid-poll: 1,000 replicas' poll is not worth waiting for
             except Exception:  # a bug must not end the loop: count it, log it, keep the last samples
                 self.loop_errors += 1
                 log.exception(
@@ -270,3 +320,4 @@ class Aggregator:
     async def close(self) -> None:
         for name in list(self.members):
             await self._drop(name, forget=True)
+        await self.events.close()

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
 from . import reorder
-from .curvereport import render_curve, render_diagnoses, render_units
+from .curvereport import ASSUMED, assumed_notes, render_curve, render_diagnoses, render_units
 from .diagnoses import SIGNIFICANT, Diagnosis, diagnose
 from .replay import Replay, blocks_needed_unbounded, concurrent_replay, replay
 from .structure import Structure, structure
@@ -195,6 +195,7 @@ def render_text(report: Report) -> str:
     lines = [
         f"trace: {s['requests']} requests; block size {s['block_size']}, {s['num_gpu_blocks']} blocks per "
         f"replica, {s['replicas']} replica(s), {s['routing']} routing ({s['replay']})",
+        *assumed_notes(report.notes),
         "",
         "hit ratio (prompt tokens served from the prefix cache)",
         f"  observed (this cache)           {report.observed.hit_ratio:6.3f}",
@@ -233,5 +234,5 @@ def render_text(report: Report) -> str:
     if report.curve is not None:
         lines += render_curve(report.curve, s["num_gpu_blocks"], s["block_size"])
     lines += render_units(report.units)
-    lines += ["", *[f"note: {n}" for n in report.notes]]
+    lines += ["", *[f"note: {n}" for n in report.notes if not n.startswith(ASSUMED)]]
     return "\n".join(lines) + "\n"

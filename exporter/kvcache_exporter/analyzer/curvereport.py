@@ -115,6 +115,14 @@ def render_diagnoses(diagnoses: list[dict], observed: float) -> list[str]:
     return lines
 
 
+ASSUMED = "assumed "
+
+
+def assumed_notes(notes: list[str]) -> list[str]:
+    """What the analysis assumed (capture.cache_shape), said under the first line."""
+    return [f"note: {n}" for n in notes if n.startswith(ASSUMED)]
+
+
 def render_units(units: list[dict] | None) -> list[str]:
     """The hit unit's cost: hit ratio with no eviction at each unit, and the shared tokens it loses."""
     if not units:
@@ -132,6 +140,7 @@ def render_block_text(report: dict) -> str:
         f"trace: {s['requests']} requests ({s['format']}, {s['trace_block_size']}-token trace blocks); "
         f"block size {s['block_size']}, {s['num_gpu_blocks']} blocks per replica, {s['replicas']} "
         f"replica(s), {s['routing']} routing ({s['replay']})",
+        *assumed_notes(report.get("notes", [])),
         "",
         "hit ratio (prompt tokens served from the prefix cache)",
         f"  observed (this cache)           {report['observed']['hit_ratio']:6.3f}",
@@ -145,5 +154,5 @@ def render_block_text(report: dict) -> str:
     lines += render_diagnoses(report.get("diagnoses", []), report["observed"]["hit_ratio"])
     lines += render_curve(report["curve"], s["num_gpu_blocks"], s["block_size"])
     lines += render_units(report.get("units"))
-    lines += ["", *[f"note: {n}" for n in report.get("notes", [])]]
+    lines += ["", *[f"note: {n}" for n in report.get("notes", []) if not n.startswith(ASSUMED)]]
     return "\n".join(lines) + "\n"

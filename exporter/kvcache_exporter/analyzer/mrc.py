@@ -333,9 +333,11 @@ def _classify(r, replica, hits, stacks, before_restart, served, causes, bs) -> N
     for group, width in zip(r.groups, r.widths, strict=True):
         for j in range(max(index, hits), min(index + width, hittable)):
             cause = _cause(group, j - index, own, stacks, replica, before_restart)
-            diverged = served[j - hits] if cause == "cold" and j - hits < len(served) else 0
-            causes["prefix_diverged"] += diverged
-            causes[cause] += bs - diverged
+            if served and cause == "cold" and served[j - hits]:  # never for hash traces: no content
+                causes["prefix_diverged"] += served[j - hits]
+                causes["cold"] += bs - served[j - hits]
+            else:
+                causes[cause] += bs
         index += width
         if index >= hittable:
             break

@@ -23,6 +23,7 @@ from .view import (
     render_frame,
     render_line,
     story,
+    worth,
 )
 
 PHASES = ("normalized", "raw", "normalized", "templates")
@@ -165,7 +166,7 @@ def _run(args: argparse.Namespace, stack: stack_mod.Stack, stop: threading.Event
     print(f"demo: temp dir {stack.workdir}", flush=True)
 
     recent: list[tuple[float, object]] = []  # (time, snapshot): misses are shown over the short window
-    told: tuple[int, str | None] = (0, None)  # line mode: the phase and the cause last explained
+    told: tuple[int, str | None, bool] = (0, None, False)  # line mode: the phase, cause and worth told
     short = _window_seconds(windows[0]) or 30.0
     while not stop.is_set():
         now = time.monotonic()
@@ -196,9 +197,9 @@ def _run(args: argparse.Namespace, stack: stack_mod.Stack, stop: threading.Event
         if tty:
             sys.stdout.write(render_frame(elapsed, phase, snap, firing, pending, urls, misses))
         else:
-            top = misses.top if misses is not None else None
-            if phase.index != told[0] or (top is not None and top != told[1]):  # a new phase or cause
-                told = (phase.index, top)
+            top, valued = (misses.top if misses is not None else None), worth(misses, snap) is not None
+            if phase.index != told[0] or (top is not None and top != told[1]) or valued > told[2]:
+                told = (phase.index, top, valued)  # a new phase or cause, or its worth now known
                 sys.stdout.write("\n".join(story(phase, misses, snap)) + "\n")
             sys.stdout.write(render_line(elapsed, phase, snap, firing, pending, misses) + "\n")
         sys.stdout.flush()

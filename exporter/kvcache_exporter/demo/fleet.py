@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .. import catalog as c
 from ..aggregator.discovery import FileSd
-from ..aggregator.pool import AggregateSettings, Aggregator
+from ..aggregator.pool import Aggregator, PoolSettings
 from ..samples import Sample
 from ..simulator import EngineConfig, SimulatorConfig
 from ..simulator.fleet import SimulatorFleet
@@ -41,7 +41,7 @@ async def _run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="kvcache-fleet-demo-") as tmp:
         sd = str(Path(tmp) / "pool.json")
         fleet = await SimulatorFleet(config, REPLICAS, PHASES[0][0], sd).start()
-        aggregator = Aggregator(AggregateSettings(windows=(window,), interval=1.0), [FileSd(sd, None)])
+        aggregator = Aggregator(PoolSettings(windows=(window,), interval=1.0), [FileSd(sd, None)])
         print(f"demo --fleet: {REPLICAS} replicas behind a gateway on {fleet.url}, chat workload")
         try:
             await _loop(args, fleet, aggregator, window, stop)

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .. import catalog as c
-from ..config import window_label
+from ..durations import window_label
 from ..samples import Sample
 from .state import PollState
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..config import window_label
+from ..durations import window_label
 from ..samples import Sample
 from .audit import DEFAULT_GPU_MEMORY_UTILIZATION_CEILING, audit_samples
 from .cache_config import block_bytes

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import catalog as c
-from ..config import window_label
+from ..durations import window_label
 from ..samples import Sample
 from . import cache, offload
 from .state import TargetState

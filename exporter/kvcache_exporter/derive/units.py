@@ -42,6 +42,9 @@ from ..sources.kv_events_decode import Batch, Event
 
 GPU = "GPU"
 OTHER = "other"  # the label of everything past a bounded counter's first keys
+MAX_GROUPS = 64  # KV-cache groups learned (vLLM builds a handful); a stream naming more is hostile
+MAX_BLOCK_SIZES = 8  # block sizes remembered per group
+MAX_TIERS = 8  # offload media told apart; later ones count as `other`
 BASE = "base"  # the adapter label of requests without LoRA
 _TAG_SHIFT = 24  # identity tags go above every real token id (vocabularies stay below 2^24)
 
@@ -166,13 +169,15 @@ class UnitView:
             return batch
         return batch._replace(events=tuple(out))
 
-    def _learn(self, event, group: int | None) -> Group:
+    def _learn(self, event, group: int | None) -> Group | None:
         spec = self.groups.get(group)
         if spec is None:
+            if len(self.groups) >= MAX_GROUPS:
+                return None
             spec = self.groups[group] = Group(getattr(event, "kind", None), getattr(event, "window", None))
             if not self.anchored and not spec.windowed:
                 self.anchor, self.anchored = group, True
-        if event.block_size:
+        if event.block_size and len(spec.block_sizes) < MAX_BLOCK_SIZES:
             spec.block_sizes.add(event.block_size)
         return spec
 
@@ -180,7 +185,9 @@ class UnitView:
         hashes = event.block_hashes
         spec = self.groups.get(group)
         if spec is None or (event.block_size and event.block_size not in spec.block_sizes):
-            self._learn(event, group)
+            spec = self._learn(event, group)
+        if spec is None:
+            return  # past MAX_GROUPS: not a group vLLM would build
         if not self.anchored or group != self.anchor:  # a windowed group (or another full one)
             if hashes:
                 self._keep_parts(group, hashes, hashes[-1])
@@ -258,6 +265,8 @@ class UnitView:
             self._old_parts, self._parts, self._parts_held = self._parts, {}, 0
 
     def _tier(self, event, medium: str) -> None:
+        if medium not in self.tiers and len(self.tiers) >= MAX_TIERS - 1:
+            medium = OTHER
         held = self.tiers.setdefault(medium, set())
         if event.type == "BlockStored":
             if len(held) + len(event.block_hashes) > self.max_blocks:

@@ -230,6 +230,26 @@ def health(g) -> list[dict]:
     )
 
 
+# --- the fleet aggregator's own health (issue 23: every process we ship is watched) ----------
+def aggregator_health(g) -> list[dict]:
+    """Down and absent as for the sidecar. Absent means "scraped within the last day, no target
+    now": a plain absent() would fire on every install that runs no aggregator at all."""
+    job = g.cfg["aggregator_job"]
+    return g.alert(
+        "KVCacheAggregatorDown",
+        f'up{{job=~"{job}"}} == 0',
+        "Prometheus cannot scrape the fleet aggregator.",
+        "Prometheus cannot scrape {{ $labels.instance }} (job {{ $labels.job }}, up = {{ $value }}): "
+        "the fleet view of its pool (other-replica misses, duplicate blocks) is blind.",
+    ) + g.alert(
+        "KVCacheAggregatorAbsent",
+        f'group(max_over_time(up{{job=~"{job}"}}[1d]))\nunless on() group(up{{job=~"{job}"}})',
+        "The fleet aggregator is no longer scraped.",
+        f'Prometheus scraped a target whose job matches "{job}" within the last day and has none now: '
+        "the fleet alerts are blind.",
+    )
+
+
 def fleet(g) -> list[dict]:
     w, tps = g.cfg["fleet"]["window"], g.cfg["fleet"]["min_stored_tokens_per_second"]
     share, stored = (
@@ -340,6 +360,7 @@ ALERT_GROUPS = (
     ("kvcache-config.alerts", config_checks),
     ("kvcache-cost.alerts", cost),
     ("kvcache-health.alerts", health),
+    ("kvcache-aggregator.alerts", aggregator_health),
     ("kvcache-fleet.alerts", fleet),
     ("kvcache-attribution.alerts", attribution),
 )

@@ -9,14 +9,12 @@ lists and scalars replace. Unknown keys and values of the wrong kind are rejecte
 from __future__ import annotations
 
 import math
-import re
 from importlib import resources
 from pathlib import Path
 
 import yaml
 
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+from ..durations import parse_duration
 
 
 class ConfigError(ValueError):
@@ -28,16 +26,9 @@ def data_path(*parts: str) -> Path:
     return Path(str(resources.files("kvcache_exporter.mixin").joinpath("data", *parts)))
 
 
-def seconds(text: str) -> float:
-    parts = _DURATION.findall(str(text))
-    if not parts or "".join(n + u for n, u in parts) != str(text):
-        raise ValueError(f"not a duration: {text!r}")
-    return sum(float(n) * _UNITS[u] for n, u in parts)
-
-
 def is_duration(value: object) -> bool:
     try:
-        seconds(value) if isinstance(value, str) else float("x")
+        parse_duration(value)
     except ValueError:
         return False
     return True

@@ -13,19 +13,8 @@ from pathlib import Path
 
 import yaml
 
+from ..durations import format_duration, parse_duration
 from .alert_rules import ALERT_GROUPS, HIT, LVL, QUERY, RATIO
-from .config import seconds
-
-
-def duration(secs: float) -> str:
-    ms = round(secs * 1000)
-    if ms % 1000:
-        return f"{ms}ms"
-    out, rest = "", ms // 1000
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if rest >= size:
-            out, rest = out + f"{rest // size}{unit}", rest % size
-    return out or "0s"
 
 
 def le_regex(value: float) -> str:
@@ -44,7 +33,7 @@ class Generator:
         self.cfg, self.scale = cfg, scale
 
     def d(self, text: str) -> str:
-        return duration(seconds(text) * self.scale)
+        return format_duration(parse_duration(text) * self.scale)
 
     def tiers(self, name: str) -> list[tuple[str, dict]]:
         entry = self.cfg["alerts"][name]
@@ -102,7 +91,7 @@ class Generator:
         )
         windows = sorted(
             {w for pairs in slo["burn_rates"].values() for p in pairs for w in (p["long"], p["short"])},
-            key=seconds,
+            key=parse_duration,
         )
         latency = []
         for name, lat in slo["latencies"].items():

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..durations import parse_duration
 
 TOKEN_LOW, TOKEN_HIGH = 5, 500
 USER_LABEL, TIMESTAMP_LABEL, ORDER_LABEL = 7, 8, 9
@@ -195,10 +196,6 @@ class WorkloadFactory:
         raise ValueError(f"unknown workload {name!r} (choose from {', '.join(WORKLOAD_NAMES)})")
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
 def parse_schedule(text: str) -> list[tuple[str, float | None]]:
     """`normalized:60s,raw:60s,normalized` -> [(name, seconds), ...]; a missing duration means "forever"."""
     phases: list[tuple[str, float | None]] = []
@@ -208,10 +205,10 @@ def parse_schedule(text: str) -> list[tuple[str, float | None]]:
             raise ValueError(f"unknown workload {name!r} in schedule {text!r}")
         seconds = None
         if duration:
-            match = _DURATION.match(duration)
-            if not match:
-                raise ValueError(f"bad duration {duration!r} in schedule {text!r}")
-            seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+            try:
+                seconds = parse_duration(duration)  # the package's one grammar: 60s, 1m30s
+            except ValueError as err:
+                raise ValueError(f"bad duration {duration!r} in schedule {text!r}: {err}") from None
         phases.append((name, seconds))
     if not phases:
         raise ValueError("empty schedule")

@@ -30,9 +30,12 @@ _Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 class Session:
-    """Kept-alive connections, one idle one per (scheme, host, port); `async with` closes them."""
+    """Kept-alive connections, one idle one per (scheme, host, port); `async with` closes them.
+    Without keep_alive a connection is closed after its request (the aggregator's 1,000 targets
+    would otherwise hold 1,000 idle descriptors)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_alive: bool = True) -> None:
+        self.keep_alive = keep_alive
         self._idle: dict[tuple[str, str, int], _Connection] = {}
         self._tls: ssl.SSLContext | None = None
 
@@ -100,7 +103,7 @@ class Session:
         except BaseException:
             writer.close()
             raise
-        if keep:
+        if keep and self.keep_alive:
             self._idle[key] = connection
         else:
             writer.close()
@@ -111,8 +114,8 @@ class _Unanswered(Exception):
     """The connection ended before a byte of the answer: on a kept-alive one, the upstream closed it."""
 
 
-def new_session() -> Session:
-    return Session()
+def new_session(keep_alive: bool = True) -> Session:
+    return Session(keep_alive)
 
 
 async def fetch_text(

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from .base import SourceError
 from .http import Session, fetch_text, new_session
-from .vllm_parse import Limits, Memory, parse
+from .vllm_parse import Memory, ParseBounds, parse
 from .vllm_snapshot import EngineKey, EngineSample, Histogram, VllmSnapshot
 
 INLINE_PARSE_CHARS = 256 * 1024  # vLLM's body is ~60 KiB per engine
@@ -18,8 +18,8 @@ __all__ = [
     "EngineKey",
     "EngineSample",
     "Histogram",
-    "Limits",
     "Memory",
+    "ParseBounds",
     "VllmSnapshot",
     "VllmSource",
     "parse",
@@ -35,7 +35,8 @@ class VllmSource:
     timeout: float = 5.0
     max_body_bytes: int = 8 * 1024 * 1024
     bearer_token_file: str | None = None
-    limits: Limits = field(default_factory=Limits)
+    limits: ParseBounds = field(default_factory=ParseBounds)
+    keep_alive: bool = True
     _session: Session | None = None
     _memory: Memory = field(default_factory=Memory)
 
@@ -59,7 +60,7 @@ class VllmSource:
     async def fetch(self) -> str:
         """The whole body of one GET (its last line ended), or SourceError."""
         if self._session is None:
-            self._session = new_session()
+            self._session = new_session(self.keep_alive)
         return await fetch_text(
             self._session,
             self.url,
@@ -69,7 +70,7 @@ class VllmSource:
         )
 
     def read(self, text: str) -> VllmSnapshot:
-        return parse(text, None, self.limits, self._memory)
+        return parse(text, self.limits, self._memory)
 
     async def close(self) -> None:
         if self._session is not None:

