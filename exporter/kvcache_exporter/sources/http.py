@@ -17,9 +17,10 @@ chunked, or no length and a close; about half aiohttp's CPU per fetch (docs/benc
 from __future__ import annotations
 
 import asyncio
+import base64
 import ssl
 import zlib
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from .base import SourceError
 
@@ -63,6 +64,9 @@ class Session:
         key = (parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         lines = [f"GET {target} HTTP/1.1", f"Host: {parts.netloc.rpartition('@')[2]}"]
+        if parts.username is not None and "Authorization" not in headers:  # as aiohttp did: the URL's user
+            user = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+            headers = {**headers, "Authorization": "Basic " + base64.b64encode(user).decode()}
         lines += [f"{name}: {value}" for name, value in {**REQUEST_HEADERS, **headers}.items()]
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         connection = self._idle.pop(key, None)
