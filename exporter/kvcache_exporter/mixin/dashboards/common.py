@@ -139,7 +139,9 @@ def graph(
     thresholds: db.ThresholdsConfig | None = None,
     stacked: bool = False,
     min_zero: bool = True,
+    colors: dict[str, str] | None = None,
 ) -> timeseries.Panel:
+    """A time series; `colors`: a fixed colour per series name (the miss causes' palette)."""
     panel = timeseries.Panel().legend(
         cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.TABLE).placement(cm.LegendPlacement.BOTTOM)
         .calcs(["lastNotNull", "max"]).show_legend(True)
@@ -152,6 +154,9 @@ def graph(
         panel = panel.stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL)).fill_opacity(30)
     if min_zero:
         panel = panel.min(0)
+    for name, color in (colors or {}).items():
+        fixed = dm.DynamicConfigValue("color", {"mode": "fixed", "fixedColor": color})
+        panel = panel.override_by_name(name, [fixed])
     return _finish(panel, title, queries, shows, action, alerts, unit, w, h, thresholds)
 
 
