@@ -4,6 +4,7 @@ drip, stretch or compress one ends in a reason, never in a silently short body."
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import re
 
@@ -166,3 +167,72 @@ def test_the_same_lines_with_their_line_feed_are_read_whole(shared_fixtures, fra
     whole = text[: len(cut) - 1] + value + "\n"  # cut after the line instead of inside it
     assert asyncio.run(fetch_framed(whole.encode(), framing)) == whole
     assert asyncio.run(fetch_framed(text.encode(), framing)) == text
+
+
+class KeepAliveServer:
+    """Answers every GET on a connection with the same body and a Content-Length; with `close_after`,
+    closes each connection after that many answers without saying so (an idle-timeout upstream)."""
+
+    def __init__(self, body: bytes, close_after: int | None = None):
+        self.body, self.close_after, self.connections = body, close_after, 0
+        self.heads: list[bytes] = []
+        self.port = 0
+
+    async def answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        answered = 0
+        try:
+            while self.close_after is None or answered < self.close_after:
+                self.heads.append(await reader.readuntil(b"\r\n\r\n"))
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(self.body), self.body))
+                await writer.drain()
+                answered += 1
+        except asyncio.IncompleteReadError:
+            pass  # the client closed it
+        finally:
+            writer.close()
+
+
+async def fetch_repeatedly(
+    server: KeepAliveServer, times: int, pause: float = 0.05, keep_alive: bool = True, user: str = ""
+) -> list[str]:
+    listener = await asyncio.start_server(server.answer, "127.0.0.1", 0)
+    server.port = listener.sockets[0].getsockname()[1]
+    url = f"http://{user}127.0.0.1:{server.port}/metrics?a=1"
+    got = []
+    try:
+        async with new_session(keep_alive) as session:
+            for _ in range(times):
+                got.append(await fetch_text(session, url, timeout=10.0, max_bytes=1 << 20))
+                await asyncio.sleep(pause)  # a poll interval: the upstream's close may arrive meanwhile
+    finally:
+        listener.close()
+    return got
+
+
+def test_polls_share_one_kept_alive_connection():
+    server = KeepAliveServer(b"vllm:x 1\n")
+    assert asyncio.run(fetch_repeatedly(server, 5)) == ["vllm:x 1\n"] * 5
+    assert server.connections == 1
+
+
+def test_without_keep_alive_each_poll_closes_its_connection():
+    server = KeepAliveServer(b"vllm:x 1\n")  # it would keep them open: the aggregator closes them
+    assert asyncio.run(fetch_repeatedly(server, 3, keep_alive=False)) == ["vllm:x 1\n"] * 3
+    assert server.connections == 3
+
+
+@pytest.mark.parametrize("pause", [0.0, 0.05])  # the close not yet seen (the GET is sent again), or seen
+def test_a_connection_the_upstream_closed_between_polls_is_reopened(pause):
+    server = KeepAliveServer(b"vllm:x 1\n", close_after=1)
+    assert asyncio.run(fetch_repeatedly(server, 3, pause)) == ["vllm:x 1\n"] * 3
+    assert server.connections == 3
+
+
+def test_the_request_names_the_target_and_the_urls_user():
+    server = KeepAliveServer(b"vllm:x 1\n")
+    assert asyncio.run(fetch_repeatedly(server, 1, user="me:p%40ss@")) == ["vllm:x 1\n"]
+    request_line, *fields = server.heads[0].decode().split("\r\n")
+    assert request_line == "GET /metrics?a=1 HTTP/1.1"
+    assert f"Host: 127.0.0.1:{server.port}" in fields
+    assert "Authorization: Basic " + base64.b64encode(b"me:p@ss").decode() in fields

@@ -145,3 +145,29 @@ def test_admission_rejections_by_known_reason_land_on_engine_zero():
         if s.name == c.ADMISSION_REJECTIONS_TOTAL
     }
     assert got == {"max_num_queued_reqs": 7.0, "max_num_queued_tokens": 2.0}
+
+
+def split_family(text: str, family: str) -> str:
+    """The body with `family`'s bucket lines in two runs: the last half moved to the body's end."""
+    lines = text.splitlines()
+    buckets = [i for i, line in enumerate(lines) if line.startswith(family + "_bucket{")]
+    moved = [lines[i] for i in buckets[len(buckets) // 2 :]]
+    kept = [line for i, line in enumerate(lines) if i not in buckets[len(buckets) // 2 :]]
+    return "\n".join([*kept, *moved]) + "\n"
+
+
+def test_a_histogram_in_two_runs_reads_the_same_with_memory_as_without(shared_fixtures):
+    """A run seen before lends its buckets to the poll; a second run of the same histogram, new or
+    seen, adds to a copy: the lent buckets, and so every later poll, stay as they were."""
+    from kvcache_exporter.sources.vllm_parse import Memory, ParseBounds
+
+    text = split_family(
+        (shared_fixtures / CPU / "metrics.txt").read_text(), "vllm:time_to_first_token_seconds"
+    )
+    last = text.rsplit("\n", 2)[-2]
+    changed = text.replace(last, last.rsplit(" ", 1)[0] + " 51.0")
+    memory = Memory()
+    for body in (text, text, changed, text, changed, changed, text):
+        with_memory = parse(body, ParseBounds(), memory)
+        assert with_memory == parse(body)
+    assert with_memory.engines[("tiny-llama", "0")].histograms["ttft"].counts[-1] == 50

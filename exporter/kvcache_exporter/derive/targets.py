@@ -24,14 +24,15 @@ def target_samples(
         Sample(c.VLLM_DEPRECATED_METRICS, base, float(len(snapshot.deprecated))),
         Sample(c.VLLM_MISSING_METRICS, base, float(len(snapshot.missing))),
     ]
+    labelled = [(seconds, window_label(seconds)) for seconds in windows]
     for (model, engine), sample in snapshot.engines.items():
         labels = {**base, "model_name": model, "engine": engine}
         out += cache.current(labels, sample, snapshot.cache_configs.get(engine))
         out += offload.current(labels, sample)
         history = target.histories.get((model, engine))
-        for seconds in windows if history else ():
+        for seconds, window in labelled if history else ():
             delta = history.window(seconds)
             if delta is not None:
-                out += cache.windowed(labels, window_label(seconds), delta, quantiles)
-                out += offload.windowed(labels, window_label(seconds), delta)
+                out += cache.windowed(labels, window, delta, quantiles)
+                out += offload.windowed(labels, window, delta)
     return out

@@ -161,6 +161,7 @@ class SeriesHistory:
         self._layouts: dict[tuple, Layout] = {}
         self._changed: dict[str, float] = {}  # histogram -> when its running totals last moved
         self._appended = 0
+        self._unpacked: tuple[Point | None, array] = (None, array("d"))  # the newest, for every window
 
     def append(self, ts: float, raw: EngineSample) -> None:
         raw = _countable_part(raw, self._last_raw)
@@ -201,7 +202,8 @@ class SeriesHistory:
             )
         self._raw_histograms.update(raw.histograms)
         self._histogram_totals.update(histograms)
-        self.points.append(self._point(ts, counters, histograms))
+        self._unpacked = self._point(ts, counters, histograms)
+        self.points.append(self._unpacked[0])
         self._times.append(ts)
         self._windows.clear()
         self._last_raw = raw
@@ -213,7 +215,9 @@ class SeriesHistory:
         if self._appended % 16 == 0:
             self._thin(ts)
 
-    def _point(self, ts: float, counters: dict[str, float], histograms: dict[str, Histogram]) -> Point:
+    def _point(
+        self, ts: float, counters: dict[str, float], histograms: dict[str, Histogram]
+    ) -> tuple[Point, array]:
         key = (tuple(counters), tuple((name, h.bounds) for name, h in histograms.items()))
         layout = self._layouts.get(key)
         if layout is None:
@@ -222,7 +226,7 @@ class SeriesHistory:
         for h in histograms.values():
             values.extend(h.counts)
             values.append(h.sum)
-        return Point(ts, layout, values)
+        return Point(ts, layout, values), values
 
     def _thin(self, now: float) -> None:
         """Drop each point whose neighbours stay within age / resolution of each other without it."""
@@ -270,7 +274,8 @@ class SeriesHistory:
         first = self.points[start]
         if first.layout is latest.layout:  # the usual case: the same series all along
             still = {name for name, ts in self._changed.items() if ts <= first.ts}
-            return _whole_delta(latest, first, still)
+            unpacked, values = self._unpacked
+            return _whole_delta(latest, values if unpacked is latest else latest.values, first, still)
 
         def candidates():  # usually the first one has every series: stay lazy
             return itertools.islice(self.points, start, len(self.points) - 1)
@@ -293,17 +298,21 @@ class SeriesHistory:
         return Delta(latest.ts - self.points[start].ts, counters, histograms)
 
 
-def _whole_delta(latest: Point, base: Point, still: set[str]) -> Delta:
-    """The delta of two points with one layout: one subtraction over the values array. A histogram
-    in `still` has not moved since `base` was taken: its delta is zero, one shared object."""
-    diff = list(map(operator.sub, latest.values, base.values))  # one layout: the same length
+def _whole_delta(latest: Point, now: array, base: Point, still: set[str]) -> Delta:
+    """The delta of two points with one layout (`now` is `latest`'s values, unpacked already): one
+    subtraction per counter and per bucket of a histogram that moved. A histogram in `still` has
+    not moved since `base` was taken: its delta is zero, one shared object."""
+    then = base.values  # one layout: the same offsets
     layout = latest.layout
-    counters = {name: diff[i] for name, i in layout.counters.items()}
-    histograms = {
-        name: _zero(bounds) if name in still else
-        Histogram(bounds, tuple(diff[at : at + len(bounds)]), diff[at + len(bounds)])
-        for name, (at, bounds) in layout.histograms.items()
-    }  # fmt: skip
+    counters = {name: now[i] - then[i] for name, i in layout.counters.items()}
+    histograms = {}
+    for name, (at, bounds) in layout.histograms.items():
+        if name in still:
+            histograms[name] = _zero(bounds)
+        else:
+            end = at + len(bounds)
+            counts = tuple(map(operator.sub, now[at:end], then[at:end]))
+            histograms[name] = Histogram(bounds, counts, now[end] - then[end])
     return Delta(latest.ts - base.ts, counters, histograms)
 
 

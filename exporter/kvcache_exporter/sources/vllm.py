@@ -7,10 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-import aiohttp
-
 from .base import SourceError
-from .http import fetch_text, new_session
+from .http import Session, fetch_text, new_session
 from .vllm_parse import Memory, ParseBounds, parse
 from .vllm_snapshot import EngineKey, EngineSample, Histogram, VllmSnapshot
 
@@ -39,7 +37,7 @@ class VllmSource:
     bearer_token_file: str | None = None
     limits: ParseBounds = field(default_factory=ParseBounds)
     keep_alive: bool = True
-    _session: aiohttp.ClientSession | None = None
+    _session: Session | None = None
     _memory: Memory = field(default_factory=Memory)
 
     def _headers(self) -> dict[str, str]:

@@ -54,11 +54,12 @@ class Run:
     for a run of bucket lines only (most of what is read) their sums per histogram, so that a run
     seen again is one dict copy per histogram instead of one `take` per line."""
 
-    __slots__ = ("buckets", "keys", "lines", "samples", "text")
+    __slots__ = ("buckets", "keys", "lines", "samples", "sorted", "text")
 
     def __init__(self, text: str, lines: int, samples: list[tuple[Series, float]]):
         self.text, self.lines, self.samples = text, lines, samples
         self.buckets: dict[tuple, dict[float, float]] | None = None
+        self.sorted: dict[tuple, tuple[tuple[float, ...], tuple[float, ...]]] = {}  # (bounds, counts)
         self.keys: list[EngineKey] = []
         if samples and all(s.kind == "bucket" for s, _ in samples):
             self.buckets = {}
@@ -69,6 +70,15 @@ class Run:
                     if s.key not in self.keys:
                         self.keys.append(s.key)
                 counts[s.bound] += value
+
+    def ordered(self, hkey: tuple) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """A histogram's bounds in order and their counts, sorted once per run text, not per poll."""
+        done = self.sorted.get(hkey)
+        if done is None:
+            counts = self.buckets[hkey]  # type: ignore[index]
+            bounds = tuple(sorted(counts))
+            done = self.sorted[hkey] = (bounds, tuple(map(counts.__getitem__, bounds)))
+        return done
 
 
 class Memory:
@@ -237,6 +247,9 @@ class _Accumulator:
             lambda: defaultdict(float)
         )
         self.sums: dict[tuple[EngineKey, str], float] = defaultdict(float)
+        # A histogram whose buckets all came from one run seen before: its bucket dict is that
+        # run's (not copied; `take` copies it before adding to it) and its (bounds, counts) sorted.
+        self.borrowed: dict[tuple[EngineKey, str], tuple[tuple[float, ...], tuple[float, ...]]] = {}
         self.cache_configs: dict[str, dict[str, str]] = {}
         self.process_start: float | None = None
         self.chosen: dict[str, str] = {}  # logical -> the candidate name in use
@@ -258,6 +271,9 @@ class _Accumulator:
         if kind == "bucket":  # most of the lines read: kept short
             if s.key not in self.engines:
                 self.engine(s.key)
+            if s.hkey in self.borrowed:
+                del self.borrowed[s.hkey]
+                self.buckets[s.hkey] = defaultdict(float, self.buckets[s.hkey])
             self.buckets[s.hkey][s.bound] += value if 0 <= value < math.inf else _count(s.name, value)
         elif kind == "counter":
             if self.chosen.setdefault(s.logical, s.name) == s.name:
@@ -290,7 +306,8 @@ class _Accumulator:
             if key not in self.engines:
                 self.engine(key)
         for hkey, counts in run.buckets.items():
-            self.buckets[hkey] = defaultdict(float, counts)
+            self.buckets[hkey] = counts
+            self.borrowed[hkey] = run.ordered(hkey)
 
 
 def _count(name: str, value: float) -> float:
@@ -378,10 +395,11 @@ def _finish(acc: _Accumulator, block_counted: set[str], memory: Memory) -> dict[
         total = sum(parts)
         acc.engines[key].gauges[logical] = total / len(parts) if logical in names.RATIO_GAUGES else total
     for hkey, buckets in acc.buckets.items():
-        bounds = tuple(sorted(buckets))
+        bounds, counts = acc.borrowed.get(hkey) or (tuple(sorted(buckets)), None)
         if bounds and math.isinf(bounds[-1]):
+            counts = counts or tuple(map(buckets.__getitem__, bounds))
             bounds = layouts.setdefault(bounds, bounds)  # histories then hold one tuple per layout
-            histogram = Histogram(bounds, tuple(map(buckets.__getitem__, bounds)), acc.sums.get(hkey, 0.0))
+            histogram = Histogram(bounds, counts, acc.sums.get(hkey, 0.0))
             if histogram != last.get(hkey):
                 last[hkey] = histogram
             # An unchanged histogram is the last poll's object: the history sees `is` and skips it.
