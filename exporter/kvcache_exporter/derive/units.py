@@ -176,18 +176,23 @@ class UnitView:
     def _single_group(self, events: Sequence) -> int:
         """The fast path of a stream that has shown one group only (every single-group model): its
         leading events that pass through untouched (GPU stores and removals of the anchor group,
-        known block size, no adapter, session, extra key or re-announced hit; no tier or tag seen), applied as
-        `_stored` would; how many. The rest of the batch takes the general path."""
-        anchor, resident, max_blocks = self.anchor, self.resident, self.max_blocks
+        known block size, no adapter, session, extra key or re-announced hit; no tier or tag
+        seen), applied as `_stored` would; how many. The rest of the batch takes the general path."""
+        anchor, resident = self.anchor, self.resident
         sizes = self.groups[anchor].block_sizes if self.anchored else ()
-        tokens, i = 0, 0
-        for i, event in enumerate(events):  # noqa: B007 (i: where the fast path stopped)
-            if event.group != anchor or (event.medium is not None and event.medium != GPU):
+        tokens, done, removed = 0, 0, []  # removed: consecutive removals (one per evicted block)
+        for event in events:
+            medium = event.medium
+            if event.group != anchor or (medium != GPU and medium is not None):
                 break
             kind = event.type
             if kind == "BlockRemoved":
-                resident.difference_update(event.block_hashes)
+                removed += event.block_hashes
+                done += 1
                 continue
+            if removed:
+                resident.difference_update(removed)
+                removed = []
             if kind != "BlockStored":
                 break
             hashes, size = event.block_hashes, event.block_size
@@ -197,16 +202,17 @@ class UnitView:
                 resident.issuperset(hashes) or _first_extra_key(getattr(event, "extra_keys", None))
             ):
                 break
-            if len(resident) + len(hashes) > max_blocks:
+            if len(resident) + len(hashes) > self.max_blocks:
                 resident.clear()
             resident.update(hashes)
             tokens += len(hashes) * size
-        else:
-            i = len(events)
+            done += 1
+        if removed:
+            resident.difference_update(removed)
         if tokens:
             self.totals.stored_tokens += tokens
             self.by_adapter.add(BASE, tokens)
-        return i
+        return done
 
     def _learn(self, event, group: int | None) -> Group | None:
         spec = self.groups.get(group)
