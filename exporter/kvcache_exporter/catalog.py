@@ -156,6 +156,9 @@ FLEET_DUPLICATE_BLOCKS_RATIO = "kvcache_fleet_duplicate_blocks_ratio"
 FLEET_HIT_RATIO = "kvcache_fleet_hit_ratio"
 FLEET_HIT_RATIO_ESTIMATE = "kvcache_fleet_hit_ratio_estimate"
 FLEET_HASH_SAMPLING_RATIO = "kvcache_fleet_hash_sampling_ratio"
+FLEET_SESSIONS = "kvcache_fleet_sessions"
+FLEET_SESSIONS_SPLIT = "kvcache_fleet_sessions_split"
+FLEET_SESSIONS_SPLIT_RATIO = "kvcache_fleet_sessions_split_ratio"
 FLEET_REPLICAS = "kvcache_fleet_replicas"
 FLEET_REPLICAS_LEFT_OUT = "kvcache_fleet_replicas_left_out"
 
@@ -804,6 +807,37 @@ CATALOG: tuple[Metric, ...] = (
         "/metrics and KV events of every replica",
         "min((sum(hits) + sum(other_replica miss tokens)) / sum(queries), 1); a shard scales its "
         "other_replica by its number of shards",
+    ),
+    _m(
+        FLEET_SESSIONS,
+        "gauge",
+        "Sessions (BlockStored session_id) seen storing blocks in the pool lately: within one to two "
+        "of the longest window, at most 65,536. Absent while no event carries a session id.",
+        (),
+        "",
+        "fleet",
+        "session_id on every replica's BlockStored events (vLLM 0.32+)",
+    ),
+    _m(
+        FLEET_SESSIONS_SPLIT,
+        "gauge",
+        "Of kvcache_fleet_sessions, those whose blocks were stored on two or more replicas: "
+        "sessions the router split, from ground truth.",
+        (),
+        "",
+        "fleet",
+        "session_id on every replica's BlockStored events (vLLM 0.32+)",
+    ),
+    _m(
+        FLEET_SESSIONS_SPLIT_RATIO,
+        "gauge",
+        "Share of the pool's sessions whose blocks landed on two or more replicas (0 with sticky "
+        "session routing), beside the prefix_affinity estimate.",
+        (),
+        "ratio",
+        "fleet",
+        "session_id on every replica's BlockStored events (vLLM 0.32+)",
+        "sessions_split / sessions",
     ),
     _m(
         FLEET_HASH_SAMPLING_RATIO,

@@ -17,7 +17,7 @@ from . import logs
 from .config import ConfigError, Option
 from .exposition import registry_for
 from .samples import Sample
-from .web.app import Limits, listen, load_web_config, make_app
+from .web.app import ConnectionLimits, listen, load_web_config, make_app
 
 log = logging.getLogger("kvcache_exporter")
 CONFIG_ERROR_EXIT = 2
@@ -69,7 +69,7 @@ async def run(s: Any, build: Build) -> int:
         users=web_config.users,
         headers=web_config.headers,
     )
-    limits = Limits(s.web_max_connections, s.web_idle_timeout, s.web_tls_handshake_timeout)
+    limits = ConnectionLimits(s.web_max_connections, s.web_idle_timeout, s.web_tls_handshake_timeout)
     try:
         listener = await listen(app, s.web_listen_address, web_config.ssl_context, limits)
     except ConfigError:

@@ -40,12 +40,12 @@ def test_replica_counters_sum_engines_and_block_size_comes_from_cache_config():
         ("m", "1"): EngineSample({"query_tokens": 6}, start_time=3.0),
     }
     snapshot = VllmSnapshot(
-        0.0, engines, {"0": {"block_size": "32"}, "1": {"block_size": "None"}}, "v1", "vllm:", (), ()
+        engines, {"0": {"block_size": "32"}, "1": {"block_size": "None"}}, "v1", "vllm:", (), ()
     )
     counters = fleet_pool.replica_counters(snapshot)
     assert counters.counters == {"query_tokens": 16, "hit_tokens": 4} and counters.start_time == 3.0
     assert fleet_pool.block_size(snapshot) == 32
-    assert fleet_pool.block_size(VllmSnapshot(0.0, {}, {}, "v1", "vllm:", (), ())) is None
+    assert fleet_pool.block_size(VllmSnapshot({}, {}, "v1", "vllm:", (), ())) is None
 
 
 def test_token_counters_wait_for_the_block_size_and_everything_is_scaled():

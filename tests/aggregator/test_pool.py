@@ -93,6 +93,7 @@ def test_round_robin_chat_misses_what_other_replicas_hold(tmp_path):
     assert values(samples, "kvcache_fleet_duplicate_blocks_ratio")[()] > 0.3
     assert set(values(samples, "kvcache_vllm_up").values()) == {1.0}
     assert len(values(samples, "kvcache_fleet_stored_tokens_total")) == REPLICAS
+    assert not values(samples, "kvcache_fleet_sessions_split_ratio")  # no session ids: absent
 
 
 @pytest.mark.timeout(60)
@@ -102,6 +103,24 @@ def test_session_routing_leaves_almost_nothing_to_gain(tmp_path):
     assert share(samples) < 0.05  # only the shared system block, computed once per replica
     assert estimate == pytest.approx(real, abs=0.02)
     assert 0 <= real <= estimate <= 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("routing", ["round-robin", "session"])
+def test_session_ids_show_which_sessions_the_router_split(tmp_path, routing):
+    """Ground truth from BlockStored's session_id: round-robin spreads a chat session's turns over
+    the replicas, session routing keeps each on one."""
+    samples = asyncio.run(run_pool(tmp_path, routing, sim=pool_config(session_ids=True)))
+    sessions = values(samples, "kvcache_fleet_sessions")[()]
+    split = values(samples, "kvcache_fleet_sessions_split")[()]
+    ratio = values(samples, "kvcache_fleet_sessions_split_ratio")[()]
+    assert sessions >= 8 and ratio == split / sessions
+    real, estimate = ratios(samples)
+    print(f"{routing}: {sessions:.0f} sessions, split ratio {ratio:.2f}; hit {real:.2f} est {estimate:.2f}")
+    if routing == "round-robin":
+        assert ratio > 0.5 and estimate > real + 0.15
+    else:
+        assert split == 0 and estimate == pytest.approx(real, abs=0.02)
 
 
 @pytest.mark.timeout(60)

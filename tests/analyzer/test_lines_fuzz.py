@@ -1,12 +1,15 @@
 """Property test of the analyzer's line parser on hostile lines (issue 23): any bytes, any JSON shaped
 like a trace line, a Batch API line or a hash line, give requests or `file:line: message`, never an
-exception. `make fuzz` runs it with FUZZ_EXAMPLES=100000."""
+exception. `make fuzz` runs it with FUZZ_EXAMPLES=100000; an input that breaks it is written to
+tests/fixtures/fuzz/analyzer-lines/ and replayed here from then on."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
+from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -71,8 +74,21 @@ LINES = st.one_of(
 )
 
 
+REGRESSIONS = Path(__file__).resolve().parents[1] / "fixtures" / "fuzz" / "analyzer-lines"
+
+
 def check(lines: list[str]) -> None:
     raw = "\n".join(lines).encode("utf-8", "surrogatepass") + b"\n"
+    try:
+        check_bytes(raw)
+    except BaseException:
+        if os.environ.get("FUZZ_SAVE"):
+            REGRESSIONS.mkdir(parents=True, exist_ok=True)
+            (REGRESSIONS / f"{hashlib.sha256(raw).hexdigest()[:16]}.jsonl").write_bytes(raw)
+        raise
+
+
+def check_bytes(raw: bytes) -> None:
     numbered = list(read_lines(io.BytesIO(raw), max_bytes=4096))
     parsed = parse_lines(numbered, "fuzz.jsonl", 16)
     assert len(parsed.requests) + len(parsed.skipped) <= len(numbered)
@@ -98,3 +114,9 @@ def test_any_lines_give_requests_or_named_messages(lines):
 def test_after_a_good_first_line(lines, kind):
     first = [json.dumps({"prompt_token_ids": [1, 2, 3]}), json.dumps({"hash_ids": [1], "input_length": 5})]
     check([first[kind], *lines])
+
+
+def test_kept_regressions_keep_the_contract():
+    """Every input `make fuzz` kept (none yet) is replayed."""
+    for path in sorted(REGRESSIONS.glob("*.jsonl")) if REGRESSIONS.is_dir() else []:
+        check_bytes(path.read_bytes())

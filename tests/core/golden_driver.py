@@ -146,7 +146,6 @@ def settings(gpu: str, vllm_urls: list[str], kv_endpoint: str):
         "cost.gpu_hour_price": "2.5",
         "cost.energy_price_per_kwh": "0.2",
         "gpu.source": gpu,
-        "whatif.host_tier_bytes": "64MiB",  # the host-tier what-if families (derive/whatif.py)
     }
     if gpu == "dcgm":
         flags |= {"gpu.dcgm_url": f"{vllm_url}/dcgm/metrics", "gpu.uuids": [DCGM_GPU]}

@@ -18,7 +18,7 @@ from kvcache_exporter.exposition import registry_for
 from kvcache_exporter.web.app import make_app
 from kvcache_exporter.web.auth import Authenticator
 from kvcache_exporter.web.config import load_web_config
-from kvcache_exporter.web.listener import Connection, Limits, listen, victim
+from kvcache_exporter.web.listener import Connection, ConnectionLimits, listen, victim
 
 
 def basic(user: str, password: str) -> dict[str, str]:
@@ -30,7 +30,7 @@ async def serve(limits=None, users=None, authenticator=None, tls=None):
         registry_for(lambda: []), telemetry_path="/metrics", ready=lambda: True,
         users=users or {}, authenticator=authenticator,
     )  # fmt: skip
-    listener = await listen(app, "127.0.0.1:0", tls, limits or Limits())
+    listener = await listen(app, "127.0.0.1:0", tls, limits or ConnectionLimits())
     return listener, listener.sock.getsockname()[1]
 
 
@@ -99,7 +99,7 @@ def test_unknown_and_known_users_both_pay_an_equal_cost_bcrypt():
 
 def test_an_idle_connection_is_closed_after_the_idle_timeout():
     async def main():
-        listener, port = await serve(Limits(idle_timeout=0.5))
+        listener, port = await serve(ConnectionLimits(idle_timeout=0.5))
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         closed = await closed_within(reader, 5)
         writer.close()
@@ -122,7 +122,9 @@ def tls_context(tmp_path_factory):
 
 def test_a_half_open_tls_connection_is_closed_after_the_handshake_timeout(tls_context):
     async def main():
-        listener, port = await serve(Limits(handshake_timeout=0.5, idle_timeout=60), tls=tls_context)
+        listener, port = await serve(
+            ConnectionLimits(handshake_timeout=0.5, idle_timeout=60), tls=tls_context
+        )
         reader, writer = await asyncio.open_connection("127.0.0.1", port)  # TCP only, no ClientHello
         closed = await closed_within(reader, 5)
         await asyncio.sleep(0.1)
@@ -145,7 +147,7 @@ def test_a_connection_is_refused_only_while_every_slot_has_a_request_in_flight()
 
     async def main():
         checker = Authenticator(users, verify=verify)
-        listener, port = await serve(Limits(max_connections=3, idle_timeout=60), users, checker)
+        listener, port = await serve(ConnectionLimits(max_connections=3, idle_timeout=60), users, checker)
         url = f"http://127.0.0.1:{port}/metrics"
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
 
@@ -298,7 +300,7 @@ def test_fresh_scrapes_get_in_while_a_client_holds_idle_connections(
 ):
     async def main():
         tls = tls_context if scheme == "https" else None
-        limits = Limits(max_connections=64, idle_timeout=60, handshake_timeout=60)
+        limits = ConnectionLimits(max_connections=64, idle_timeout=60, handshake_timeout=60)
         listener, port = await serve(limits, tls=tls)
         stop = asyncio.Event()
         hostile = asyncio.create_task(
@@ -340,7 +342,9 @@ def test_oversized_headers_get_400_a_count_and_one_log_line(caplog):
 
 def test_an_established_scrape_connection_survives_a_half_open_tls_flood(tls_context):
     async def main():
-        listener, port = await serve(Limits(max_connections=8, handshake_timeout=30), tls=tls_context)
+        listener, port = await serve(
+            ConnectionLimits(max_connections=8, handshake_timeout=30), tls=tls_context
+        )
         url = f"https://127.0.0.1:{port}/healthz"
         connector = aiohttp.TCPConnector(ssl=False, limit=1)  # one kept-alive connection, as Prometheus
         async with aiohttp.ClientSession(connector=connector) as session:

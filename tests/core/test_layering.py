@@ -108,10 +108,11 @@ SNAPSHOT_TYPES = {
 }
 FOLDER_RULES = {  # package -> the packages its modules may not import
     "kvcache_exporter.sources": ("kvcache_exporter.derive", "kvcache_exporter.web"),
-    "kvcache_exporter.derive": (
+    "kvcache_exporter.derive": (  # durations and window labels come from durations.py, not config
         "kvcache_exporter.sources",
         "kvcache_exporter.web",
         "kvcache_exporter.server",
+        "kvcache_exporter.config",
     ),
     "kvcache_exporter.web": ("kvcache_exporter.sources", "kvcache_exporter.derive"),
 }

@@ -181,3 +181,24 @@ def test_every_alert_has_a_panel_linking_its_runbook():
         for link in panel.get("links", [])
     }
     assert {a.lower() for a in ALERTS} - linked == set()
+
+
+def test_every_panel_split_by_cause_draws_each_cause_in_the_analyzers_colour():
+    from kvcache_exporter.mixin.palette import CAUSE_COLORS
+
+    by_cause = [
+        p
+        for board in boards().values()
+        for p in panels(board)
+        if any("by (cause)" in t.get("expr", "") and "topk" not in t["expr"] for t in p.get("targets", []))
+    ]
+    assert by_cause  # the attribution row's "Miss tokens by cause"
+    for panel in by_cause:
+        fixed = {
+            o["matcher"]["options"]: prop["value"]["fixedColor"]
+            for o in panel["fieldConfig"]["overrides"]
+            if o["matcher"]["id"] == "byName"
+            for prop in o["properties"]
+            if prop["id"] == "color"
+        }
+        assert fixed == CAUSE_COLORS, panel["title"]

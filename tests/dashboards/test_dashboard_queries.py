@@ -75,7 +75,7 @@ def test_every_panel_has_data_from_the_demo_stack(tmp_path):
         # the Fleet row: a 2-replica simulated pool behind its gateway, and the aggregator watching it
         sd, gateway, agg = tmp_path / "pool.json", free_port(), free_port()
         pool = [*CLI, "simulate", "--replicas=2", f"--listen=127.0.0.1:{gateway}", "--workload=chat"]
-        pool += ["--speed=2", f"--file-sd={sd}"]
+        pool += ["--speed=2", f"--file-sd={sd}", "--session-ids"]
         services.start("pool", pool, gateway, "/control/state")
         aggregate = [*CLI, "aggregate", f"--discovery.file-sd={sd}", f"--web.listen-address=127.0.0.1:{agg}"]
         aggregator = services.start("aggregator", [*aggregate, "--collect.interval=1s"], agg, "/metrics")

@@ -36,7 +36,7 @@ def check(gpu_polls: list[GpuDevice] | None, ceiling: float = 0.9, text: str | N
     if gpu_polls is not None:
         gpu = state.add_gpu()
         for i, reading in enumerate(gpu_polls):
-            gpu.ingest(GpuSnapshot(0.0, (reading,)), 30.0 * i)
+            gpu.ingest(GpuSnapshot((reading,)), 30.0 * i)
     checks = {s.labels["check"]: s.value for s in audit_samples(state, ceiling, (900.0,))}
     return checks.get("gpu_memory_utilization_ceiling")
 
@@ -73,10 +73,10 @@ def test_the_sharing_view():
     assert neighbour_bytes(solo, 0.92 * TOTAL) == 0.0
     assert neighbour_bytes(device(100 * GIB, 2 * GIB, 3 * GIB), None) == 5 * GIB
     flat = gpu_sharing(
-        GpuSnapshot(60.0, (solo,)), 0.92, {"GPU-0": [(0.0, 0.92 * TOTAL), (60.0, 0.92 * TOTAL)]}, 900
+        GpuSnapshot((solo,)), 60.0, 0.92, {"GPU-0": [(0.0, 0.92 * TOTAL), (60.0, 0.92 * TOTAL)]}, 900
     )
     assert flat is not None and not flat.shared and flat.headroom_covers_swing
     # A swing alone (a neighbour that loads and unloads, seen on a DCGM-only GPU) marks the GPU shared.
     swing = {"GPU-0": [(0.0, 0.5 * TOTAL), (60.0, 0.6 * TOTAL)]}
-    assert gpu_sharing(GpuSnapshot(60.0, (device(0.6 * TOTAL, listed=False),)), 0.9, swing, 900).shared
-    assert gpu_sharing(None, 0.9, {}, 900) is None
+    assert gpu_sharing(GpuSnapshot((device(0.6 * TOTAL, listed=False),)), 60.0, 0.9, swing, 900).shared
+    assert gpu_sharing(None, 0.0, 0.9, {}, 900) is None

@@ -53,15 +53,15 @@ def test_memory_samples_per_gpu():
     device = GpuDevice(
         0, "GPU-a", "NVIDIA H100 80GB HBM3", memory_used_bytes=20 * GB, memory_total_bytes=100 * GB
     )
-    snapshot = GpuSnapshot(300.0, (device,))
+    snapshot = GpuSnapshot((device,))
     history = {"GPU-a": [(0.0, 12 * GB), (150.0, 20 * GB), (300.0, 14 * GB)]}
     labels = {"gpu": "0", "uuid": "GPU-a", "name": "NVIDIA H100 80GB HBM3"}
-    assert memory_samples(snapshot, 0.9, history, "5m", 300) == [
+    assert memory_samples(snapshot, 300.0, 0.9, history, "5m", 300) == [
         ("kvcache_gpu_memory_budget_bytes", labels, 90 * GB),
         ("kvcache_gpu_memory_budget_usage_ratio", labels, 20 / 90),
         ("kvcache_gpu_memory_headroom_ratio", labels, 0.8),
         ("kvcache_gpu_memory_swing_bytes", {**labels, "window": "5m"}, 6 * GB),  # t=0 left the window
     ]
     # without vLLM's gpu_memory_utilization only headroom (and swing) can be said
-    names = [s.name for s in memory_samples(snapshot, None, {}, "5m", 300)]
+    names = [s.name for s in memory_samples(snapshot, 300.0, None, {}, "5m", 300)]
     assert names == ["kvcache_gpu_memory_headroom_ratio"]

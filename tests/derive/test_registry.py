@@ -17,7 +17,7 @@ def device(used_gib, energy_j, power=300.0):
 
 def test_cost_and_audit_over_the_real_seed_run(shared_fixtures):
     texts = [s["text"] for s in seed_snapshots(shared_fixtures)]
-    snapshots = [GpuSnapshot(10.0 * i, (device(20, 1000.0 * i),)) for i in range(len(texts))]
+    snapshots = [GpuSnapshot((device(20, 1000.0 * i),)) for i in range(len(texts))]
     pricing = Pricing(gpu_hour_price={"NVIDIA H100 80GB HBM3": 3.6})
     exporter = replay(texts, windows=(300.0,), quantiles=(0.5,), gpu=snapshots, pricing=pricing)
     assert values(exporter, "kvcache_gpu_cost_per_hour") == {(): 3.6}

@@ -20,7 +20,7 @@ def fixture(name: str) -> str:
 
 
 def test_maps_every_field_of_a_node_scrape_by_uuid():
-    [t4] = parse_dcgm(fixture("node-t4-gpu-operator.txt"), 5.0, gpu_uuids={T4}).devices
+    [t4] = parse_dcgm(fixture("node-t4-gpu-operator.txt"), gpu_uuids={T4}).devices
     assert (t4.index, t4.uuid, t4.name) == (0, T4, "Tesla T4")
     assert t4.memory_used_bytes == 5120 * MIB
     assert t4.memory_total_bytes == (5120 + 9791 + 447) * MIB  # used + free + reserved
@@ -32,7 +32,7 @@ def test_maps_every_field_of_a_node_scrape_by_uuid():
 def test_energy_counter_typed_counter_is_read():
     # this scrape has # TYPE ... counter, which the parser exposes as <name>_total
     [l40s] = parse_dcgm(
-        fixture("node-l40s-helm.txt"), 0, gpu_uuids={"GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc43"}
+        fixture("node-l40s-helm.txt"), gpu_uuids={"GPU-5b4e07f6-3a86-4340-039d-25f2a83cdc43"}
     ).devices
     assert (l40s.name, l40s.energy_joules, l40s.memory_used_bytes) == ("NVIDIA L40S", 5551899.58, 0.0)
     assert l40s.memory_total_bytes == (0 + 45459 + 608) * MIB
@@ -40,27 +40,27 @@ def test_energy_counter_typed_counter_is_read():
 
 def test_keeps_only_this_pods_series_on_a_shared_gpu():
     text = fixture("mps-two-pods-pr432.txt")
-    [mine] = parse_dcgm(text, 0, pod_name=VLLM_POD, pod_namespace=VLLM_NS).devices
+    [mine] = parse_dcgm(text, pod_name=VLLM_POD, pod_namespace=VLLM_NS).devices
     assert (mine.uuid, mine.name, mine.memory_used_bytes) == (
         "GPU-3bc239e1-4cc8-97e4-e817-5a36dfd2885e",
         "NVIDIA A100-SXM4-80GB",
         15866 * MIB,
     )
     assert mine.memory_total_bytes is None  # no FB_FREE in this scrape: total unknown, not guessed
-    assert parse_dcgm(text, 0, pod_name=VLLM_POD, pod_namespace="default").devices == ()
+    assert parse_dcgm(text, pod_name=VLLM_POD, pod_namespace="default").devices == ()
 
 
 def test_pod_filter_drops_other_gpus_of_the_node():
     text = fixture("mixed-node-pr736.txt")
-    [triton] = parse_dcgm(text, 0, pod_name="triton-server-f7cb5d77-95xcf").devices
+    [triton] = parse_dcgm(text, pod_name="triton-server-f7cb5d77-95xcf").devices
     assert (triton.index, triton.name, triton.memory_used_bytes) == (2, "NVIDIA A30", None)
-    assert parse_dcgm(fixture("pod-labels-issue340.txt"), 0, pod_name="dcgmproftester").devices[0].index == 0
+    assert parse_dcgm(fixture("pod-labels-issue340.txt"), pod_name="dcgmproftester").devices[0].index == 0
 
 
 def test_node_without_pod_labels_matches_no_pod():
     text = fixture("empty-pod-labels-issue138.txt")
-    assert parse_dcgm(text, 0, pod_name="vllm-0").devices == ()
-    [gpu] = parse_dcgm(text, 0, gpu_uuids={"GPU-6bf47ca9-ad3e-15db-beed-1079a7d74116"}).devices
+    assert parse_dcgm(text, pod_name="vllm-0").devices == ()
+    [gpu] = parse_dcgm(text, gpu_uuids={"GPU-6bf47ca9-ad3e-15db-beed-1079a7d74116"}).devices
     assert (gpu.utilization_ratio, gpu.power_watts, gpu.energy_joules) == (0.44, 302.206, 4335301.032)
 
 

@@ -123,7 +123,7 @@ def test_samples_skip_missing_fields():
         0, "GPU-x", "NVIDIA L4", memory_used_bytes=5.0, processes=(GpuProcess(7, "vllm", 3.0),)
     )
     labels = {"gpu": "0", "uuid": "GPU-x", "name": "NVIDIA L4"}
-    assert gpu_samples(GpuSnapshot(1.0, (device,))) == [
+    assert gpu_samples(GpuSnapshot((device,))) == [
         ("kvcache_gpu_memory_used_bytes", labels, 5.0),
         (
             "kvcache_gpu_process_memory_used_bytes",

@@ -110,7 +110,7 @@ def check_never_different(line: str) -> None:
 
 def outcome(text: str, memory: Memory | None = None):
     try:
-        snapshot = parse(text, ts=0.0, memory=memory)
+        snapshot = parse(text, memory=memory)
     except SourceError as err:
         return err.reason
     for sample in snapshot.engines.values():

@@ -10,7 +10,7 @@ PUBLIC = "vllm-metrics"
 
 
 def load(shared, folder, name):
-    return parse((shared / folder / name).read_text(), ts=0.0)
+    return parse((shared / folder / name).read_text())
 
 
 def test_vllm_032_cpu_capture(shared_fixtures):

@@ -12,7 +12,7 @@ from aiohttp import web
 from kvcache_exporter.exposition import registry_for
 from kvcache_exporter.sources import vllm
 from kvcache_exporter.sources.base import SourceError
-from kvcache_exporter.sources.vllm import Limits, VllmSource, parse
+from kvcache_exporter.sources.vllm import ParseBounds, VllmSource, parse
 from kvcache_exporter.tools.exporters import vllm_exporter
 from kvcache_exporter.web.app import make_app
 
@@ -83,6 +83,6 @@ def test_metrics_answers_while_a_huge_parse_is_in_progress(monkeypatch):
 def test_a_line_past_the_bound_is_a_parse_error_before_any_regex_runs():
     line = 'vllm:num_requests_running{engine="0",model_name="m",pad="' + "x" * 8_000_000 + '"} 1\n'
     with pytest.raises(SourceError) as err:
-        parse(HEAD + line, limits=Limits(max_line_chars=16 * 1024))
+        parse(HEAD + line, limits=ParseBounds(max_line_chars=16 * 1024))
     assert err.value.reason == "parse_error"
     assert "longer than" in str(err.value)

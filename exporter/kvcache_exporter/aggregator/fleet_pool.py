@@ -19,6 +19,7 @@ from ..derive.windows import Delta
 from ..samples import Sample
 from ..sources.vllm_snapshot import EngineSample, VllmSnapshot
 from .fleet_residency import FleetResidency, ReplicaView
+from .fleet_sessions import split_ratio
 
 VLLM_COUNTERS = ("query_tokens", "hit_tokens")
 
@@ -120,3 +121,15 @@ def residency_samples(fleet: FleetResidency, block_sizes: dict[str, int | None])
             Sample(c.FLEET_REPLICA_RESTARTS_TOTAL, replica, view.restarts),
         ]
     return out
+
+
+def session_samples(sessions: int, splits: int) -> list[Sample]:
+    """Absent until an event carries a session id: no ids is unknown, never 0."""
+    ratio = split_ratio(sessions, splits)
+    if ratio is None:
+        return []
+    return [
+        Sample(c.FLEET_SESSIONS, {}, float(sessions)),
+        Sample(c.FLEET_SESSIONS_SPLIT, {}, float(splits)),
+        Sample(c.FLEET_SESSIONS_SPLIT_RATIO, {}, ratio),
+    ]

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from ..sources.kv_events_decode import Batch, Mark, SeqCursor, gap
+from .fleet_sessions import SessionSpread
 
 SPACE = 1 << 64
 MASK = SPACE - 1
@@ -83,9 +84,15 @@ class ReplicaView:
 
 
 class FleetResidency:
-    def __init__(self, hash_range: HashRange = HashRange(), max_blocks_per_replica: int = 1_000_000):
+    def __init__(
+        self,
+        hash_range: HashRange = HashRange(),
+        max_blocks_per_replica: int = 1_000_000,
+        sessions: SessionSpread | None = None,
+    ):
         self.hash_range = hash_range
         self.max_blocks = max_blocks_per_replica
+        self.sessions = sessions or SessionSpread()  # every event's session, whatever the hash range
         self.replicas: dict[str, ReplicaView] = {}
         self.duplicates = 0  # hashes held by >= 2 replicas
         self._owners: dict[int | bytes, int] = {}
@@ -113,6 +120,7 @@ class FleetResidency:
         view = self.replicas.pop(name, None)
         if view is not None:
             self._forget(view)
+            self.sessions.forget(view.bit)
             self._free_bits.append(view.bit)
 
     def missing(self, name: str, seq: int) -> range:
@@ -128,6 +136,8 @@ class FleetResidency:
         for event in batch.events:
             if event.type == "BlockStored":
                 self._store(view, keep(event.block_hashes))
+                if event.session_id is not None:
+                    self.sessions.seen(event.session_id, view.bit)
             elif event.type == "BlockRemoved":
                 self._remove(view, keep(event.block_hashes))
             elif event.type == "AllBlocksCleared":

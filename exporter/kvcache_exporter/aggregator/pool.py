@@ -32,6 +32,7 @@ from . import fleet_pool
 from .discovery import DiscoveryError, Replica, bounded
 from .events import FleetEvents
 from .fleet_residency import FleetResidency, HashRange
+from .fleet_sessions import SessionSpread
 
 log = logging.getLogger("kvcache_exporter.aggregate")
 DRAIN_SECONDS = 0.25
@@ -117,7 +118,8 @@ class Aggregator:
     def __init__(self, settings: PoolSettings, discoveries: list, clock: Callable[[], float] = time.time):
         self.settings, self.discoveries, self.clock = settings, discoveries, clock
         self.deadline = max(2 * settings.interval, settings.timeout + 1, 10.0)  # as serve's
-        self.fleet = FleetResidency(settings.hash_range, settings.max_blocks_per_replica)
+        sessions = SessionSpread(retention=max(settings.windows))
+        self.fleet = FleetResidency(settings.hash_range, settings.max_blocks_per_replica, sessions)
         self.events = FleetEvents(settings.topic, settings.max_batches_per_second, PENDING_HASHES)
         self.members: dict[str, Member] = {}
         self.discovery_health = {d.name: Health() for d in discoveries}
@@ -226,12 +228,14 @@ class Aggregator:
         await asyncio.gather(*(poll(m) for m in self.members.values()))
         await self.drain_all()
         now = self.clock()
+        self.fleet.sessions.age(now)
         sizes = {name: member.block_size for name, member in self.members.items()}
         for name, member in self.members.items():
             view = self.fleet.replicas.get(name)
             if view is not None:
                 member.fleet_history.append(now, fleet_pool.fleet_counters(view, self.fleet.scale))
         residency = fleet_pool.residency_samples(self.fleet, sizes)
+        residency += fleet_pool.session_samples(*self.fleet.sessions.counts())
         self.ready = self.ready or any(m.up for m in self.members.values())
         samples = self.guard.filter(residency + self._pool_samples() + self._health_samples())
         self.latest = samples + self._own_errors()

@@ -10,6 +10,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 
+from ..mixin.palette import CAUSE_COLORS
 from .blocktrace import BlockRequest
 from .mrc import Curve, restart_points, route_blocks
 
@@ -22,16 +23,6 @@ COLORS = {
     "replicas": "#ff7f0e",
     "sessions": "#8c564b",
 }
-CAUSE_COLORS = {
-    "prefix_diverged": "#e24d42",
-    "evicted": "#ef843c",
-    "other_replica": "#ba43a9",
-    "restart": "#1f78c1",
-    "cold": "#8e8e8e",
-    "partial_block": "#eab839",
-}
-"""One colour per miss cause (Grafana's classic palette): a layout problem red, capacity orange, routing
-purple, restarts blue, cold grey, the hit unit yellow."""
 VERDICT_COLOR = "#b03a2e"
 """the verdict's left rule: a screenshot finds the diagnosis by it"""
 W, H, PAD = 1200, 300, 56

@@ -39,8 +39,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..sources.kv_events_decode import IN_ORDER, Batch, Dropped, Event, KvEventDrain, Mark, SeqCursor
-from .fingerprints import ANCHOR_SPACING, FingerprintSet, Generations, anchors
-from .reorder import KnownRun, first_known_run, overlaps, served_span, served_tokens, unit_shortfall_tokens
+from .fingerprints import FingerprintSet, Generations, anchors
+from .reorder import (
+    KnownRun,
+    first_known_run,
+    front_without_anchors,
+    lead,
+    overlaps,
+    served_span,
+    served_tokens,
+    unit_shortfall_tokens,
+)
 
 CAUSES = ("evicted", "restart", "prefix_diverged", "other_replica", "cold")
 CAPACITY_FACTORS = (2, 4)
@@ -179,10 +188,10 @@ class Attribution:
                     self.totals.decode_tokens += size
                     self._track(hashes, depth, (0, 1) if diverged else (0, 0))
                     return
-        run = self._known_run(tokens, size, count, parent_hash is None)
         unit, length = self.hit_unit or size, count * size
+        run = self._known_run(tokens, size, count, parent_hash is None, unit)
         served = served_tokens(run, length, unit, bool(diverged), size // 2)
-        if run is not None and not served:
+        if run is not None:
             self.totals.unit_shortfall_tokens += unit_shortfall_tokens(run, unit, bool(diverged))
         if (
             self.other_replica is None
@@ -214,7 +223,9 @@ class Attribution:
                 totals["prefix_diverged"] += served
                 totals["cold"] += size - served
 
-    def _known_run(self, tokens: Sequence[int], size: int, count: int, root: bool) -> KnownRun | None:
+    def _known_run(
+        self, tokens: Sequence[int], size: int, count: int, root: bool, unit: int
+    ) -> KnownRun | None:
         """The first run of known content in the event's blocks (reorder.first_known_run). The
         event's own fingerprints are added afterwards, so a block never matches itself."""
         positions, prints = anchors(tokens)
@@ -235,9 +246,9 @@ class Attribution:
             if not found:
                 return None
         if found.issuperset(prints):  # all known (the common case when any is): the run is the rest
-            start = max(positions[0] - ANCHOR_SPACING // 4, 0)
-            return KnownRun(start, length, root and start > 0)
-        return first_known_run(positions, list(map(found.__contains__, prints)), length, root)
+            start = max(positions[0] - lead(positions, length), 0)
+            return KnownRun(start, length, front_without_anchors(start, root, unit))
+        return first_known_run(positions, list(map(found.__contains__, prints)), length, root, unit)
 
     def _seen_before(self, info: int, size: int) -> str:
         """The cause of a block whose hash is tracked: rules 1 and 2, or a duplicate store."""

@@ -159,7 +159,9 @@ def audit_samples(state: PollState, ceiling: float, windows: Sequence[float]) ->
     if state.gpu is not None:  # vLLM's budget on the GPU: the largest gpu_memory_utilization configured
         values = [config_number(c, "gpu_memory_utilization") for cs in configs.values() for c in cs]
         utilization = max((v for v in values if v is not None), default=None)
-        sharing = gpu_sharing(state.gpu_snapshot, utilization, state.gpu.history.used(), max(windows))
+        sharing = gpu_sharing(
+            state.gpu_snapshot, state.gpu.ts, utilization, state.gpu.history.used(), max(windows)
+        )
     out = []
     for model, model_configs in configs.items():
         peak = state.load_peaks.peak(model)

@@ -61,7 +61,7 @@ class GpuHistory:
         self.points: dict[str, deque[GpuPoint]] = {}
         self._raw_energy: dict[str, float] = {}
 
-    def ingest(self, snapshot: GpuSnapshot) -> None:
+    def ingest(self, snapshot: GpuSnapshot, ts: float) -> None:
         for device in snapshot.devices:
             points = self.points.setdefault(device.uuid, deque())
             total = None
@@ -73,8 +73,8 @@ class GpuHistory:
                     self._raw_energy.get(device.uuid), previous_total, device.energy_joules, False
                 )
                 self._raw_energy[device.uuid] = device.energy_joules
-            points.append(GpuPoint(snapshot.ts, device.memory_used_bytes, total, device.power_watts))
-            while points and points[0].ts < snapshot.ts - self.retention:
+            points.append(GpuPoint(ts, device.memory_used_bytes, total, device.power_watts))
+            while points and points[0].ts < ts - self.retention:
                 points.popleft()
 
     def used(self) -> dict[str, list[tuple[float, float]]]:

@@ -73,6 +73,7 @@ def neighbour_bytes(device: GpuDevice, budget_bytes: float | None) -> float | No
 
 def gpu_sharing(
     snapshot: GpuSnapshot | None,
+    now: float,
     gpu_memory_utilization: float | None,
     used_history: Mapping[str, Sequence[tuple[float, float]]],
     window_seconds: float,
@@ -83,14 +84,12 @@ def gpu_sharing(
     shared, covered, known = False, True, False
     for device in snapshot.devices:
         total = device.memory_total_bytes
-        points = [
-            (ts, used) for ts, used in used_history.get(device.uuid, ()) if ts > snapshot.ts - window_seconds
-        ]
+        points = [(ts, used) for ts, used in used_history.get(device.uuid, ()) if ts > now - window_seconds]
         if not total or device.memory_used_bytes is None:
             continue
         known = True
         neighbours = neighbour_bytes(device, memory_budget_bytes(gpu_memory_utilization, total))
-        swing = memory_swing_bytes(points, window_seconds, snapshot.ts) or 0.0
+        swing = memory_swing_bytes(points, window_seconds, now) or 0.0
         peak = max([used for _, used in points] + [device.memory_used_bytes])
         shared |= (neighbours or 0.0) > SHARED_MIN_FRACTION * total or swing > SHARED_MIN_FRACTION * total
         covered &= total - peak >= swing
@@ -99,6 +98,7 @@ def gpu_sharing(
 
 def memory_samples(
     snapshot: GpuSnapshot,
+    now: float,
     gpu_memory_utilization: float | None,
     used_history: Mapping[str, Sequence[tuple[float, float]]],
     window: str,
@@ -109,7 +109,7 @@ def memory_samples(
     for device in snapshot.devices:
         labels = device_labels(device)
         budget = memory_budget_bytes(gpu_memory_utilization, device.memory_total_bytes)
-        swing = memory_swing_bytes(used_history.get(device.uuid, ()), window_seconds, snapshot.ts)
+        swing = memory_swing_bytes(used_history.get(device.uuid, ()), window_seconds, now)
         values = (
             (c.GPU_MEMORY_BUDGET_BYTES, labels, budget),
             (
@@ -145,6 +145,6 @@ def memory_over(state: PollState, windows: Sequence[float]) -> list[Sample]:
     )
     out, used = [], state.gpu.history.used()
     for i, seconds in enumerate(windows):
-        samples = memory_samples(snapshot, utilization, used, window_label(seconds), seconds)
+        samples = memory_samples(snapshot, state.gpu.ts, utilization, used, window_label(seconds), seconds)
         out += samples if i == 0 else [s for s in samples if s.name == c.GPU_MEMORY_SWING_BYTES]
     return out

@@ -8,12 +8,18 @@ fingerprints were seen before (fingerprints.py). The rule (docs/kv-events.md, "p
 - the *known run* is the first stretch of known content in the run of new blocks: from the first
   seen anchor up to the first unseen anchor after it (content that comes back after that is not
   part of it);
+- known content at the divergence point that falls short of a whole hit unit is the *head*: the
+  tail of a shared head (a chat template's role header, a field label) whose unit the per-request
+  content shares. It is skipped: the known run is the first one after the unseen content behind it;
 - it is *fronted* when per-request content sits between the divergence point and the run: an
-  unseen anchor before it, or, at a chain's root, any tokens before it;
+  unseen anchor before it, or, at a chain's root, any tokens before it, or, behind a cached
+  prefix, an anchor-free front of a hit unit and more before a run to the end
+  (`front_without_anchors`);
 - a reorder (per-request fields after the shared part) would serve the whole hit units of a
   fronted known run: `served_tokens`. Those tokens are `prefix_diverged`; the rest stay `cold`.
   Known content at the divergence point itself is not: it is already first (a layout that is
-  already fixed, or content that only recurs after unique content).
+  already fixed, or content that only recurs after unique content: a known stretch of a whole hit
+  unit or more at the divergence point ends the search there).
 - Known content at the divergence point that falls short of a whole hit unit can never hit:
   `unit_shortfall_tokens` (DeepSeek-V4's 256-token units leave 105 tokens of a 361-token template).
 """
@@ -30,24 +36,65 @@ class KnownRun(NamedTuple):
     start: int  # first token of the known run in the run of new blocks (estimate)
     end: int  # the token after it (estimate)
     fronted: bool  # per-request content sits between the divergence point and the run
+    head: int = 0  # known tokens at the divergence point skipped before it (short of a hit unit)
 
 
-def first_known_run(positions: Sequence[int], seen: list[bool], length: int, root: bool) -> KnownRun | None:
+def first_known_run(
+    positions: Sequence[int], seen: list[bool], length: int, root: bool, unit: int = 0
+) -> KnownRun | None:
     """The first known run of `length` new tokens whose anchors sit at `positions` (ascending, all
     below `length`) and were `seen` before; None when no anchor was seen. `root`: the tokens start
-    a chain (no parent block), so whatever precedes the run is the prompt's own front part.
+    a chain (no parent block), so whatever precedes the run is the prompt's own front part. A run
+    at the divergence point shorter than `unit` tokens is the head: the next known run is returned,
+    with the head's length (none after it: the head itself).
 
-    The run starts ANCHOR_SPACING / 4 tokens before its first seen anchor (never at or before the
-    unseen anchor preceding it) and ends K / 2 tokens into the first unseen anchor's window after
+    The run starts `lead` tokens before its first seen anchor (never at or before the unseen
+    anchor preceding it) and ends K / 2 tokens into the first unseen anchor's window after
     it (at least K tokens past its last seen anchor: that window was known whole)."""
     if True not in seen:
         return None
     first = seen.index(True)
+    run = _run_from(positions, seen, length, root, first, unit)
+    if run.fronted or run.end >= unit:
+        return run
+    after = next((i for i in range(first + 1, len(seen)) if not seen[i]), len(seen))
+    behind = next((i for i in range(after + 1, len(seen)) if seen[i]), None)  # past the unseen content
+    return (
+        run
+        if behind is None
+        else _run_from(positions, seen, length, root, behind, unit)._replace(head=run.end)
+    )
+
+
+def _run_from(
+    positions: Sequence[int], seen: list[bool], length: int, root: bool, first: int, unit: int
+) -> KnownRun:
     after = next((i for i in range(first + 1, len(seen)) if not seen[i]), None)
     floor = positions[first - 1] + 1 if first else 0
-    start = max(floor, positions[first] - ANCHOR_SPACING // 4)
+    start = max(floor, positions[first] - lead(positions, length))
     end = length if after is None else min(max(positions[after - 1] + K, positions[after] + K // 2), length)
-    return KnownRun(start, max(end, start), first > 0 or (root and start > 0))
+    fronted = first > 0 or ((root or after is None) and front_without_anchors(start, root, unit))
+    return KnownRun(start, max(end, start), fronted)
+
+
+def lead(positions: Sequence[int], length: int) -> int:
+    """Tokens a known run is estimated to start before its first seen anchor: a quarter of the
+    anchor spacing; the event's own (tokens per anchor) where it is at least twice the typical one
+    (ids below 512 have one byte that can select them: a text of few distinct ids may hold few)."""
+    spacing = length // max(len(positions), 1)
+    return (spacing if spacing >= 2 * ANCHOR_SPACING else ANCHOR_SPACING) // 4
+
+
+def front_without_anchors(start: int, root: bool, unit: int) -> bool:
+    """Whether the tokens before a known run's `start`, with no anchor among them, are its
+    per-request front: at a chain's root any (the first block's hash is new, so it differs from
+    every prompt before); behind a cached prefix, for a run that reaches the end of the new tokens,
+    a hit unit plus three quarters of an anchor spacing or more (at typical spacing: had the known
+    content begun a whole spacing before its first anchor, a unit would still precede it). A field
+    of small ids such as digits may hold no anchor at all, while known content at the divergence
+    point mostly shows one sooner. A run that ends before the new tokens do needs an unseen anchor
+    before it there: recurring pieces after a unique header do not count."""
+    return start > 0 if root else 0 < unit <= start - ANCHOR_SPACING * 3 // 4
 
 
 def served_tokens(
@@ -58,8 +105,8 @@ def served_tokens(
     known run reached its end (the run goes on from token 0, no front needed). `tail`: tokens a run
     that reaches the end goes on into past the new ones (a prompt's last, partial block is never
     stored: half a block on average); the front moved to the end gives them room."""
-    if run is None or unit <= 0 or not (run.fronted or continues):
-        return 0
+    if run is None or unit <= 0 or not (run.fronted or continues) or (continues and run.head):
+        return 0  # a chain continuing its head: the head is short of a unit
     start = run.start if run.fronted else 0
     known = run.end - start + (tail if run.end >= length else 0)
     return min(known // unit * unit, length)
@@ -76,9 +123,11 @@ def served_span(run: KnownRun, length: int, served: int) -> tuple[int, int]:
 def unit_shortfall_tokens(run: KnownRun | None, unit: int, continues: bool = False) -> int:
     """Known tokens at the divergence point that were computed because they fall short of a whole
     hit unit (the rest of the unit is per-request content): shared content that can never hit."""
-    if run is None or run.fronted or continues or run.end >= unit:
+    if run is None or continues:
         return 0
-    return run.end
+    if run.head:
+        return run.head
+    return 0 if run.fronted or run.end >= unit else run.end
 
 
 def overlaps(start: int, stop: int, size: int, count: int) -> list[int]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from ..sources.gpu import GpuSnapshot
 from ..sources.kv_events_decode import Dropped, SeqCursor
@@ -45,7 +45,6 @@ class TargetState:
         self.up = snapshot is not None
         if snapshot is None:
             return
-        snapshot.ts = ts
         for key, sample in snapshot.engines.items():
             self.histories.setdefault(key, SeriesHistory(self.retention)).append(ts, sample)
         for key in list(self.histories):  # engines gone for longer than the retention are forgotten
@@ -59,16 +58,16 @@ class TargetState:
 class GpuState:
     retention: float
     snapshot: GpuSnapshot | None = None
+    ts: float = 0.0  # the poll's time of `snapshot`: one clock for every window
     history: GpuHistory = field(init=False)
 
     def __post_init__(self) -> None:
         self.history = GpuHistory(self.retention)
 
     def ingest(self, snapshot: GpuSnapshot | None, ts: float) -> None:
-        """Stamped with the poll's time, like a target's snapshot: one clock for every window."""
-        self.snapshot = None if snapshot is None else replace(snapshot, ts=ts)
-        if self.snapshot is not None:
-            self.history.ingest(self.snapshot)
+        self.snapshot, self.ts = snapshot, ts
+        if snapshot is not None:
+            self.history.ingest(snapshot, ts)
 
 
 @dataclass

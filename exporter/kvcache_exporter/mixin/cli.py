@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from . import config, rules
-from .limits import Limits
+from .thresholds import DashboardThresholds
 
 NEED_EXTRA = (
     "dashboards with your thresholds or runbook URL need the `dashboards` extra: "
@@ -84,7 +84,9 @@ def _dashboards(cfg: dict) -> dict[str, str]:
     except ImportError as err:
         if not (err.name or "").startswith("grafana_foundation_sdk"):
             raise
-        if Limits.of(cfg) != Limits.of(config.defaults()):  # all a dashboard reads of the config
+        if DashboardThresholds.of(cfg) != DashboardThresholds.of(
+            config.defaults()
+        ):  # all a dashboard reads of the config
             raise ValueError(NEED_EXTRA) from None
         shipped = sorted(config.data_path("dashboards").glob("*.json"))
         return {p.name: p.read_text() for p in shipped}

@@ -161,7 +161,7 @@ class SimulatorFleet:
             if workload is None or self.config.rate <= 0:
                 await asyncio.sleep(0.05)
                 continue
-            spec = workload.next_request()
+            spec = self.replicas[0].runtime.built_in(workload.next_request())  # session ids etc.
             gap = spec.gap_s if spec.gap_s is not None else rng.expovariate(self.config.rate)
             await asyncio.sleep(gap / self.config.speed)
             await slots.acquire()

@@ -6,8 +6,7 @@ can, and labels each GPU's series with the pod it is allocated to (pod, namespac
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -59,7 +58,6 @@ def _device(labels: Mapping[str, str], fields: Mapping[str, float]) -> GpuDevice
 
 def parse_dcgm(
     text: str,
-    ts: float,
     pod_name: str | None = None,
     pod_namespace: str | None = None,
     gpu_uuids: Collection[str] = (),
@@ -85,7 +83,7 @@ def parse_dcgm(
     except ValueError as error:
         raise SourceError("parse_error", f"dcgm-exporter output does not parse: {error}") from error
     devices = sorted((_device(identity[uuid], fields[uuid]) for uuid in identity), key=lambda d: d.index)
-    return GpuSnapshot(ts, tuple(devices))
+    return GpuSnapshot(tuple(devices))
 
 
 class DcgmSource:
@@ -99,7 +97,6 @@ class DcgmSource:
         gpu_uuids: Collection[str] = (),
         timeout_seconds: float = 5.0,
         max_body_bytes: int = 16 * MIB,
-        clock: Callable[[], float] = time.time,
     ):
         if not pod_name and not gpu_uuids:
             raise ValueError("the dcgm GPU source needs this pod's name (POD_NAME) or GPU UUIDs")
@@ -107,16 +104,13 @@ class DcgmSource:
         self.pod_name, self.pod_namespace, self.gpu_uuids = pod_name, pod_namespace, frozenset(gpu_uuids)
         self.timeout = timeout_seconds
         self.max_body_bytes = max_body_bytes
-        self.clock = clock
 
     async def _fetch(self) -> str:
         async with new_session() as session:
             return await fetch_text(session, self.url, timeout=self.timeout, max_bytes=self.max_body_bytes)
 
     async def collect(self) -> GpuSnapshot:
-        snapshot = parse_dcgm(
-            await self._fetch(), self.clock(), self.pod_name, self.pod_namespace, self.gpu_uuids
-        )
+        snapshot = parse_dcgm(await self._fetch(), self.pod_name, self.pod_namespace, self.gpu_uuids)
         if not snapshot.devices:
             who = f"pod {self.pod_namespace or '*'}/{self.pod_name}" if not self.gpu_uuids else "GPU UUIDs"
             raise SourceError("no_matching_gpu", f"{self.url} has no GPU series for {who}")

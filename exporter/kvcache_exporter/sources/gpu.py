@@ -33,7 +33,8 @@ class GpuDevice:
 
 @dataclass(frozen=True)
 class GpuSnapshot:
-    ts: float
+    """What the GPUs show at one poll; the poll stamps it (one clock for every source)."""
+
     devices: tuple[GpuDevice, ...]
 
 

@@ -60,6 +60,7 @@ Hashes = Annotated[list[BlockHash], msgspec.Meta(max_length=MAX_HASHES_PER_EVENT
 
 class _Stored(msgspec.Struct, tag_field="type", tag="BlockStored", gc=False):
     block_hashes: Hashes
+    session_id: Annotated[str, msgspec.Meta(max_length=256)] | None = None  # the fleet's sessions
 
 
 class _Removed(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
@@ -356,6 +357,9 @@ def _too_heavy(seq: int, what: str) -> KvEventDecodeError:
 def _to_event(event) -> Event:
     if "type" in type(event).__dict__:
         return event  # a *WithTokens struct: already Event-like
+    session = getattr(event, "session_id", None)
+    if session is not None:
+        return Event("BlockStored", tuple(event.block_hashes), session_id=session)
     return Event(_TAGS[type(event)], tuple(getattr(event, "block_hashes", ())))
 
 

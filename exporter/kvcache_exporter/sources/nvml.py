@@ -6,7 +6,6 @@ Run `python -m kvcache_exporter.sources.nvml` to print one snapshot as JSON.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -97,11 +96,9 @@ class NvmlSource:
         self,
         devices: Sequence[str | int] = (),
         max_processes: int = 8,
-        clock: Callable[[], float] = time.time,
     ):
         self.devices = tuple(str(d) for d in devices)
         self.max_processes = max_processes
-        self.clock = clock
         self._initialized = False
 
     def available(self) -> bool:
@@ -139,7 +136,7 @@ class NvmlSource:
         except pynvml.NVMLError as error:
             self.release()
             raise _translate(error) from error
-        return GpuSnapshot(self.clock(), devices)
+        return GpuSnapshot(devices)
 
     async def collect(self) -> GpuSnapshot:
         return await asyncio.to_thread(self.read)

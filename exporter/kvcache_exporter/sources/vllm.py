@@ -11,7 +11,7 @@ import aiohttp
 
 from .base import SourceError
 from .http import fetch_text, new_session
-from .vllm_parse import Limits, Memory, parse
+from .vllm_parse import Memory, ParseBounds, parse
 from .vllm_snapshot import EngineKey, EngineSample, Histogram, VllmSnapshot
 
 INLINE_PARSE_CHARS = 256 * 1024  # vLLM's body is ~60 KiB per engine
@@ -20,8 +20,8 @@ __all__ = [
     "EngineKey",
     "EngineSample",
     "Histogram",
-    "Limits",
     "Memory",
+    "ParseBounds",
     "VllmSnapshot",
     "VllmSource",
     "parse",
@@ -37,7 +37,7 @@ class VllmSource:
     timeout: float = 5.0
     max_body_bytes: int = 8 * 1024 * 1024
     bearer_token_file: str | None = None
-    limits: Limits = field(default_factory=Limits)
+    limits: ParseBounds = field(default_factory=ParseBounds)
     keep_alive: bool = True
     _session: aiohttp.ClientSession | None = None
     _memory: Memory = field(default_factory=Memory)
@@ -72,7 +72,7 @@ class VllmSource:
         )
 
     def read(self, text: str) -> VllmSnapshot:
-        return parse(text, None, self.limits, self._memory)
+        return parse(text, self.limits, self._memory)
 
     async def close(self) -> None:
         if self._session is not None:

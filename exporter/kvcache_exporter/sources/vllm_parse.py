@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import re
 import sys
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -25,7 +24,7 @@ from .vllm_snapshot import EngineKey, EngineSample, Histogram, VllmSnapshot
 
 
 @dataclass(frozen=True)
-class Limits:
+class ParseBounds:
     max_samples: int = 200_000
     max_labels: int = 128
     max_engines: int = 192  # with 1 h of history at 1 s polls, ~105 MiB in all (docs/memory.md)
@@ -102,7 +101,7 @@ class Memory:
         if len(self.values) > 600:  # counters make new ones every poll; ~60 KB at most
             self.values.clear()
 
-    def read(self, line: str, limits: Limits) -> tuple[Series | str, float]:
+    def read(self, line: str, limits: ParseBounds) -> tuple[Series | str, float]:
         """The line's Series and value, or its name (value NaN) when its family is not read."""
         head, space, tail = line.rpartition(" ")
         known = self.heads.get(head) if space else None
@@ -230,7 +229,7 @@ def _config(labels: dict[str, str]) -> dict[str, str]:
 class _Accumulator:
     """Collects the wanted samples of one scrape, keyed by (model_name, engine)."""
 
-    def __init__(self, limits: Limits):
+    def __init__(self, limits: ParseBounds):
         self.limits = limits
         self.engines: dict[EngineKey, EngineSample] = {}
         self.gauge_parts: dict[tuple[EngineKey, str], list[float]] = defaultdict(list)
@@ -300,9 +299,7 @@ def _count(name: str, value: float) -> float:
     return value
 
 
-def parse(
-    text: str, ts: float | None = None, limits: Limits = Limits(), memory: Memory | None = None
-) -> VllmSnapshot:
+def parse(text: str, limits: ParseBounds = ParseBounds(), memory: Memory | None = None) -> VllmSnapshot:
     """Normalize one /metrics exposition. Raises SourceError("parse_error") on malformed text."""
     prefix = _RAY if _RAY in text else "vllm:"
     memory = memory or Memory()
@@ -348,7 +345,6 @@ def parse(
         present.add("cache_config")
     expected = names.EXPECTED_V0 if schema == "v0" else names.EXPECTED_V1
     return VllmSnapshot(
-        ts=time.time() if ts is None else ts,
         engines=engines,
         cache_configs=acc.cache_configs,
         schema=schema,

@@ -30,7 +30,6 @@ EngineKey = tuple[str, str]  # (model_name, engine)
 
 @dataclass
 class VllmSnapshot:
-    ts: float
     engines: dict[EngineKey, EngineSample]
     cache_configs: dict[str, dict[str, str]]  # engine -> cache_config_info labels
     schema: str

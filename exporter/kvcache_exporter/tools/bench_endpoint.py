@@ -25,7 +25,7 @@ import bcrypt
 from ..exposition import registry_for
 from ..web.app import make_app
 from ..web.auth import Authenticator
-from ..web.listener import Limits, listen
+from ..web.listener import ConnectionLimits, listen
 from .harness import free_port
 
 
@@ -139,7 +139,7 @@ async def _measure(port: int, pid: int) -> list[tuple[str, str]]:
 
 async def _plain_held() -> int:
     app = make_app(registry_for(lambda: []), telemetry_path="/metrics", ready=lambda: True, users={})
-    listener = await listen(app, "127.0.0.1:0", None, Limits())
+    listener = await listen(app, "127.0.0.1:0", None, ConnectionLimits())
     served = await _Client(listener.sock.getsockname()[1]).served_while_held(False, False)
     await listener.close()
     return served
@@ -150,7 +150,7 @@ async def _flood_after_expiry() -> tuple[int, int, float]:
     users = {"prom": bcrypt.hashpw(b"right", bcrypt.gensalt(rounds=12))}
     app = make_app(registry_for(lambda: []), telemetry_path="/metrics", ready=lambda: True, users=users,
                    authenticator=Authenticator(users, success_ttl=0.0))  # fmt: skip
-    listener = await listen(app, "127.0.0.1:0", None, Limits())
+    listener = await listen(app, "127.0.0.1:0", None, ConnectionLimits())
     port, stop = listener.sock.getsockname()[1], asyncio.Event()
 
     async def get(password: str) -> int:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import msgspec
 
+from .. import catalog as c
 from ..aggregator.fleet_residency import FleetResidency, HashRange
 from ..aggregator.pool import Aggregator, PoolSettings
 from ..simulator.blocks import BlockRemoved, BlockStored
@@ -280,7 +281,7 @@ def run_fleet(replicas: int, live: int, fd_limit: int, workdir: Path, settle: fl
                 seconds = time.monotonic() - started
             except OSError:
                 continue
-            if sum(1 for line in text.splitlines() if line.startswith("kvcache_kv_events_batches_total{")
+            if sum(1 for line in text.splitlines() if line.startswith(c.KV_EVENTS_BATCHES_TOTAL + "{")
                    and not line.endswith(" 0.0")) >= live:  # fmt: skip
                 break
         rss = _rss_of(aggregate.pid)
@@ -352,9 +353,9 @@ def fleet_fd_rows() -> list[tuple[str, str]]:
         got = run_fleet(1000, 1000, 1024, Path(tmp), settle=120.0)
     lines = got["metrics"].splitlines()
     receiving = sum(
-        1 for x in lines if x.startswith("kvcache_kv_events_batches_total{") and not x.endswith(" 0.0")
+        1 for x in lines if x.startswith(c.KV_EVENTS_BATCHES_TOTAL + "{") and not x.endswith(" 0.0")
     )
-    up = sum(1 for x in lines if x.startswith("kvcache_vllm_up{") and x.endswith(" 1.0"))
+    up = sum(1 for x in lines if x.startswith(c.VLLM_UP + "{") and x.endswith(" 1.0"))
     emfile = got["stderr"].count("Too many open files")
     return [
         ("aggregate, 1,000 replicas (real ZMQ publishers + /metrics) under RLIMIT_NOFILE 1,024",

@@ -12,9 +12,9 @@ from prometheus_client.registry import Collector
 from ..exposition import families, render
 from .auth import Authenticator
 from .config import WebConfig, load_web_config
-from .listener import CONNECTIONS, REJECTIONS, Connection, Connections, Limits, Rejections, listen
+from .listener import CONNECTIONS, REJECTIONS, Connection, ConnectionLimits, Connections, Rejections, listen
 
-__all__ = ["AUTH_EXEMPT", "Limits", "WebConfig", "listen", "load_web_config", "make_app"]
+__all__ = ["AUTH_EXEMPT", "ConnectionLimits", "WebConfig", "listen", "load_web_config", "make_app"]
 
 # Kubelet probes carry no credentials; these two answer ok/ready and reveal nothing else.
 AUTH_EXEMPT = frozenset({"/healthz", "/readyz"})

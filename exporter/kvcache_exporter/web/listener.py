@@ -41,7 +41,7 @@ REASONS = (
 
 
 @dataclass(frozen=True)
-class Limits:
+class ConnectionLimits:
     max_connections: int = 256
     idle_timeout: float = 60.0
     handshake_timeout: float = 10.0
@@ -123,7 +123,7 @@ class Rejections(logging.Filter):
 
 class Listener:
     def __init__(
-        self, runner: web.AppRunner, sock: socket.socket, tls: ssl.SSLContext | None, limits: Limits
+        self, runner: web.AppRunner, sock: socket.socket, tls: ssl.SSLContext | None, limits: ConnectionLimits
     ):
         self.runner, self.sock, self.tls, self.limits = runner, sock, tls, limits
         self.rejections: Rejections = runner.app[REJECTIONS]
@@ -266,7 +266,9 @@ def bind(address: str) -> socket.socket:
     return sock
 
 
-async def listen(app: web.Application, address: str, tls: ssl.SSLContext | None, limits: Limits) -> Listener:
+async def listen(
+    app: web.Application, address: str, tls: ssl.SSLContext | None, limits: ConnectionLimits
+) -> Listener:
     try:
         sock = bind(address)
     except OSError as err:  # e.g. the port is taken: a config error, not a traceback

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import units
 
+from ..palette import CAUSE_COLORS
 from .common import RATE, TOKENS_PER_SECOND, WINDOW, Query, graph, ratio, sel
 
 MISSES = sel("kvcache_prefix_cache_miss_tokens_total", 'replica=""')  # the aggregator's carry `replica`
@@ -31,6 +32,7 @@ def panels():
             alerts=ALERTS,
             unit=TOKENS_PER_SECOND,
             stacked=True,
+            colors=CAUSE_COLORS,
         ),
         graph(
             "Where the shared content starts (divergence offset)",

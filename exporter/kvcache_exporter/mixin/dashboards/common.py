@@ -21,7 +21,7 @@ from grafana_foundation_sdk.models import prometheus as pm
 from grafana_foundation_sdk.models import units
 
 from kvcache_exporter.catalog import BY_NAME
-from kvcache_exporter.mixin.limits import Limits
+from kvcache_exporter.mixin.thresholds import DashboardThresholds
 
 TAGS = ["kvcache", "vllm", "generated"]
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -30,10 +30,10 @@ METRIC_RE = re.compile(r"([A-Za-z_:][\w:]*)\{")
 
 
 # Set by render.render() around each build, as kubernetes-mixin's $._config reaches every panel.
-LIMITS: ContextVar[Limits] = ContextVar("limits")
+LIMITS: ContextVar[DashboardThresholds] = ContextVar("limits")
 
 
-def limits() -> Limits:
+def limits() -> DashboardThresholds:
     return LIMITS.get()
 
 
@@ -139,7 +139,9 @@ def graph(
     thresholds: db.ThresholdsConfig | None = None,
     stacked: bool = False,
     min_zero: bool = True,
+    colors: dict[str, str] | None = None,
 ) -> timeseries.Panel:
+    """A time series; `colors`: a fixed colour per series name (the miss causes' palette)."""
     panel = timeseries.Panel().legend(
         cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.TABLE).placement(cm.LegendPlacement.BOTTOM)
         .calcs(["lastNotNull", "max"]).show_legend(True)
@@ -152,6 +154,9 @@ def graph(
         panel = panel.stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL)).fill_opacity(30)
     if min_zero:
         panel = panel.min(0)
+    for name, color in (colors or {}).items():
+        fixed = dm.DynamicConfigValue("color", {"mode": "fixed", "fixedColor": color})
+        panel = panel.override_by_name(name, [fixed])
     return _finish(panel, title, queries, shows, action, alerts, unit, w, h, thresholds)
 
 

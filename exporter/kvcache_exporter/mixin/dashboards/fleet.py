@@ -52,6 +52,17 @@ def panels():
             unit=units.PercentUnit,
         ),
         graph(
+            "Sessions split across replicas (ground truth)",
+            Query(f"max({sel('kvcache_fleet_sessions_split_ratio')})", "split sessions"),
+            shows="Where requests carry a session id (vLLM 0.32+ puts it on BlockStored): the share of "
+            "recent sessions whose blocks were stored on two or more replicas. No data without session ids; "
+            "every aggregator shard reports the same figure.",
+            action="High: the router splits sessions; with a wide gap between the real and the affinity hit "
+            "ratio, sticky session routing wins it. 0 with a gap: the prefix is shared across sessions.",
+            alerts=AFFINITY,
+            unit=units.PercentUnit,
+        ),
+        graph(
             "Blocks held by two or more replicas",
             Query(
                 ratio(
@@ -85,5 +96,17 @@ def panels():
             action="No batches from a replica with traffic: its vLLM publishes on a concrete (connect-style) "
             "endpoint, which only the sidecar can receive: use tcp://*:5557 (docs/fleet.md).",
             alerts=("KVCacheEventsMissed", "KVCacheVLLMDown"),
+        ),
+        graph(
+            "Aggregator up",
+            Query(
+                f"max by (instance) ({sel('up')} and on (job, instance) "
+                f"last_over_time({sel('kvcache_fleet_distinct_blocks')}[1d]))",
+                "{{instance}}",
+            ),
+            shows="Whether Prometheus can scrape each fleet aggregator seen in the last day (1 = up): the "
+            "process behind every panel of this row.",
+            action="0 or gone: the fleet view is blind; see the aggregator's log and its pod (runbook).",
+            alerts=("KVCacheAggregatorDown", "KVCacheAggregatorAbsent"),
         ),
     ]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from ..limits import Limits
+from ..thresholds import DashboardThresholds
 from . import cache, gpu_cost, overview
 from .common import LIMITS
 
@@ -14,7 +14,7 @@ MODULES = (overview, cache, gpu_cost)
 
 
 def render(module, cfg: dict) -> str:
-    token = LIMITS.set(Limits.of(cfg))
+    token = LIMITS.set(DashboardThresholds.of(cfg))
     try:
         board = module.build().build()
     finally:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class Limits:
+class DashboardThresholds:
     """What the dashboards take from the mixin's config (the alerts' own thresholds and URLs)."""
 
     runbook_url: str
@@ -18,7 +18,7 @@ class Limits:
     memory_budget: float
 
     @classmethod
-    def of(cls, cfg: dict) -> Limits:
+    def of(cls, cfg: dict) -> DashboardThresholds:
         alerts, latencies = cfg["alerts"], cfg["slo"]["latencies"]
         return cls(
             runbook_url=cfg["urls"]["runbook"],
