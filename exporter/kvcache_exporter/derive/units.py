@@ -136,10 +136,15 @@ class UnitView:
     def units(self, batch: Batch) -> Batch:
         """The batch as attribution reads it: one event per hit unit, in stream order (the batch
         itself when that is what it already was: one group, no tier, nothing re-announced)."""
-        out: list = []
+        events = batch.events
+        single = len(self.groups) == 1 and not self.tiers and not self._tags
+        start = self._single_group(events) if single else 0
+        if start == len(events):
+            return batch
+        out: list = list(events[:start])
         resident, anchor, anchored = self.resident, self.anchor, self.anchored
         removed: list = []  # consecutive anchor removals (one per evicted block), applied at once
-        for event in batch.events:
+        for event in events[start:]:
             kind = event.type
             medium = event.medium
             if kind == "BlockRemoved" and (medium is None or medium == GPU):
@@ -164,10 +169,50 @@ class UnitView:
                 out.append(event)
         if removed:
             resident.difference_update(removed)
-        events = batch.events
         if len(out) == len(events) and all(map(operator.is_, out, events)):
             return batch
         return batch._replace(events=tuple(out))
+
+    def _single_group(self, events: Sequence) -> int:
+        """The fast path of a stream that has shown one group only (every single-group model): its
+        leading events that pass through untouched (GPU stores and removals of the anchor group,
+        known block size, no adapter, session, extra key or re-announced hit; no tier or tag
+        seen), applied as `_stored` would; how many. The rest of the batch takes the general path."""
+        anchor, resident = self.anchor, self.resident
+        sizes = self.groups[anchor].block_sizes if self.anchored else ()
+        tokens, done, removed = 0, 0, []  # removed: consecutive removals (one per evicted block)
+        for event in events:
+            medium = event.medium
+            if event.group != anchor or (medium != GPU and medium is not None):
+                break
+            kind = event.type
+            if kind == "BlockRemoved":
+                removed += event.block_hashes
+                done += 1
+                continue
+            if removed:
+                resident.difference_update(removed)
+                removed = []
+            if kind != "BlockStored":
+                break
+            hashes, size = event.block_hashes, event.block_size
+            if not hashes or size not in sizes or event.lora_name or event.session_id is not None:
+                break
+            if event.parent is None and (
+                resident.issuperset(hashes) or _first_extra_key(getattr(event, "extra_keys", None))
+            ):
+                break
+            if len(resident) + len(hashes) > self.max_blocks:
+                resident.clear()
+            resident.update(hashes)
+            tokens += len(hashes) * size
+            done += 1
+        if removed:
+            resident.difference_update(removed)
+        if tokens:
+            self.totals.stored_tokens += tokens
+            self.by_adapter.add(BASE, tokens)
+        return done
 
     def _learn(self, event, group: int | None) -> Group | None:
         spec = self.groups.get(group)

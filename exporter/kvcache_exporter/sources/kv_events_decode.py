@@ -109,11 +109,16 @@ class _LazyTokens:
     def token_count(self) -> int:
         """How many token ids the list holds, from its msgpack header (no decoding)."""
         raw = memoryview(self.raw_tokens)  # type: ignore[attr-defined]
-        head = raw[0] if raw.nbytes else 0x90
+        if not raw.nbytes:
+            return 0
+        head = raw[0]
+        if head == 0xDC:  # array16: most prompts' ids
+            return raw[1] << 8 | raw[2] if raw.nbytes > 2 else 0
         if 0x90 <= head <= 0x9F:
             return head & 0x0F
-        size = {0xDC: 2, 0xDD: 4}.get(head)
-        return int.from_bytes(raw[1 : 1 + size], "big") if size and raw.nbytes > size else 0
+        if head == 0xDD:
+            return int.from_bytes(raw[1:5], "big") if raw.nbytes > 4 else 0
+        return 0
 
     @property
     def token_ids(self) -> list[int]:
@@ -323,9 +328,18 @@ def weight(events: Sequence) -> tuple[int, int]:
     hashes = tokens = 0
     for event in events:
         hashes += len(getattr(event, "block_hashes", ()))
-        count = getattr(event, "token_count", None)  # lazily decoded ids: their header's count
-        tokens += count if count is not None else len(getattr(event, "token_ids", ()))
+        cls = type(event)
+        if cls in _LAZY_TOKENS:  # lazily decoded ids: their header's count
+            tokens += event.token_count
+        elif cls not in _NO_TOKEN_IDS:  # (a missed getattr costs an exception: once per removal)
+            tokens += len(getattr(event, "token_ids", ()))
     return hashes, tokens
+
+
+_LAZY_TOKENS = frozenset((StoredWithTokens, _ArrayStoredWithTokens))
+_NO_TOKEN_IDS = frozenset(
+    (_Stored, _Removed, _Cleared, _ArrayStored, _ArrayRemoved, _ArrayCleared, RemovedWithTokens)
+) | {ClearedWithTokens, _ArrayRemovedWithTokens, _ArrayClearedWithTokens}
 
 
 def _check_weight(seq: int, events: Sequence) -> None:
