@@ -127,12 +127,27 @@ def check_shape(
     got = delta(after_repeats, after_header)
     assert sum(got.values()) == units * unit and got["cold"] == units * unit, got  # the first send only
 
-    distinct = [tokens(rng, units * unit + TAIL) for _ in range(capacity // (units * unit) + 3)]
-    for prompt in [*distinct, distinct[0]]:
+    # Turn the cache over: new prompts until vLLM itself recomputes one sent long before (a probe is
+    # each time another of the first batch, so no probe refreshes the next). Hybrid caches keep more
+    # units than their page count suggests, so how many it takes is read from vLLM, not assumed.
+    batch = capacity // (units * unit) + 3
+    first = [tokens(rng, units * unit + TAIL) for _ in range(batch)]
+    for prompt in first:
         send(server, prompt, headers=headers)
-    after_evictions = settle(exporter, (engine,))[engine]
-    got = delta(after_evictions, after_repeats)
-    assert got["evicted"] >= units * unit, got  # the first came back after the cache turned over
+    recomputed = 0.0
+    for probe in first[: batch // 2]:
+        for _ in range(batch):
+            send(server, tokens(rng, units * unit + TAIL), headers=headers)
+        before_probe, computed_before = settle(exporter, (engine,))[engine], computed(server, vllm_engine)
+        send(server, probe, headers=headers)
+        after_evictions = settle(exporter, (engine,))[engine]  # vLLM's counters have caught up too
+        recomputed = computed(server, vllm_engine) - computed_before - TAIL
+        if recomputed >= unit:
+            break
+    assert recomputed >= unit, "vLLM never recomputed a prompt sent long before: no eviction happened"
+    got = delta(after_evictions, before_probe)
+    assert got["evicted"] == recomputed and sum(got.values()) == recomputed, (got, recomputed)
+    distinct = [probe]
 
     reset_prefix_cache(server)
     send(server, distinct[-1], headers=headers)  # held until the reset: lost with the cache, not evicted
