@@ -1,55 +1,17 @@
 """The host-tier what-if against an exact two-tier LRU replay of the same requests.
 
 The estimate reads only what a sidecar sees (the stream of the GPU cache alone plus vLLM's hit
-counter); the oracle re-runs the requests through vLLM's block pool with a host LRU of H blocks
-that takes every block the GPU evicts and gives it back on a hit."""
-
-import itertools
-from collections import OrderedDict
+counter); the analyzer's exact two-tier replay (analyzer/hosttier.py) re-runs the requests through vLLM's
+block pool with a host LRU of H blocks that takes every block the GPU evicts and gives it back on a hit."""
 
 import pytest
 
+from kvcache_exporter.analyzer.hosttier import two_tier_replay
 from kvcache_exporter.derive.attribution import Attribution
 from kvcache_exporter.derive.whatif import host_tier_blocks, kv_bytes_per_token
-from kvcache_exporter.simulator.blocks import BlockPool, block_hashes_for
 from kvcache_exporter.simulator.engine import Engine, EngineConfig, Request
 from kvcache_exporter.sources.kv_events_decode import Batch
 from tests.derive.test_attribution_estimate import _event, recurring_prefixes
-
-
-def two_tier_replay(requests, block_size: int, gpu_blocks: int, host_blocks: int) -> float:
-    """Exact: one request at a time through vLLM's pool (LRU free queue, tail freed first); the
-    blocks it evicts enter the host LRU; a prompt hits its GPU prefix, then goes on in the host."""
-    pool, host, unique = (
-        BlockPool(gpu_blocks, block_size, record_events=False),
-        OrderedDict(),
-        itertools.count(),
-    )
-    hits = queries = 0
-    for r in requests:
-        tokens, bs = list(r.prompt_token_ids), block_size
-        computed = len(tokens) + r.max_tokens - 1
-        keys = block_hashes_for(tokens, bs, [])
-        keys += [b"out%d" % next(unique) for _ in range(computed // bs - len(keys))]
-        hittable = (len(tokens) - 1) // bs
-        on_gpu = pool.longest_cached_prefix(keys[:hittable])
-        n = len(on_gpu)
-        while n < hittable and keys[n] in host:  # loaded back: it leaves the host for the GPU
-            del host[keys[n]]
-            n += 1
-        pool.touch(on_gpu)
-        need = -(-computed // bs) - len(on_gpu)
-        victims = [b.block_hash for b in itertools.islice(pool.free_queue.values(), need) if b.block_hash]
-        blocks = on_gpu + pool.get_new_blocks(need)
-        for key in victims:
-            host[key] = True
-            host.move_to_end(key)
-            if len(host) > host_blocks:
-                host.popitem(last=False)
-        pool.cache_full_blocks(blocks, keys, (), len(on_gpu), computed // bs)
-        pool.free_blocks(reversed(blocks))
-        hits, queries = hits + n * bs, queries + len(tokens)
-    return hits / queries
 
 
 def estimated(requests, block_size: int, gpu_blocks: int, host_blocks: int) -> tuple[float, float]:
@@ -79,8 +41,8 @@ def estimated(requests, block_size: int, gpu_blocks: int, host_blocks: int) -> t
 def test_host_tier_estimate_is_close_to_the_exact_two_tier_replay(gpu_blocks, host_blocks):
     requests = recurring_prefixes()
     real, estimate = estimated(requests, 16, gpu_blocks, host_blocks)
-    exact = two_tier_replay(requests, 16, gpu_blocks, host_blocks)
-    assert abs(two_tier_replay(requests, 16, gpu_blocks, 0) - real) < 0.01  # the oracle is vLLM's pool
+    exact = two_tier_replay(requests, 16, gpu_blocks, host_blocks).hit_ratio
+    assert abs(two_tier_replay(requests, 16, gpu_blocks, 0).hit_ratio - real) < 0.01  # the oracle is vLLM's pool
     assert exact > real + 0.05  # the tier is worth something here: the test can tell
     assert exact - 0.06 < estimate <= exact + 0.01, (real, estimate, exact)
 
