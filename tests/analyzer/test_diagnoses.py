@@ -27,6 +27,7 @@ FACTS = {
     "dyn_end": 20,
     "dyn_len": 12,
     "dyn_template": 180,
+    "host_text": " A host tier of 512 blocks per replica would reach 0.180 (exact two-tier replay).",
 }
 
 

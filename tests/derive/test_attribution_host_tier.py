@@ -42,7 +42,9 @@ def test_host_tier_estimate_is_close_to_the_exact_two_tier_replay(gpu_blocks, ho
     requests = recurring_prefixes()
     real, estimate = estimated(requests, 16, gpu_blocks, host_blocks)
     exact = two_tier_replay(requests, 16, gpu_blocks, host_blocks).hit_ratio
-    assert abs(two_tier_replay(requests, 16, gpu_blocks, 0).hit_ratio - real) < 0.01  # the oracle is vLLM's pool
+    assert (
+        abs(two_tier_replay(requests, 16, gpu_blocks, 0).hit_ratio - real) < 0.01
+    )  # the oracle is vLLM's pool
     assert exact > real + 0.05  # the tier is worth something here: the test can tell
     assert exact - 0.06 < estimate <= exact + 0.01, (real, estimate, exact)
 

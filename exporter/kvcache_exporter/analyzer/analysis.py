@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
-from . import reorder
+from . import hosttier, reorder
 from .curvereport import ASSUMED, assumed_notes, render_curve, render_diagnoses, render_units
 from .diagnoses import SIGNIFICANT, Diagnosis, diagnose
 from .replay import Replay, blocks_needed_unbounded, concurrent_replay, replay
@@ -44,6 +44,8 @@ class Report:
     exact replay `dynamic_moved_last`"""
     units: list[dict] | None = None
     """hit ratio with no eviction per hit unit (hitunit.unit_rows), filled in by the caller"""
+    host_tier: dict | None = None
+    """the exact two-tier replay with a host tier (hosttier.HostTier.to_dict; only when one is asked for)"""
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -91,9 +93,11 @@ def analyze(
     concurrency: int | None = None,
     speed: float | None = None,
     decode=None,
+    host_tier: tuple[int, float | None] | None = None,
 ) -> Report:
     """Sequential replays unless `concurrency` (closed loop) or `speed` (open loop at the trace's send_ts)
-    is given; then every replay runs that way."""
+    is given; then every replay runs that way. `host_tier`: (blocks per replica, KV bytes per token or
+    None) for the exact two-tier replay (sequential, whatever the other replays do)."""
     if not requests:
         raise ValueError("empty trace")
     bs = block_size
@@ -121,11 +125,15 @@ def analyze(
     needed = None
     if unbounded.hit_ratio - observed.hit_ratio >= SIGNIFICANT:
         needed = _blocks_for(requests, unbounded.hit_ratio, bs, num_gpu_blocks, replicas, routing, run)
-    diagnoses = diagnose(
-        facts(
-            bs, num_gpu_blocks, replicas, routing, observed, unbounded, one, by_session, moved, needed, shape
-        )
+    tier = None
+    if host_tier is not None:
+        blocks, per_token = host_tier
+        tier = hosttier.two_tier_replay(requests, bs, num_gpu_blocks, blocks, replicas, routing, per_token)
+    found = facts(
+        bs, num_gpu_blocks, replicas, routing, observed, unbounded, one, by_session, moved, needed, shape
     )
+    found["host_text"] = hosttier.evidence(None if tier is None else tier.to_dict())
+    diagnoses = diagnose(found)
     notes = [
         f"block size {bs} is tokens per KV block (a cache hit is counted in whole blocks); it does not need "
         "to match the model's layer count."
@@ -142,7 +150,9 @@ def analyze(
         "requests": len(requests),
         "replay": replay_mode(concurrency, speed),
     }
-    return Report(settings, observed, unbounded, one, by_session, moved, needed, shape, diagnoses, notes)
+    report = Report(settings, observed, unbounded, one, by_session, moved, needed, shape, diagnoses, notes)
+    report.host_tier = None if tier is None else tier.to_dict()
+    return report
 
 
 def facts(bs, num_gpu_blocks, replicas, routing, observed, unbounded, one, by_session, moved, needed, shape):
@@ -209,6 +219,7 @@ def render_text(report: Report) -> str:
         lines.append(
             f"  per-request part moved after    {report.dynamic_moved_last.hit_ratio:6.3f}  (exact replay)"
         )
+    lines += hosttier.render_text(report.host_tier)
     if report.reordered_estimate is not None:
         lines.append(
             f"  the same, estimated live        {report.reordered_estimate:6.3f}  (hits + prefix_diverged)"

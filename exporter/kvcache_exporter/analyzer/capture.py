@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..derive.cache_config import config_number
+from ..derive.whatif import host_tier_blocks, kv_bytes_per_token
 from ..sources.textformat import parse_line
 from .lines import json_object, read_lines
 
@@ -98,3 +99,28 @@ def cache_shape(block_size: int | None, num_gpu_blocks: int | None, capture: str
 def _positive(config: dict[str, str], key: str) -> int | None:
     value = config_number(config, key)
     return int(value) if value is not None and value >= 1 and value == int(value) else None
+
+
+def host_tier(
+    blocks: int | None, size_bytes: int | None, capture: str | None, block_size: int
+) -> tuple[int, float | None] | None:
+    """(host tier blocks of `block_size` tokens, KV bytes per token or None) from --host-tier-blocks, or
+    --host-tier-bytes over the capture's KV layout, or the tier the capture reports; None for no tier."""
+    if min(blocks or 0, size_bytes or 0) < 0:
+        raise ValueError("--host-tier-blocks and --host-tier-bytes must be >= 0")
+    config = read_capture(capture)[0] if capture is not None else None
+    per_token = kv_bytes_per_token(config)
+    if blocks is not None:
+        return blocks, per_token
+    if size_bytes is not None and per_token is None:
+        raise ValueError(
+            "--host-tier-bytes needs the bytes of a KV block: pass --metrics with a capture whose "
+            "cache_config_info has kv_cache_memory_bytes and kv_cache_size_tokens, or use --host-tier-blocks"
+        )
+    if config is None or per_token is None:
+        return None
+    reported = host_tier_blocks(config, size_bytes)  # in blocks of vLLM's block_size
+    size = _positive(config, "block_size")
+    if reported is None or size is None:
+        return None
+    return reported * size // block_size, per_token

@@ -23,6 +23,7 @@ from . import (
     capture,
     curvereport,
     hitunit,
+    hosttier,
     html,
     lines,
     mrc,
@@ -86,6 +87,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--speed", type=float, default=1.0, help="with --arrivals: divide the trace's gaps by this")
     add(
+        "--host-tier-bytes",
+        type=int,
+        metavar="SIZE",
+        help="what a host (CPU) KV tier of SIZE bytes is worth: an exact two-tier replay (needs --metrics "
+        "for the bytes of a block)",
+    )
+    add("--host-tier-blocks", type=int, metavar="N", help="the same with a host tier of N blocks per replica")
+    add(
         "--restart-at",
         type=int,
         action="append",
@@ -114,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
                 "--block-size >= 1, --num-gpu-blocks >= 2, --replicas >= 1 and --max-line-bytes >= 1 are "
                 "required"
             )
+        args.host_tier = capture.host_tier(
+            args.host_tier_blocks, args.host_tier_bytes, args.metrics, args.block_size
+        )
         name = "<stdin>" if args.trace == "-" else args.trace
         encoder = _encoder(args)
         with _open(args.trace) as stream:
@@ -214,6 +226,7 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace, encoder=None):
             args.concurrency,
             args.speed if args.arrivals else None,
             getattr(encoder, "decode", None),
+            getattr(args, "host_tier", None),
         )
         report.curve = curve.to_dict()
         report.reordered_estimate = reorder.live_estimate(
@@ -241,6 +254,11 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace, encoder=None):
     }
     report = curvereport.block_report(parsed, curve, settings)
     report["units"] = hitunit.unit_rows(parsed.requests, [], bs, tbs, args.replicas, args.routing)
+    if getattr(args, "host_tier", None) is not None:
+        blocks, per_token = args.host_tier
+        report["host_tier"] = hosttier.two_tier_replay(
+            parsed.requests, bs, args.num_gpu_blocks, blocks, args.replicas, args.routing, per_token
+        ).to_dict()
     if args.concurrency is None and not args.arrivals:
         report["diagnoses"] = curvereport.block_diagnoses(report)
         return report, curve, None
@@ -270,6 +288,16 @@ def _write_html(path: str, parsed: blocktrace.Parsed, curve: mrc.Curve, report, 
         ("observed hit ratio", f"{data['observed']['hit_ratio']:.3f}"),
         ("unbounded hit ratio", f"{data['unbounded']['hit_ratio']:.3f}"),
     ]
+    tier = data.get("host_tier")
+    if tier is not None:
+        loaded = "" if tier["load_bytes"] is None else f", {tier['load_bytes']:,.0f} bytes loaded"
+        summary.append(
+            (
+                f"with a host tier of {tier['host_blocks']} blocks",
+                f"{tier['hit_ratio']:.3f} (exact two-tier replay; {tier['host_hit_tokens']:,} tokens from "
+                f"the host{loaded})",
+            )
+        )
     page = html.render(parsed.requests, curve, s, summary, restart_at, hits, data)
     Path(path).write_text(page, encoding="utf-8")
 

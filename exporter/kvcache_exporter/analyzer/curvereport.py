@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from . import hosttier
 from .blocktrace import Parsed
 from .diagnoses import SIGNIFICANT, diagnose
 from .mrc import Curve
@@ -99,6 +100,7 @@ def block_diagnoses(report: dict) -> list[dict]:
         "preemptions": observed.get("preemptions", 0),
         "first_block_unique": 0.0,
         "granularity_loss": 0.0,
+        "host_text": hosttier.evidence(report.get("host_tier")),
     }
     return [asdict(d) for d in diagnose(facts)]
 
@@ -146,6 +148,7 @@ def render_block_text(report: dict) -> str:
         f"  observed (this cache)           {report['observed']['hit_ratio']:6.3f}",
         f"  unbounded cache                 {report['unbounded']['hit_ratio']:6.3f}",
     ]
+    lines += hosttier.render_text(report.get("host_tier"))
     if "preemptions" in report["observed"]:
         lines += [
             f"  preemptions (observed)          {report['observed']['preemptions']:6d}",

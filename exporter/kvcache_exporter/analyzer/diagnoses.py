@@ -70,7 +70,7 @@ CAUSES = (
         lambda f: f["needed_blocks"] is not None,
         lambda f: f["unbounded"],
         "hit ratio {observed:.3f} with {num_gpu_blocks} blocks per replica vs {unbounded:.3f} with no "
-        "eviction; {needed_text} reach it. "
+        "eviction; {needed_text} reach it.{host_text} "
         "Preemptions: {preemptions}.",
         (
             "raise KV capacity: a higher gpu_memory_utilization (or --kv-cache-memory-bytes)",
@@ -78,6 +78,8 @@ CAUSES = (
             "cached prefixes",
             "an fp8 KV cache (kv_cache_dtype=fp8) doubles the blocks in the same memory",
             "or spread the load over more replicas with prefix-aware routing",
+            "or a host (CPU) KV tier (vLLM's --kv-offloading-size): evicted blocks are loaded back, not "
+            "recomputed",
         ),
     ),
     Cause(

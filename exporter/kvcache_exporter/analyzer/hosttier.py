@@ -28,6 +28,8 @@ class HostTier:
     gpu_hit_tokens: int
     host_hit_tokens: int
     """prompt tokens loaded from the host tier instead of computed"""
+    rejected: int
+    """requests that never fit the pool, skipped as the other replays skip them"""
     bytes_per_token: float | None = None
     """KV bytes of one token (from a --metrics capture); None when unknown"""
 
@@ -52,6 +54,7 @@ class HostTier:
             "hit_ratio": self.hit_ratio,
             "gpu_hit_ratio": self.gpu_hit_ratio,
             "host_hit_tokens": self.host_hit_tokens,
+            "rejected": self.rejected,
             "load_bytes": self.load_bytes,
         }
 
@@ -69,14 +72,15 @@ def two_tier_replay(
     if gpu_blocks < 2 or host_blocks < 0:
         raise ValueError("two_tier_replay: gpu_blocks >= 2 and host_blocks >= 0 are required")
     tiers = [_Tiers(gpu_blocks, block_size, host_blocks) for _ in range(replicas)]
-    gpu = host = prompt = 0
+    gpu = host = prompt = rejected = 0
     for request, replica in zip(requests, route(requests, replicas, routing), strict=True):
         length = _prompt_len(request)
-        if -(-(length + request.max_tokens - 1) // block_size) > gpu_blocks:
-            continue  # never fits the pool: vLLM rejects it
+        if -(-(length + request.max_tokens - 1) // block_size) >= gpu_blocks:
+            rejected += 1  # never fits the pool (one block is the null block): vLLM rejects it
+            continue
         on_gpu, from_host = tiers[replica].run(_keys(request, block_size), length, request.max_tokens)
         gpu, host, prompt = gpu + on_gpu * block_size, host + from_host * block_size, prompt + length
-    return HostTier(host_blocks, prompt, gpu, host, bytes_per_token)
+    return HostTier(host_blocks, prompt, gpu, host, rejected, bytes_per_token)
 
 
 class _Tiers:
@@ -125,10 +129,22 @@ def render_text(tier: dict | None) -> list[str]:
     if tier is None:
         return []
     loaded = "" if tier["load_bytes"] is None else f", {_size(tier['load_bytes'])} loaded"
+    label = f"with a host tier of {tier['host_blocks']} blocks"
     return [
-        f"  with a host tier of {tier['host_blocks']} blocks {tier['hit_ratio']:6.3f}  (exact two-tier replay: "
-        f"{tier['host_hit_tokens']:,} tokens from the host{loaded})"
+        f"  {label:<31} {tier['hit_ratio']:6.3f}  (exact two-tier replay: {tier['host_hit_tokens']:,} tokens "
+        f"from the host{loaded})"
     ]
+
+
+def evidence(tier: dict | None) -> str:
+    """The host tier's worth as the capacity diagnosis cites it ("" without a tier)."""
+    if tier is None:
+        return ""
+    loaded = "" if tier["load_bytes"] is None else f", loading {_size(tier['load_bytes'])}"
+    return (
+        f" A host tier of {tier['host_blocks']} blocks per replica would reach {tier['hit_ratio']:.3f} "
+        f"(exact two-tier replay{loaded})."
+    )
 
 
 def _size(n: float) -> str:
