@@ -367,7 +367,7 @@ def vllm_dsv4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShapeServer]
         "DSV4_SHIM": "1",
         "DSV4_SHIM_KEEP_PREFIX_CACHING": "1",
     }
-    args = ["--max-model-len", "2048", "--kv-cache-memory-bytes", "128M", "--kv-cache-metrics"]
+    args = ["--max-model-len", "2048", "--kv-cache-memory-bytes", "42M", "--kv-cache-metrics"]
     with shape_server(tmp_path_factory.mktemp("dsv4"), "dsv4", DSV4_TOOL / "model", args, env=env) as server:
         yield server
 
