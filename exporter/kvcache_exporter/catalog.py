@@ -96,6 +96,7 @@ ENERGY_COST_PER_MILLION_TOKENS = "kvcache_energy_cost_per_million_tokens"
 KV_EVENTS_BATCHES_TOTAL = "kvcache_kv_events_batches_total"
 KV_EVENTS_TOTAL = "kvcache_kv_events_total"
 KV_EVENTS_MISSED_BATCHES_TOTAL = "kvcache_kv_events_missed_batches_total"
+KV_EVENTS_PUBLISHER_RESTARTS_TOTAL = "kvcache_kv_events_publisher_restarts_total"
 KV_EVENTS_DROPPED_TOTAL = "kvcache_kv_events_dropped_total"
 KV_EVENTS_CACHED_BLOCKS = "kvcache_kv_events_cached_blocks"
 KV_EVENTS_GROUP_INFO = "kvcache_kv_events_group_info"
@@ -672,6 +673,16 @@ CATALOG: tuple[Metric, ...] = (
         KV_EVENTS_MISSED_BATCHES_TOTAL,
         "counter",
         "Batches lost: gaps in the sequence numbers not filled by replay.",
+        (),
+        "",
+        "events",
+        "vLLM KV-event stream sequence numbers",
+    ),
+    _m(
+        KV_EVENTS_PUBLISHER_RESTARTS_TOTAL,
+        "counter",
+        "Times the stream's sequence went back (or jumped absurdly far): a new publisher, usually a vLLM "
+        "restart; the event view is reset and blocks held before read as `restart` misses.",
         (),
         "",
         "events",

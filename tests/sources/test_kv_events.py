@@ -86,16 +86,17 @@ def test_real_stream_state(kv_frames, num_gpu_blocks):
         stored_after: set[int] = set()
         for event in reversed(batch.events):
             if event.type == "BlockRemoved":
-                assert not any(state.is_resident(h) for h in set(event.block_hashes) - stored_after)
+                assert not any((h in state.resident) for h in set(event.block_hashes) - stored_after)
             stored_after |= set(event.block_hashes) if event.type == "BlockStored" else set()
         assert 0 < state.cached_blocks <= num_gpu_blocks  # the event view cannot exceed the real pool
-    assert all(state.is_resident(h) for h in SYSTEM_BLOCK_HASHES)
+    assert all((h in state.resident) for h in SYSTEM_BLOCK_HASHES)
     assert values(kv_event_samples(state)) == {
         ("kvcache_kv_events_batches_total",): 351,
         ("kvcache_kv_events_total", ("type", "BlockStored")): 300,
         ("kvcache_kv_events_total", ("type", "BlockRemoved")): 1281,
         ("kvcache_kv_events_total", ("type", "AllBlocksCleared")): 0,
         ("kvcache_kv_events_missed_batches_total",): 0,
+        ("kvcache_kv_events_publisher_restarts_total",): 0,
         ("kvcache_kv_events_dropped_total", ("reason", "rate_limited")): 0,
         ("kvcache_kv_events_dropped_total", ("reason", "too_many_blocks")): 0,
         ("kvcache_kv_events_dropped_total", ("reason", "parse_error")): 0,
@@ -127,7 +128,7 @@ def test_seq_back_to_zero_is_a_new_publisher_not_a_gap(kv_frames):
     assert state.restarts == 1
     assert state.batches == 451  # counters stay monotonic
     assert state.cached_blocks == fresh.cached_blocks  # ...but the cache view restarted
-    assert all(state.is_resident(h) == fresh.is_resident(h) for h in SYSTEM_BLOCK_HASHES)
+    assert all((h in state.resident) == (h in fresh.resident) for h in SYSTEM_BLOCK_HASHES)
 
 
 def test_restart_seen_late_counts_the_new_publishers_lost_batches(kv_frames):
@@ -205,7 +206,7 @@ def test_bytes_hashes_are_tracked_like_ints():
     state = EventState()
     state.apply(Batch(0, 1.0, (Event("BlockStored", (b"a", b"b", 3)),)))
     state.apply(Batch(1, 1.0, (Event("BlockRemoved", (b"a",)),)))
-    assert (state.is_resident(b"a"), state.is_resident(b"b"), state.is_resident(3)) == (False, True, True)
+    assert ((b"a" in state.resident), (b"b" in state.resident), (3 in state.resident)) == (False, True, True)
     state.apply(Batch(2, 1.0, (Event("AllBlocksCleared"),)))
     assert state.cached_blocks == 0
 
@@ -467,8 +468,8 @@ def test_the_simulators_publisher_with_gaps_and_replay():
                 await pub.publish([SimStored([1000 + i], None, [i] * 16, 16), SimRemoved([1000 + i - 1])])
             pub.drop_every = 0
             await pub.publish([SimStored([2000], None, [0] * 16, 16)])  # reveals the last lost batch
-            await until(lambda: fed(sub, state).is_resident(2000), timeout=10)
-            assert state.is_resident(1099)  # the 100th batch was lost on the wire, then replayed
+            await until(lambda: 2000 in fed(sub, state).resident, timeout=10)
+            assert 1099 in state.resident  # the 100th batch was lost on the wire, then replayed
             assert state.cached_blocks == 3  # 1, 1099 and 2000
             assert state.missed == 0
             assert state.missing(pub.seq) == range(0)  # every seq it used was applied or replayed

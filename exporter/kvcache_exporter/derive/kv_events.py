@@ -40,17 +40,14 @@ class EventState:
         self.missed = 0
         self.dropped: Counter[str] = Counter()
         self.restarts = 0
-        self._blocks: set[int | bytes] = set()
+        self.resident: set[int | bytes] = set()  # the block hashes vLLM holds, as the events tell
         self.cursor = SeqCursor()  # used when driven alone; the poll state passes marks instead
         self._clock = clock
         self._quiet_until = float("-inf")
 
     @property
     def cached_blocks(self) -> int:
-        return len(self._blocks)
-
-    def is_resident(self, block_hash: int | bytes) -> bool:
-        return block_hash in self._blocks
+        return len(self.resident)
 
     def missing(self, seq: int) -> range:
         """Sequence numbers lost before `seq` (see kv_events_decode.gap)."""
@@ -73,7 +70,7 @@ class EventState:
         self.missed += mark.lost
         if mark.restart:
             self.restarts += 1
-            self._blocks.clear()
+            self.resident.clear()
             now = self._clock()
             if now >= self._quiet_until:  # a hostile publisher flipping seqs gets one line a minute
                 self._quiet_until = now + 60.0
@@ -85,7 +82,7 @@ class EventState:
         if mark is not IN_ORDER:
             self.mark(mark)
         self.batches += 1
-        overflow, blocks, removed = False, self._blocks, 0
+        overflow, blocks, removed = False, self.resident, 0
         forget = blocks.difference_update  # the set is cleared in place, never replaced
         for event in batch.events:
             kind = event.type
@@ -107,15 +104,15 @@ class EventState:
 
     def _store(self, hashes: tuple[int | bytes, ...]) -> bool:
         """Add hashes up to max_blocks; True when some did not fit."""
-        if len(self._blocks) + len(hashes) <= self.max_blocks:
-            self._blocks.update(hashes)
+        if len(self.resident) + len(hashes) <= self.max_blocks:
+            self.resident.update(hashes)
             return False
         overflow = False
         for block_hash in hashes:
-            if len(self._blocks) < self.max_blocks:
-                self._blocks.add(block_hash)
+            if len(self.resident) < self.max_blocks:
+                self.resident.add(block_hash)
             else:
-                overflow |= block_hash not in self._blocks
+                overflow |= block_hash not in self.resident
         return overflow
 
 
@@ -127,6 +124,7 @@ def kv_event_samples(state: EventState, labels: dict[str, str] | None = None) ->
         Sample(c.KV_EVENTS_BATCHES_TOTAL, base, state.batches),
         *(Sample(c.KV_EVENTS_TOTAL, {**base, "type": t}, n) for t, n in events.items()),
         Sample(c.KV_EVENTS_MISSED_BATCHES_TOTAL, base, state.missed),
+        Sample(c.KV_EVENTS_PUBLISHER_RESTARTS_TOTAL, base, state.restarts),
         *(Sample(c.KV_EVENTS_DROPPED_TOTAL, {**base, "reason": r}, n) for r, n in dropped.items()),
         Sample(c.KV_EVENTS_CACHED_BLOCKS, base, state.cached_blocks),
     ]

@@ -147,11 +147,6 @@ class KvEventSubscriber:
             raise self.problem or SourceError("not_started", f"KV events {self.endpoint}: not subscribed")
         return self.drain()
 
-    def queued(self) -> int:
-        """Messages waiting for the next collect (a run of drops counts once)."""
-        with self.lock:
-            return len(self._pending)
-
     def drain(self) -> KvEventDrain:
         with self.lock:
             drained, self._pending, self._pending_work = self._pending, [], (0, 0)
