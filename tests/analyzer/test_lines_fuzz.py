@@ -11,20 +11,15 @@ import json
 import os
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcache_exporter.analyzer import trace
 from kvcache_exporter.analyzer.blocktrace import parse_lines
 from kvcache_exporter.analyzer.lines import read_lines
+from tests.fuzzing import fuzz_settings
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "1000"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=EXAMPLES < 10_000,  # CI replays the same cases; `make fuzz` explores
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+FUZZ = fuzz_settings(1000)
 KEYS = [
     "prompt_token_ids",
     "prompt",

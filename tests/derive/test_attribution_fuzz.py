@@ -16,7 +16,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcache_exporter.derive.attribution import Attribution
@@ -30,18 +30,13 @@ from kvcache_exporter.sources.kv_events_decode import (
     KvEventDrain,
     decode_message,
 )
+from tests.fuzzing import fuzz_settings
 from tests.sources.conftest import load_seed_kv_frames
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "fuzz"
 REGRESSIONS = FIXTURES / "attribution"
 DECODER_REGRESSIONS = FIXTURES / "kv-events"  # the decoder's kept poisons: one poll each
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "500"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=EXAMPLES < 10_000,  # CI replays the same cases; `make fuzz` explores
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+FUZZ = fuzz_settings(500)
 REAL = load_seed_kv_frames()
 MAX_BLOCKS, MAX_FINGERPRINTS = 64, 256
 WINDOWS = [(5.0, "5s"), (60.0, "1m")]

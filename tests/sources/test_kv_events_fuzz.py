@@ -18,7 +18,7 @@ from unittest import mock
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcache_exporter.derive import kv_budget
@@ -39,17 +39,13 @@ from kvcache_exporter.sources.kv_events_decode import (
     KvEventDrain,
     decode_message,
 )
+from tests.fuzzing import fuzz_settings
 
 from .conftest import load_seed_kv_frames
 
 REGRESSIONS = Path(__file__).resolve().parents[1] / "fixtures" / "fuzz" / "kv-events"
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "1000"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=EXAMPLES < 10_000,  # CI replays the same cases; `make fuzz` explores
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+FUZZ = fuzz_settings(1000)
+EXAMPLES = FUZZ.max_examples
 REAL = load_seed_kv_frames()
 MAX_BLOCKS = 64
 

@@ -18,23 +18,18 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvcache_exporter.sources.base import SourceError
 from kvcache_exporter.sources.textformat import parse_line
 from kvcache_exporter.sources.vllm_parse import Memory, parse
+from tests.fuzzing import fuzz_settings
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
 REGRESSIONS = Path(__file__).resolve().parents[1] / "fixtures" / "fuzz" / "textformat"
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "1000"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=EXAMPLES < 10_000,  # CI replays the same cases; `make fuzz` explores
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+FUZZ = fuzz_settings(1000)
 
 
 def real_lines() -> list[str]:
