@@ -40,10 +40,13 @@ def test_a_whole_unit_known_at_the_divergence_point_ends_the_search():
 
 def test_a_front_without_anchors_counts_behind_a_cached_prefix_from_a_whole_unit_on():
     """Digits of small ids may hold no anchor: known content to the end of the new tokens whose first
-    anchor lies a unit plus an anchor spacing past the divergence point has a per-request front."""
-    assert first_known_run([40, 60], [True, True], 96, root=False, unit=16).fronted
-    assert not first_known_run([24, 60], [True, True], 96, root=False, unit=16).fronted
-    assert not first_known_run([40, 60, 80], [True, True, False], 96, root=False, unit=16).fronted
+    anchor lies a unit plus an anchor spacing past the divergence point has a per-request front, near
+    the prompt's start only (behind a long shared part it is a unique middle, not a field order)."""
+    assert first_known_run([40, 60], [True, True], 96, root=False, unit=16, depth=16).fronted
+    assert not first_known_run([24, 60], [True, True], 96, root=False, unit=16, depth=16).fronted
+    assert not first_known_run([40, 60, 80], [True, True, False], 96, root=False, unit=16, depth=16).fronted
+    assert not first_known_run([40, 60], [True, True], 96, root=False, unit=16, depth=320).fronted
+    assert not first_known_run([40, 60], [True, True], 96, root=False, unit=16).fronted  # depth unknown
 
 
 def chat_requests(encoder) -> list[trace.TraceRequest]:

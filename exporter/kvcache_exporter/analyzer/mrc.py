@@ -315,7 +315,7 @@ def _served_by_reorder(r: BlockRequest, hits: int, prints: set[int], marked: set
     seen = [p in prints for p in found]
     prints.update(found)
     length = count * bs
-    run = first_known_run(positions, seen, length, hits == 0, bs) if any(seen) else None
+    run = first_known_run(positions, seen, length, hits == 0, bs, hits * bs) if any(seen) else None
     served = served_tokens(run, length, bs, hits > 0 and r.groups[hits - 1] in marked, bs // 2)
     if not served:
         return [0] * count

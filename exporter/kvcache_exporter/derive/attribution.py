@@ -189,7 +189,8 @@ class Attribution:
                     self._track(hashes, depth, (0, 1) if diverged else (0, 0))
                     return
         unit, length = self.hit_unit or size, count * size
-        run = self._known_run(tokens, size, count, parent_hash is None, unit)
+        before = 0 if parent_hash is None else None if depth is None else (depth + 1) * size
+        run = self._known_run(tokens, size, count, parent_hash is None, unit, before)
         served = served_tokens(run, length, unit, bool(diverged), size // 2)
         if run is not None:
             self.totals.unit_shortfall_tokens += unit_shortfall_tokens(run, unit, bool(diverged))
@@ -224,7 +225,7 @@ class Attribution:
                 totals["cold"] += size - served
 
     def _known_run(
-        self, tokens: Sequence[int], size: int, count: int, root: bool, unit: int
+        self, tokens: Sequence[int], size: int, count: int, root: bool, unit: int, depth: int | None
     ) -> KnownRun | None:
         """The first run of known content in the event's blocks (reorder.first_known_run). The
         event's own fingerprints are added afterwards, so a block never matches itself."""
@@ -247,8 +248,8 @@ class Attribution:
                 return None
         if found.issuperset(prints):  # all known (the common case when any is): the run is the rest
             start = max(positions[0] - lead(positions, length), 0)
-            return KnownRun(start, length, front_without_anchors(start, root, unit))
-        return first_known_run(positions, list(map(found.__contains__, prints)), length, root, unit)
+            return KnownRun(start, length, front_without_anchors(start, root, unit, depth))
+        return first_known_run(positions, list(map(found.__contains__, prints)), length, root, unit, depth)
 
     def _seen_before(self, info: int, size: int) -> str:
         """The cause of a block whose hash is tracked: rules 1 and 2, or a duplicate store."""

@@ -13,8 +13,8 @@ fingerprints were seen before (fingerprints.py). The rule (docs/kv-events.md, "p
   content shares. It is skipped: the known run is the first one after the unseen content behind it;
 - it is *fronted* when per-request content sits between the divergence point and the run: an
   unseen anchor before it, or, at a chain's root, any tokens before it, or, behind a cached
-  prefix, an anchor-free front of a hit unit and more before a run to the end
-  (`front_without_anchors`);
+  prefix near the prompt's start, an anchor-free front of a hit unit and more before a run to the
+  end (`front_without_anchors`);
 - a reorder (per-request fields after the shared part) would serve the whole hit units of a
   fronted known run: `served_tokens`. Those tokens are `prefix_diverged`; the rest stay `cold`.
   Known content at the divergence point itself is not: it is already first (a layout that is
@@ -31,6 +31,8 @@ from typing import NamedTuple
 
 from .fingerprints import ANCHOR_SPACING, K
 
+FRONT_DEPTH_UNITS = 2
+
 
 class KnownRun(NamedTuple):
     start: int  # first token of the known run in the run of new blocks (estimate)
@@ -40,13 +42,19 @@ class KnownRun(NamedTuple):
 
 
 def first_known_run(
-    positions: Sequence[int], seen: list[bool], length: int, root: bool, unit: int = 0
+    positions: Sequence[int],
+    seen: list[bool],
+    length: int,
+    root: bool,
+    unit: int = 0,
+    depth: int | None = None,
 ) -> KnownRun | None:
     """The first known run of `length` new tokens whose anchors sit at `positions` (ascending, all
     below `length`) and were `seen` before; None when no anchor was seen. `root`: the tokens start
     a chain (no parent block), so whatever precedes the run is the prompt's own front part. A run
     at the divergence point shorter than `unit` tokens is the head: the next known run is returned,
-    with the head's length (none after it: the head itself).
+    with the head's length (none after it: the head itself). `depth`: tokens of the cached prefix
+    before the new ones (None: unknown).
 
     The run starts `lead` tokens before its first seen anchor (never at or before the unseen
     anchor preceding it) and ends K / 2 tokens into the first unseen anchor's window after
@@ -54,7 +62,7 @@ def first_known_run(
     if True not in seen:
         return None
     first = seen.index(True)
-    run = _run_from(positions, seen, length, root, first, unit)
+    run = _run_from(positions, seen, length, root, first, unit, depth)
     if run.fronted or run.end >= unit:
         return run
     after = next((i for i in range(first + 1, len(seen)) if not seen[i]), len(seen))
@@ -62,18 +70,24 @@ def first_known_run(
     return (
         run
         if behind is None
-        else _run_from(positions, seen, length, root, behind, unit)._replace(head=run.end)
+        else _run_from(positions, seen, length, root, behind, unit, depth)._replace(head=run.end)
     )
 
 
 def _run_from(
-    positions: Sequence[int], seen: list[bool], length: int, root: bool, first: int, unit: int
+    positions: Sequence[int],
+    seen: list[bool],
+    length: int,
+    root: bool,
+    first: int,
+    unit: int,
+    depth: int | None,
 ) -> KnownRun:
     after = next((i for i in range(first + 1, len(seen)) if not seen[i]), None)
     floor = positions[first - 1] + 1 if first else 0
     start = max(floor, positions[first] - lead(positions, length))
     end = length if after is None else min(max(positions[after - 1] + K, positions[after] + K // 2), length)
-    fronted = first > 0 or ((root or after is None) and front_without_anchors(start, root, unit))
+    fronted = first > 0 or ((root or after is None) and front_without_anchors(start, root, unit, depth))
     return KnownRun(start, max(end, start), fronted)
 
 
@@ -85,7 +99,7 @@ def lead(positions: Sequence[int], length: int) -> int:
     return (spacing if spacing >= 2 * ANCHOR_SPACING else ANCHOR_SPACING) // 4
 
 
-def front_without_anchors(start: int, root: bool, unit: int) -> bool:
+def front_without_anchors(start: int, root: bool, unit: int, depth: int | None = None) -> bool:
     """Whether the tokens before a known run's `start`, with no anchor among them, are its
     per-request front: at a chain's root any (the first block's hash is new, so it differs from
     every prompt before); behind a cached prefix, for a run that reaches the end of the new tokens,
@@ -93,8 +107,14 @@ def front_without_anchors(start: int, root: bool, unit: int) -> bool:
     content begun a whole spacing before its first anchor, a unit would still precede it). A field
     of small ids such as digits may hold no anchor at all, while known content at the divergence
     point mostly shows one sooner. A run that ends before the new tokens do needs an unseen anchor
-    before it there: recurring pieces after a unique header do not count."""
-    return start > 0 if root else 0 < unit <= start - ANCHOR_SPACING * 3 // 4
+    before it there: recurring pieces after a unique header do not count. Behind a cached prefix the
+    anchor-free front counts only near the prompt's start (a `depth` of at most FRONT_DEPTH_UNITS hit
+    units, where fields placed first sit, after a shared role header): behind a long shared part, a
+    unique middle followed by content that recurs is not a field order to fix."""
+    if root:
+        return start > 0
+    near_start = depth is not None and depth <= FRONT_DEPTH_UNITS * unit
+    return near_start and 0 < unit <= start - ANCHOR_SPACING * 3 // 4
 
 
 def served_tokens(

@@ -53,7 +53,7 @@ class SimulatorFleet:
         c = self.config
         return dataclasses.replace(
             c,
-            port=c.port + 1 + index if c.port else 0,
+            port=0,  # ephemeral: `--file-sd` and /control/state name the ports (the next ones may be taken)
             engines=1,
             schedule="none",
             kv_events_endpoint=_replica_endpoint(c.kv_events_endpoint or "tcp://127.0.0.1:*", index),
