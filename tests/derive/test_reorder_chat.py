@@ -22,9 +22,12 @@ UNCAPPED = 100_000  # blocks: nothing is evicted, the estimate and the replay se
 
 def test_a_short_known_head_at_the_divergence_point_is_skipped():
     """Known content at the divergence point short of a unit (the shared head's tail), unseen content,
-    then known content: the run after the unseen content is the one a reorder serves."""
-    run = first_known_run([2, 8, 30, 50], [True, False, True, True], 96, root=False, unit=16)
+    then known content: the run after the unseen content is the one a reorder serves, near the prompt's
+    start only (behind a long shared part, recurring content after a unique middle stays cold)."""
+    run = first_known_run([2, 8, 30, 50], [True, False, True, True], 96, root=False, unit=16, depth=16)
     assert run == KnownRun(start=26, end=96, fronted=True, head=12)
+    deep = first_known_run([2, 8, 30, 50], [True, False, True, True], 96, root=False, unit=16, depth=320)
+    assert deep.head == 0 and not deep.fronted
     assert served_tokens(run, 96, 16) == 64
     assert unit_shortfall_tokens(run, 16) == 12  # the head's tail still never hits
     assert served_tokens(run, 96, 16, continues=True) == unit_shortfall_tokens(run, 16, continues=True) == 0

@@ -8,9 +8,10 @@ fingerprints were seen before (fingerprints.py). The rule (docs/kv-events.md, "p
 - the *known run* is the first stretch of known content in the run of new blocks: from the first
   seen anchor up to the first unseen anchor after it (content that comes back after that is not
   part of it);
-- known content at the divergence point that falls short of a whole hit unit is the *head*: the
-  tail of a shared head (a chat template's role header, a field label) whose unit the per-request
-  content shares. It is skipped: the known run is the first one after the unseen content behind it;
+- known content at the divergence point that falls short of a whole hit unit, near the prompt's
+  start (`near_start`), is the *head*: the tail of a shared head (a chat template's role header, a
+  field label) whose unit the per-request content shares. It is skipped: the known run is the first
+  one after the unseen content behind it;
 - it is *fronted* when per-request content sits between the divergence point and the run: an
   unseen anchor before it, or, at a chain's root, any tokens before it, or, behind a cached
   prefix near the prompt's start, an anchor-free front of a hit unit and more before a run to the
@@ -63,7 +64,7 @@ def first_known_run(
         return None
     first = seen.index(True)
     run = _run_from(positions, seen, length, root, first, unit, depth)
-    if run.fronted or run.end >= unit:
+    if run.fronted or run.end >= unit or not near_start(root, depth, unit):
         return run
     after = next((i for i in range(first + 1, len(seen)) if not seen[i]), len(seen))
     behind = next((i for i in range(after + 1, len(seen)) if seen[i]), None)  # past the unseen content
@@ -113,8 +114,14 @@ def front_without_anchors(start: int, root: bool, unit: int, depth: int | None =
     unique middle followed by content that recurs is not a field order to fix."""
     if root:
         return start > 0
-    near_start = depth is not None and depth <= FRONT_DEPTH_UNITS * unit
-    return near_start and 0 < unit <= start - ANCHOR_SPACING * 3 // 4
+    return near_start(root, depth, unit) and 0 < unit <= start - ANCHOR_SPACING * 3 // 4
+
+
+def near_start(root: bool, depth: int | None, unit: int) -> bool:
+    """Whether the divergence point lies where fields placed first sit: within FRONT_DEPTH_UNITS hit
+    units of the prompt's start (behind at most a shared role header). Only there is a short known
+    head skipped or an anchor-free front credited."""
+    return root or (depth is not None and depth <= FRONT_DEPTH_UNITS * unit)
 
 
 def served_tokens(
