@@ -9,7 +9,8 @@ Where prometheus_client is laxer than the format (text after the value, `{,}`, n
 the value, leading whitespace) this reader refuses.
 
 `family_runs` finds the lines of chosen families in a whole body at C speed (one regex pass),
-so a reader that needs a fifth of a body never splits or looks at the rest.
+so a reader that needs a fifth of a body never splits or looks at the rest; `RunFinder` finds
+the same runs in a body much like the last one without that pass.
 
 Prometheus 3's quoted UTF-8 names (`{"my.metric", "a.b"="1"} 1`) are not the classic format:
 such a line raises ValueError here (prometheus_client 0.26 reads them).
@@ -119,3 +120,122 @@ def _branches(node: dict[str, dict]) -> str:
     if len(alternatives) == 1 and "" not in node:
         return alternatives[0]
     return "(?:" + "|".join(alternatives) + ")" + ("?" if "" in node else "")
+
+
+class RunFinder:
+    """`findall` of a family_runs pattern, for a source whose body is mostly the last one: when
+    the text between the last body's runs (its gaps) is all still there, in order, each run in
+    between is checked in place (one `startswith`, or the pattern matched at that spot alone),
+    so a poll compares the body to the last one at memcmp speed instead of searching it. The
+    runs that changed last time are the ones checked alone; what lies between them (gaps and
+    runs) is compared in one piece, so a body where the same few counters move costs a handful
+    of comparisons.
+
+    Why that is findall's answer: every gap and run but the first starts a line, so a check in
+    place is line-aligned; a match depends only on the line it starts at (and lines of the same
+    name after it), so a gap that held no match holds none again, and its first line, which
+    ended the run before it, ends it again. `patterns` are the ones for a body without and with
+    `needle` (text without a line feed, e.g. "ray_vllm:"), whose presence is kept per part, so
+    it is known without a scan either. Bodies over `max_chars` are not remembered."""
+
+    def __init__(self, patterns: tuple[re.Pattern[str], re.Pattern[str]], needle: str, max_chars: int):
+        self.patterns, self.needle, self.max_chars = patterns, needle, max_chars
+        self.gaps: list[str] = []  # the last body's text between its runs: one more than the runs
+        self.runs: list[tuple[str, str]] = []  # its (run, name) pairs
+        self.holds: list[bool] = []  # whether each run holds the needle
+        self.gaps_hold = False
+        self.held = False  # whether the last body held the needle (which pattern found its runs)
+        self.pieces: list[str | int] = []  # the last body: fixed text, or the index of a run checked alone
+
+    def find(self, body: str) -> tuple[list[tuple[str, str]], bool]:
+        """The (run, name) pairs `findall` gives, and whether the body holds the needle."""
+        if self._by_pieces(body):
+            return self.runs, self.held
+        changed = self._in_place(body)
+        if changed is not None:
+            self._cut(changed)
+            return self.runs, self.held
+        self.held = self.needle in body
+        runs, gaps, end = [], [], 0
+        for match in self.patterns[self.held].finditer(body):
+            gaps.append(body[end : match.start()])
+            runs.append((match.group(1), match.group(2)))
+            end = match.end()
+        gaps.append(body[end:])
+        if len(body) <= self.max_chars:
+            self.gaps, self.runs = gaps, runs
+            self.holds = [self.needle in run for run, _ in runs]
+            self.gaps_hold = any(self.needle in gap for gap in gaps)
+            self._cut(set())
+        else:
+            self.gaps, self.runs, self.holds, self.pieces = [], [], [], []
+        return runs, self.held
+
+    def _by_pieces(self, body: str) -> bool:
+        """Whether the body is the last one but for the runs checked alone (then those are updated)."""
+        if not self.pieces:
+            return False
+        runs, holds = self.runs[:], self.holds[:]
+        at = 0
+        for piece in self.pieces:
+            if type(piece) is str:
+                if not body.startswith(piece, at):
+                    return False
+                at += len(piece)
+                continue
+            run = self._run_at(body, at, piece)
+            if run is None:
+                return False
+            if run is not runs[piece][0]:
+                runs[piece], holds[piece] = (run, runs[piece][1]), self.needle in run
+            at += len(run)
+        return at == len(body) and self._commit(runs, holds)
+
+    def _in_place(self, body: str) -> set[int] | None:
+        """Which runs changed, each checked in place between the gaps; None when a gap did."""
+        if not self.gaps:
+            return None
+        gaps, runs, holds, changed = self.gaps, self.runs[:], self.holds[:], set()
+        at = 0
+        for i in range(len(runs)):
+            if not body.startswith(gaps[i], at):
+                return None
+            at += len(gaps[i])
+            run = self._run_at(body, at, i)
+            if run is None:
+                return None
+            if run is not runs[i][0]:
+                runs[i], holds[i] = (run, runs[i][1]), self.needle in run
+                changed.add(i)
+            at += len(run)
+        ends = body.startswith(gaps[-1], at) and at + len(gaps[-1]) == len(body)
+        return changed if ends and self._commit(runs, holds) else None
+
+    def _run_at(self, body: str, at: int, i: int) -> str | None:
+        """Run i of the last body if it is at `at` again, else the run the pattern finds there if it is
+        of the same name, else None."""
+        run, name = self.runs[i]
+        if body.startswith(run, at):
+            return run
+        match = self.patterns[self.held].match(body, at)
+        return match.group(1) if match is not None and match.group(2) == name else None
+
+    def _commit(self, runs: list[tuple[str, str]], holds: list[bool]) -> bool:
+        """Keep the runs found in place if the needle's presence, so the pattern, is the same."""
+        if (self.gaps_hold or any(holds)) != self.held:
+            return False
+        self.runs, self.holds = runs, holds
+        return True
+
+    def _cut(self, alone: set[int]) -> None:
+        """The pieces: the last body cut at the runs in `alone`."""
+        pieces: list[str | int] = []
+        text = [self.gaps[0]]
+        for i, (run, _) in enumerate(self.runs):
+            if i in alone:
+                pieces += ["".join(text), i]
+                text = []
+            else:
+                text.append(run)
+            text.append(self.gaps[i + 1])
+        self.pieces = [*pieces, "".join(text)]

@@ -5,8 +5,10 @@ quantities per (model_name, engine); see vllm_names.py. vLLM serves ~45 families
 of which about a third are read: one regex pass (textformat.family_runs) finds the runs of lines
 of the families read or named (schema, deprecation and missing-metric checks); the others are
 never split or looked at. A source keeps a Memory between polls, since vLLM serves the same
-series every time: a run whose text did not change adds what it added last time (a histogram's
-buckets: one dict copy), and a line seen before costs a dict lookup and a float().
+series every time: the runs are found where the last body had them (textformat.RunFinder, no
+regex pass while the rest of the body is the same), a run whose text did not change adds what
+it added last time (a histogram's buckets: one dict copy), and a line seen before costs a dict
+lookup and a float().
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ class Memory:
         self.bounds: dict[tuple[float, ...], tuple[float, ...]] = {}  # one tuple per bucket layout
         self.values: dict[str, float] = {}  # value texts already read ("0.0", "42.0": most buckets)
         self.shared: dict[tuple, tuple] = {}  # one copy of each Series key (see Series)
+        self.finder = textformat.RunFinder((_RUNS[False], _RUNS[True]), _RAY, max_run_chars)
 
     def bound(self) -> None:
         if len(self.heads) >= self.max_entries or len(self.bounds) > 1000:
@@ -318,16 +321,17 @@ def _count(name: str, value: float) -> float:
 
 def parse(text: str, limits: ParseBounds = ParseBounds(), memory: Memory | None = None) -> VllmSnapshot:
     """Normalize one /metrics exposition. Raises SourceError("parse_error") on malformed text."""
-    prefix = _RAY if _RAY in text else "vllm:"
     memory = memory or Memory()
     memory.bound()
     body = "\n" + text
+    found, ray = memory.finder.find(body)
+    prefix = _RAY if ray else "vllm:"
     acc = _Accumulator(limits)
     seen: set[str] = set()
     runs: dict[str, Run] = {}  # this poll's, for the next one
     kept = read = 0
     try:
-        for run_text, written in _RUNS[prefix == _RAY].findall(body):
+        for run_text, written in found:
             name = _normal(written)
             seen.add(name)
             if name not in _READ:
