@@ -14,7 +14,6 @@ number of points grows with the log of the retention, not with retention / inter
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 import math
 import operator
@@ -32,11 +31,12 @@ class Layout:
     """Where each series sits in a point's values: counters first, then each histogram's counts
     and its sum. Shared by every point with the same series (one object per layout)."""
 
-    __slots__ = ("counters", "histograms")
+    __slots__ = ("counters", "histograms", "zeros")
 
     def __init__(self, counters: tuple[str, ...], histograms: tuple[tuple[str, tuple[float, ...]], ...]):
         self.counters: dict[str, int] = {name: i for i, name in enumerate(counters)}
         self.histograms: dict[str, tuple[int, tuple[float, ...]]] = {}
+        self.zeros: dict[str, Histogram] = {}  # a histogram that did not move: its zero delta, made once
         at = len(counters)
         for name, bounds in histograms:
             self.histograms[name] = (at, bounds)
@@ -153,6 +153,7 @@ class SeriesHistory:
         self.points: deque[Point] = deque()
         self._times: deque[float] = deque()  # the points' timestamps, for bisect
         self._windows: dict[float, Delta | None] = {}  # this poll's windows, asked for by several derivations
+        self._from: dict[int, Delta] = {}  # this poll's deltas by start point: windows may share one
         self._last_raw: EngineSample | None = None
         self._raws: dict[str, float] = {}
         self._totals: dict[str, float] = {}
@@ -206,6 +207,7 @@ class SeriesHistory:
         self.points.append(self._unpacked[0])
         self._times.append(ts)
         self._windows.clear()
+        self._from.clear()
         self._last_raw = raw
         # keep the newest point at or before the cutoff: a window as long as the retention is covered
         while len(self.points) > 1 and self.points[1].ts <= ts - self.retention:
@@ -270,7 +272,13 @@ class SeriesHistory:
         start = max(bisect.bisect_right(self._times, latest.ts - seconds) - 1, 0)
         if latest.ts <= self.points[start].ts:
             return None
+        delta = self._from.get(start)
+        if delta is None:
+            delta = self._from[start] = self._delta(start)
+        return delta
 
+    def _delta(self, start: int) -> Delta:
+        latest = self.points[-1]
         first = self.points[start]
         if first.layout is latest.layout:  # the usual case: the same series all along
             still = {name for name, ts in self._changed.items() if ts <= first.ts}
@@ -308,17 +316,15 @@ def _whole_delta(latest: Point, now: array, base: Point, still: set[str]) -> Del
     histograms = {}
     for name, (at, bounds) in layout.histograms.items():
         if name in still:
-            histograms[name] = _zero(bounds)
+            zero = layout.zeros.get(name)
+            if zero is None:
+                zero = layout.zeros[name] = Histogram(bounds, (0.0,) * len(bounds), 0.0)
+            histograms[name] = zero
         else:
             end = at + len(bounds)
             counts = tuple(map(operator.sub, now[at:end], then[at:end]))
             histograms[name] = Histogram(bounds, counts, now[end] - then[end])
     return Delta(latest.ts - base.ts, counters, histograms)
-
-
-@functools.lru_cache(maxsize=256)
-def _zero(bounds: tuple[float, ...]) -> Histogram:
-    return Histogram(bounds, (0.0,) * len(bounds), 0.0)
 
 
 def _bounds(point: Point, histogram: str) -> tuple[float, ...] | None:
