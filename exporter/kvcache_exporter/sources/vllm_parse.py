@@ -176,6 +176,7 @@ _WANTED_BASES = {
               names.ADMISSION_REJECTIONS)
 }  # fmt: skip
 _READ = {n for b in _WANTED_BASES for n in (b, *(b + x for x in _SUFFIXES)) if _base(n) in _WANTED_BASES}
+_NORMAL: dict[str, str] = {}  # a run's name as written -> _normal's: bounded, as _RUNS matches only these
 _RUNS = {ray: textformat.family_runs(_READ | names.DEPRECATED, ray) for ray in (False, True)}
 _ANY_VLLM_LINE = re.compile(r"\n(?:ray_)?vllm:")
 _HELP_IN_BLOCKS = re.compile(r"\n# HELP ((?:ray_)?vllm:gpu_prefix_cache_(?:queries|hits)_total) [^\n]*blocks")
@@ -332,7 +333,7 @@ def parse(text: str, limits: ParseBounds = ParseBounds(), memory: Memory | None 
     kept = read = 0
     try:
         for run_text, written in found:
-            name = _normal(written)
+            name = _NORMAL.get(written) or _NORMAL.setdefault(written, _normal(written))
             seen.add(name)
             if name not in _READ:
                 continue  # a deprecated name the exporter only counts
@@ -402,9 +403,13 @@ def _finish(acc: _Accumulator, block_counted: set[str], memory: Memory) -> dict[
         bounds, counts = acc.borrowed.get(hkey) or (tuple(sorted(buckets)), None)
         if bounds and math.isinf(bounds[-1]):
             counts = counts or tuple(map(buckets.__getitem__, bounds))
-            bounds = layouts.setdefault(bounds, bounds)  # histories then hold one tuple per layout
+            prior = last.get(hkey)
+            if prior is not None and prior.bounds == bounds:  # cheaper than hashing 20-odd floats
+                bounds = prior.bounds
+            else:
+                bounds = layouts.setdefault(bounds, bounds)  # histories then hold one tuple per layout
             histogram = Histogram(bounds, counts, acc.sums.get(hkey, 0.0))
-            if histogram != last.get(hkey):
+            if histogram != prior:
                 last[hkey] = histogram
             # An unchanged histogram is the last poll's object: the history sees `is` and skips it.
             acc.engines[hkey[0]].histograms[hkey[1]] = last[hkey]
