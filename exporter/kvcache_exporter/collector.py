@@ -98,7 +98,8 @@ class Poll:
         started = clock()
         error, snapshot = None, None
         try:
-            snapshot = await asyncio.wait_for(self.source.collect(), deadline)
+            async with asyncio.timeout(deadline):  # no task of its own, as wait_for makes
+                snapshot = await self.source.collect()
         except TimeoutError:
             error = SourceError("timeout", f"no snapshot within {deadline:g}s")
         except SourceError as err:
