@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from .. import catalog as c
@@ -24,7 +25,7 @@ def target_samples(
         Sample(c.VLLM_DEPRECATED_METRICS, base, float(len(snapshot.deprecated))),
         Sample(c.VLLM_MISSING_METRICS, base, float(len(snapshot.missing))),
     ]
-    labelled = [(seconds, window_label(seconds)) for seconds in windows]
+    labelled = _labelled(tuple(windows))
     for (model, engine), sample in snapshot.engines.items():
         labels = {**base, "model_name": model, "engine": engine}
         out += cache.current(labels, sample, snapshot.cache_configs.get(engine))
@@ -36,3 +37,8 @@ def target_samples(
                 out += cache.windowed(labels, window, delta, quantiles)
                 out += offload.windowed(labels, window, delta)
     return out
+
+
+@functools.lru_cache(maxsize=16)  # one set of windows per exporter: labels written once, not per target
+def _labelled(windows: tuple[float, ...]) -> tuple[tuple[float, str], ...]:
+    return tuple((seconds, window_label(seconds)) for seconds in windows)
