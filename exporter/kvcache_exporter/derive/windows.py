@@ -160,6 +160,7 @@ class SeriesHistory:
         self._raw_histograms: dict[str, Histogram] = {}
         self._histogram_totals: dict[str, Histogram] = {}
         self._layouts: dict[tuple, Layout] = {}
+        self._histogram_part: tuple[tuple[Histogram, ...], array] = ((), array("d"))  # see _histogram_values
         self._changed: dict[str, float] = {}  # histogram -> when its running totals last moved
         self._appended = 0
         self._unpacked: tuple[Point | None, array] = (None, array("d"))  # the newest, for every window
@@ -225,10 +226,20 @@ class SeriesHistory:
         if layout is None:
             layout = self._layouts[key] = Layout(*key)
         values = array("d", counters.values())
-        for h in histograms.values():
-            values.extend(h.counts)
-            values.append(h.sum)
+        values.extend(self._histogram_values(tuple(histograms.values())))
         return Point(ts, layout, values), values
+
+    def _histogram_values(self, totals: tuple[Histogram, ...]) -> array:
+        """Each histogram's counts and its sum, in order: the last poll's array while the running
+        totals are the same objects (histograms that did not move are handed on as such)."""
+        last, values = self._histogram_part
+        if len(totals) != len(last) or not all(map(operator.is_, totals, last)):
+            values = array("d")
+            for h in totals:
+                values.extend(h.counts)
+                values.append(h.sum)
+            self._histogram_part = (totals, values)
+        return values
 
     def _thin(self, now: float) -> None:
         """Drop each point whose neighbours stay within age / resolution of each other without it."""
