@@ -211,6 +211,19 @@ def test_bytes_hashes_are_tracked_like_ints():
     assert state.cached_blocks == 0
 
 
+def test_one_batch_is_applied_in_stream_order():
+    """Removals are applied together (one set operation per run), never past the event after them."""
+    state = EventState()
+    removed, stored = Event("BlockRemoved", (1,)), Event("BlockStored", (1, 2))
+    state.apply(Batch(0, 1.0, (stored, removed, Event("BlockRemoved", (2,)))))
+    assert state.cached_blocks == 0
+    state.apply(Batch(1, 1.0, (stored, removed, stored)))  # evicted, then computed again
+    assert state.resident == {1, 2}
+    state.apply(Batch(2, 1.0, (removed, Event("AllBlocksCleared"), Event("BlockStored", (3,)), removed)))
+    assert state.resident == {3}
+    assert state.events == {"BlockStored": 4, "BlockRemoved": 5, "AllBlocksCleared": 1}
+
+
 # --- older and newer encodings -----------------------------------------------------------------
 
 
