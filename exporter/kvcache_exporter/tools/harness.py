@@ -197,19 +197,21 @@ class Services:
 
     def prometheus(self, config: str, *args: str, timeout: float = 30.0) -> Service:
         """Debian's Prometheus with `config` (YAML text), a fresh TSDB, until /-/ready."""
-        port = free_port()
-        path = self.workdir / f"prometheus-{port}.yml"
-        path.write_text(config)
-        argv = prometheus_argv(path, self.workdir / f"prometheus-data-{port}", port, *args)
-        return self.start("prometheus", argv, port, "/-/ready", timeout)
+        return self._configured("prometheus", prometheus_argv, config, args, timeout)
 
     def alertmanager(self, config: str, *args: str, timeout: float = 30.0) -> Service:
         """Alertmanager with `config` (YAML text), no clustering, until /-/ready."""
+        return self._configured("alertmanager", alertmanager_argv, config, args, timeout)
+
+    def _configured(
+        self, name: str, argv: Callable[..., list[str]], config: str, args: Sequence[str], timeout: float
+    ) -> Service:
+        """`name` on a free port with `config` written to a file and a data folder of its own."""
         port = free_port()
-        path = self.workdir / f"alertmanager-{port}.yml"
+        path = self.workdir / f"{name}-{port}.yml"
         path.write_text(config)
-        argv = alertmanager_argv(path, self.workdir / f"alertmanager-data-{port}", port, *args)
-        return self.start("alertmanager", argv, port, "/-/ready", timeout)
+        data = self.workdir / f"{name}-data-{port}"
+        return self.start(name, argv(path, data, port, *args), port, "/-/ready", timeout)
 
 
 def prometheus_argv(config: Path, data: Path, port: int, *args: str, command: str | None = None) -> list[str]:
