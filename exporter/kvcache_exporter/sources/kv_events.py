@@ -147,6 +147,12 @@ class KvEventSubscriber:
             raise self.problem or SourceError("not_started", f"KV events {self.endpoint}: not subscribed")
         return self.drain()
 
+    @property
+    def queued(self) -> int:
+        """Messages the next collect hands over, applied or dropped (a run of drops by its count)."""
+        with self.lock:
+            return sum(item.count if isinstance(item, Dropped) else 1 for item in self._pending)
+
     def drain(self) -> KvEventDrain:
         with self.lock:
             drained, self._pending, self._pending_work = self._pending, [], (0, 0)
