@@ -81,6 +81,16 @@ def wait_until(check: Callable[[], T], what: str, timeout: float = 30.0, every: 
     raise StartError(f"timed out after {timeout:g}s waiting for {what}")
 
 
+def wait_showing(url: str, want: str, timeout: float = 60.0) -> str:
+    """GET `url` until its body shows `want`: that body, else StartError."""
+
+    def body() -> str:
+        text = http_get(url, timeout=2)[1].decode()
+        return text if want in text else ""
+
+    return wait_until(body, f"{url} to show {want}", timeout)
+
+
 def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
     """SIGTERM the process group (children included), then SIGKILL whatever is left. For processes
     started in a session of their own (start_new_session=True), as Services starts them."""
