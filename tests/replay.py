@@ -26,18 +26,18 @@ class ReplaySource:
         pass
 
 
-class GpuReplay:
-    """Hands out GPU snapshots in order, as an NVML or DCGM source would."""
+class Recorded:
+    """Hands out recorded values in order, as a live source `name` would: GPU snapshots (gpu), KV-event
+    drains (kv_events)."""
 
-    name = "gpu"
-
-    def __init__(self, snapshots):
-        self.snapshots = iter(snapshots)
+    def __init__(self, name, values):
+        self.name = name
+        self.values = iter(values)
 
     async def collect(self):
-        return next(self.snapshots)
+        return next(self.values)
 
-    def close(self):
+    async def close(self):
         pass
 
 
@@ -54,7 +54,7 @@ def replay(texts, *, step=10.0, windows=(60.0,), quantiles=(0.5, 0.99), gpu=None
     state = PollState(retention=max(windows) + 2 * step)
     polls = target_polls(state, {"replay": ReplaySource(texts)})
     if gpu is not None:
-        polls.append(Poll(GpuReplay(gpu), state.add_gpu().ingest))
+        polls.append(Poll(Recorded("gpu", gpu), state.add_gpu().ingest))
     exporter = Exporter(
         polls,
         state,

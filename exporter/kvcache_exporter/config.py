@@ -13,12 +13,12 @@ import argparse
 import difflib
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 from .durations import parse_duration, window_label
-from .settings import AggregateSettings, Settings
+from .settings import AggregateSettings, ServiceSettings, Settings
 
 ENV_PREFIX = "KVCACHE_EXPORTER_"
 DEFAULT_PORT = 18090
@@ -276,9 +276,15 @@ def shard(text: Any) -> str:
     return str(text)
 
 
-def _shared(key: str, **changes: Any) -> Option:
-    """One of serve's options for `aggregate`: the same parse and validation, aggregate's env twin."""
-    return replace(BY_KEY[key], env_prefix=AGGREGATE_ENV_PREFIX, **changes)
+_AGGREGATE_DEFAULTS = {"collect.windows": [300.0, 3600.0], "web.listen_address": f":{AGGREGATE_DEFAULT_PORT}"}
+
+
+def _shared(attr: str) -> Option:
+    """One of serve's options for `aggregate`: the same parse and validation, aggregate's env twin
+    and, for a few, aggregate's own default."""
+    option = next(o for o in OPTIONS if o.attr == attr)
+    default = _AGGREGATE_DEFAULTS.get(option.key, option.default)
+    return replace(option, env_prefix=AGGREGATE_ENV_PREFIX, default=default)
 
 
 def _aggregate(key: str, parse: Callable[[Any], Any], default: Any, help: str, **more: Any) -> Option:
@@ -303,20 +309,7 @@ AGGREGATE_OPTIONS: tuple[Option, ...] = (
     _aggregate("replica.max_blocks", at_least(1), 131_072, "block hashes remembered per replica"),
     _aggregate("fleet.hash_sampling", sampling, 1.0, "fraction of block hashes kept (0 < f <= 1)"),
     _aggregate("fleet.shard", shard, "0/1", "K/N: keep the K-th of N hash ranges"),
-    _shared("kv_events.topic"),
-    _shared("kv_events.max_batches_per_second"),
-    _shared("vllm.timeout"),
-    _shared("vllm.max_body_bytes"),
-    _shared("collect.interval"),
-    _shared("collect.windows", default=[300.0, 3600.0]),
-    _shared("web.listen_address", default=f":{AGGREGATE_DEFAULT_PORT}"),
-    _shared("web.telemetry_path"),
-    _shared("web.config_file"),
-    _shared("web.max_connections"),
-    _shared("web.idle_timeout"),
-    _shared("web.tls_handshake_timeout"),
-    _shared("log.level"),
-    _shared("log.format"),
+    *(_shared(f.name) for f in fields(ServiceSettings)),
 )
 
 
@@ -457,7 +450,7 @@ def resolve_aggregate(
 _RESERVED_PATHS = ("/", "/healthz", "/readyz")
 
 
-def _common_checks(s: Settings | AggregateSettings) -> list[tuple[str, str]]:
+def _common_checks(s: ServiceSettings) -> list[tuple[str, str]]:
     out = []
     if not s.collect_windows:
         out.append(("--collect.windows", "at least one window is needed"))

@@ -17,6 +17,7 @@ from . import logs
 from .config import ConfigError, Option
 from .exposition import registry_for
 from .samples import Sample
+from .settings import ServiceSettings
 from .web.app import ConnectionLimits, listen, load_web_config, make_app
 
 log = logging.getLogger("kvcache_exporter")
@@ -32,7 +33,7 @@ class PollLoop(Protocol):
     async def close(self) -> None: ...
 
 
-Resolve = Callable[[dict[str, Any], dict[str, str], str | None], Any]
+Resolve = Callable[[dict[str, Any], dict[str, str], str | None], ServiceSettings]
 Build = Callable[[Any], PollLoop]
 
 
@@ -57,8 +58,8 @@ def main(
         return CONFIG_ERROR_EXIT
 
 
-async def run(s: Any, build: Build) -> int:
-    """Serve `build(s)`'s samples until SIGINT/SIGTERM; `s` has the web.* and log.* settings."""
+async def run(s: ServiceSettings, build: Build) -> int:
+    """Serve `build(s)`'s samples until SIGINT/SIGTERM."""
     logs.setup(s.log_level, s.log_format)
     web_config = load_web_config(s.web_config_file)
     loop = build(s)  # inside the event loop: sources may start tasks and threads

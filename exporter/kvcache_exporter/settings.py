@@ -7,14 +7,17 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
-class Settings:
-    vllm_url: list[str]
+class ServiceSettings:
+    """What both commands have: vLLM polling, collecting, the endpoint and logging. Aggregate takes
+    each of these options from serve's table (config._shared), so they parse and check alike; the
+    order here is their order in aggregate's --help and README table."""
+
+    kv_events_topic: str
+    kv_events_max_batches_per_second: int
     vllm_timeout: float
-    vllm_bearer_token_file: str | None
     vllm_max_body_bytes: int
     collect_interval: float
     collect_windows: list[float]
-    collect_quantiles: list[float]
     web_listen_address: str
     web_telemetry_path: str
     web_config_file: str | None
@@ -23,6 +26,13 @@ class Settings:
     web_tls_handshake_timeout: float
     log_level: str
     log_format: str
+
+
+@dataclass(frozen=True, slots=True)
+class Settings(ServiceSettings):
+    vllm_url: list[str]
+    vllm_bearer_token_file: str | None
+    collect_quantiles: list[float]
     gpu_source: str
     gpu_devices: list[str]
     gpu_dcgm_url: str | None
@@ -41,8 +51,6 @@ class Settings:
     kv_events_mode: str
     kv_events_replay_endpoint: str | None
     kv_events_data_parallel_size: int
-    kv_events_topic: str
-    kv_events_max_batches_per_second: int
     kv_events_max_tracked_blocks: int
     kv_events_max_fingerprints: int
     whatif_host_tier_bytes: int | None
@@ -50,7 +58,7 @@ class Settings:
 
 
 @dataclass(frozen=True, slots=True)
-class AggregateSettings:
+class AggregateSettings(ServiceSettings):
     replica_targets: list[str]
     discovery_file_sd: str | None
     discovery_dns: str | None
@@ -60,17 +68,3 @@ class AggregateSettings:
     replica_max_blocks: int
     fleet_hash_sampling: float
     fleet_shard: str
-    kv_events_topic: str
-    kv_events_max_batches_per_second: int
-    vllm_timeout: float
-    vllm_max_body_bytes: int
-    collect_interval: float
-    collect_windows: list[float]
-    web_listen_address: str
-    web_telemetry_path: str
-    web_config_file: str | None
-    web_max_connections: int
-    web_idle_timeout: float
-    web_tls_handshake_timeout: float
-    log_level: str
-    log_format: str

@@ -3,29 +3,16 @@
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 
+from kvcache_exporter.tools.harness import wait_showing
 from tests.conftest import free_port
 
 
 def start(*args: str) -> subprocess.Popen:
     command = [sys.executable, "-m", "kvcache_exporter", *args]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def scrape(url: str, want: str, deadline: float) -> str:
-    while time.monotonic() < deadline:
-        try:
-            text = urllib.request.urlopen(url, timeout=2).read().decode()
-            if want in text:
-                return text
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"{url} never showed {want}")
 
 
 @pytest.mark.timeout(60)
@@ -40,9 +27,7 @@ def test_aggregate_serves_the_fleet_view_of_a_simulated_pool(tmp_path):
         "--collect.interval", "500ms", "--collect.windows", "1m",
     )  # fmt: skip
     try:
-        text = scrape(
-            f"http://127.0.0.1:{port}/metrics", "kvcache_fleet_hit_ratio_estimate{", time.monotonic() + 30
-        )
+        text = wait_showing(f"http://127.0.0.1:{port}/metrics", "kvcache_fleet_hit_ratio_estimate{", 30)
         checked = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
         assert checked.returncode == 0, checked.stdout + checked.stderr
         for replica in ("replica-0", "replica-1", "replica-2"):

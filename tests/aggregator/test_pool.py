@@ -56,7 +56,7 @@ async def run_pool(tmp_path, routing, seconds=3.0, during=None, sim=None, setup=
                 await during(fleet)
                 during = None
             await asyncio.sleep(0.4)
-        fleet._tasks[0].cancel()  # stop the load; poll until every stream has gone quiet
+        await fleet.stop_load()  # poll until every stream has gone quiet
         seen = None
         for _ in range(20):
             await asyncio.sleep(0.3)
@@ -198,24 +198,20 @@ def test_bad_discovery_keeps_the_last_good_replicas_and_a_dead_replica_reads_dow
 
 def test_a_failing_poll_is_counted_and_the_loop_goes_on(tmp_path):
     aggregator = Aggregator(PoolSettings(windows=(60.0,), interval=0.05), [])
-    polls = []
+    real_poll, polls = aggregator.poll_once, []
 
-    async def broken():
+    async def broken_three_times():
         polls.append(1)
-        raise ZeroDivisionError("a bug")
+        if len(polls) <= 3:
+            raise ZeroDivisionError("a bug")
+        await real_poll()  # the fourth poll exports what the loop counted
+        stop.set()
 
-    aggregator.poll_once = broken  # the loop, not this poll, is under test
-
-    async def body():
-        stop = asyncio.Event()
-        asyncio.get_running_loop().call_later(0.3, stop.set)
-        await aggregator.run(stop)
-        return aggregator._own_errors()
-
-    errors = asyncio.run(body())
-    assert len(polls) >= 3
-    assert values(errors, "kvcache_exporter_errors_total") == {
-        (("collector", "derive"), ("reason", "internal_error")): len(polls)
+    aggregator.poll_once = broken_three_times  # the loop, not the poll, is under test
+    stop = asyncio.Event()
+    asyncio.run(aggregator.run(stop))
+    assert values(aggregator.latest, "kvcache_exporter_errors_total") == {
+        (("collector", "derive"), ("reason", "internal_error")): 3
     }
 
 

@@ -16,6 +16,7 @@ from aiohttp import web
 from kvcache_exporter.aggregator import pool
 from kvcache_exporter.aggregator.discovery import StaticSd, replica_for
 from kvcache_exporter.aggregator.pool import Aggregator, PoolSettings
+from tests.loopback import serve
 from tests.sources.test_http import Upstream
 from tests.sources.test_vllm_hostile import PAYLOAD, with_value
 
@@ -45,12 +46,8 @@ async def poll(upstreams: dict[str, Upstream], times: int = 1, between=None) -> 
     app = web.Application()
     for name, upstream in upstreams.items():
         app.router.add_get(f"/{name}/metrics", upstream.handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    replicas = [replica_for(f"http://127.0.0.1:{port}/{name}/metrics", None, name) for name in upstreams]
+    runner, url = await serve(app)
+    replicas = [replica_for(f"{url}/{name}/metrics", None, name) for name in upstreams]
     settings = PoolSettings(windows=(60.0,), interval=1.0, timeout=1.0, max_body_bytes=1 << 20)
     aggregator = Aggregator(settings, [StaticSd(replicas)])
     try:

@@ -177,7 +177,7 @@ async def run(gpu: str) -> bytes:
     subscriber = next(p.source for p in exporter.polls if p.source.name == "kv_events")
     await asyncio.to_thread(publish, subscriber.last_endpoint, frames)
     deadline = time.monotonic() + 30
-    while len(subscriber._pending) < len(frames) and time.monotonic() < deadline:
+    while subscriber.queued < len(frames) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     state = Path(tempfile.mkdtemp()) / "nvml-state"
     os.environ["FAKE_NVML_STATE"] = str(state)

@@ -80,12 +80,13 @@ def test_the_shipped_example_config_is_valid():
 def test_settings_are_frozen_and_have_one_field_per_option():
     import dataclasses
 
-    from kvcache_exporter.config import OPTIONS
-    from kvcache_exporter.settings import Settings
+    from kvcache_exporter.config import AGGREGATE_OPTIONS, OPTIONS
+    from kvcache_exporter.settings import AggregateSettings, Settings
 
     s = resolve({}, {}, None)
     assert isinstance(s, Settings)
-    assert [f.name for f in dataclasses.fields(Settings)] == [o.attr for o in OPTIONS]
+    for settings, options in ((Settings, OPTIONS), (AggregateSettings, AGGREGATE_OPTIONS)):
+        assert sorted(f.name for f in dataclasses.fields(settings)) == sorted(o.attr for o in options)
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.vllm_timeout = 1.0
 

@@ -7,6 +7,7 @@ from aiohttp import web
 
 from kvcache_exporter.sources.vllm import VllmSource
 from kvcache_exporter.tools.exporters import vllm_exporter
+from tests.loopback import serve
 
 GOOD = (
     'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 100\n'
@@ -40,12 +41,8 @@ async def run_case(mode, token_file=None):
     upstream = Upstream()
     app = web.Application()
     app.router.add_get("/metrics", upstream.handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    url = f"http://127.0.0.1:{port}/metrics"
+    runner, base = await serve(app)
+    url = f"{base}/metrics"
     source = VllmSource(url, timeout=0.5, max_body_bytes=1_000_000, bearer_token_file=token_file)
     exporter = vllm_exporter({"t": source}, windows=[60], quantiles=[0.5], interval=1)
     await exporter.poll_once()  # a good poll first

@@ -18,11 +18,22 @@ from tests.conftest import SHARED_FIXTURES
 
 def estimate(requests: list[TraceRequest], block_size: int, blocks: int) -> dict[int, float]:
     """Run the requests at `blocks`, every step's KV events into the classifier: (hits + extra) / queries."""
+    attribution = Attribution(capacity_blocks=blocks)
+    hits, queries = run_engine(requests, block_size, blocks, attribution)
+    extra = attribution.totals.extra_hit_tokens
+    return {factor: (hits + extra[factor]) / queries for factor in extra}
+
+
+def run_engine(
+    requests: list[TraceRequest], block_size: int, blocks: int, attribution: Attribution
+) -> tuple[int, int]:
+    """The requests through the simulator's engine with `blocks` GPU blocks, every step's KV events
+    into `attribution`: vLLM's (hit tokens, query tokens)."""
     longest = max(len(r.prompt_token_ids) + r.max_tokens for r in requests)
     config = EngineConfig(
         block_size, blocks, max_model_len=longest, max_num_batched_tokens=max(8192, longest)
     )
-    engine, attribution = Engine(config, 0), Attribution(capacity_blocks=blocks)
+    engine = Engine(config, 0)
     clock, seq, hits, queries = 0.0, 0, 0, 0
     for r in requests:
         request = Request(
@@ -35,8 +46,7 @@ def estimate(requests: list[TraceRequest], block_size: int, blocks: int) -> dict
             attribution.apply(Batch(seq, clock, tuple(_event(e) for e in step.events)))
             seq += 1
         hits, queries = hits + max(request.num_cached_tokens, 0), queries + len(r.prompt_token_ids)
-    extra = attribution.totals.extra_hit_tokens
-    return {factor: (hits + extra[factor]) / queries for factor in extra}
+    return hits, queries
 
 
 def _event(event) -> Event:

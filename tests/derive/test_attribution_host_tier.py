@@ -9,29 +9,14 @@ import pytest
 from kvcache_exporter.analyzer.hosttier import two_tier_replay
 from kvcache_exporter.derive.attribution import Attribution
 from kvcache_exporter.derive.whatif import host_tier_blocks, kv_bytes_per_token
-from kvcache_exporter.simulator.engine import Engine, EngineConfig, Request
-from kvcache_exporter.sources.kv_events_decode import Batch
-from tests.derive.test_attribution_estimate import _event, recurring_prefixes
+from tests.derive.test_attribution_estimate import recurring_prefixes, run_engine
 
 
 def estimated(requests, block_size: int, gpu_blocks: int, host_blocks: int) -> tuple[float, float]:
     """(real hit ratio at gpu_blocks, the host-tier estimate) from the engine's own KV events."""
-    longest = max(len(r.prompt_token_ids) + r.max_tokens for r in requests)
-    config = EngineConfig(
-        block_size, gpu_blocks, max_model_len=longest, max_num_batched_tokens=max(8192, longest)
-    )
-    engine, attribution = Engine(config, 0), Attribution(capacity_blocks=gpu_blocks)
+    attribution = Attribution(capacity_blocks=gpu_blocks)
     attribution.set_host_tier(host_blocks, 1024.0)
-    clock, seq, hits, queries = 0.0, 0, 0, 0
-    for r in requests:
-        request = Request(str(r.index), list(r.prompt_token_ids), r.max_tokens, clock)
-        engine.add_request(request)
-        while engine.has_work:
-            step = engine.step(clock)
-            clock += step.duration
-            attribution.apply(Batch(seq, clock, tuple(_event(e) for e in step.events)))
-            seq += 1
-        hits, queries = hits + max(request.num_cached_tokens, 0), queries + len(r.prompt_token_ids)
+    hits, queries = run_engine(requests, block_size, gpu_blocks, attribution)
     totals = attribution.totals
     assert totals.host_load_bytes == totals.host_hit_tokens * 1024.0
     return hits / queries, (hits + totals.host_hit_tokens) / queries

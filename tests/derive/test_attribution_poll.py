@@ -13,20 +13,7 @@ from kvcache_exporter.derive.kv_events import EventState
 from kvcache_exporter.derive.registry import DeriveOptions
 from kvcache_exporter.derive.state import PollState
 from kvcache_exporter.sources.kv_events_decode import KvEventDrain, decode_message
-from tests.replay import ReplaySource, seed_snapshots, values
-
-
-class KvReplay:
-    name = "kv_events"
-
-    def __init__(self, drains):
-        self.drains = iter(drains)
-
-    async def collect(self):
-        return next(self.drains)
-
-    async def close(self):
-        pass
+from tests.replay import Recorded, ReplaySource, seed_snapshots, values
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +42,7 @@ def run(snapshots, drains, polls: int, attribution=None):
     sources = target_polls(state, {"replay": ReplaySource(s["text"] for s in snapshots)})
     sources.append(
         Poll(
-            KvReplay(drains),
+            Recorded("kv_events", drains),
             state.add_kv_events(EventState(), attribution=attribution or Attribution()).ingest,
         )
     )

@@ -167,19 +167,6 @@ def test_request_options_sessions_salt_and_reuse_reports():
     assert part.attribution.totals.prompt_miss_tokens < baseline.attribution.totals.prompt_miss_tokens + 3840
 
 
-class _Drains:
-    name = "kv_events"
-
-    def __init__(self, drains):
-        self.drains = iter(drains)
-
-    async def collect(self):
-        return next(self.drains)
-
-    async def close(self):
-        pass
-
-
 @pytest.mark.parametrize("folder", ["dp2", "dp2-api2"])
 def test_data_parallel_through_the_poll_loop_joins_each_engine_with_its_own_series(folder):
     """Both ranks' streams beside the multi-engine (and the 47-family multiprocess) exposition, polled:
@@ -189,7 +176,7 @@ def test_data_parallel_through_the_poll_loop_joins_each_engine_with_its_own_seri
     from kvcache_exporter.collector import Exporter, Poll, target_polls
     from kvcache_exporter.derive.registry import DeriveOptions
     from kvcache_exporter.derive.state import PollState
-    from tests.replay import ReplaySource, values
+    from tests.replay import Recorded, ReplaySource, values
 
     path = DEPLOYMENTS / folder
     snapshots = [json.loads(line) for line in (path / "metrics-snapshots.jsonl").read_text().splitlines()]
@@ -208,7 +195,7 @@ def test_data_parallel_through_the_poll_loop_joins_each_engine_with_its_own_seri
             drains.append(KvEventDrain(tuple(batch for _, batch in mine[start:end])))
             start = end
         part = state.add_kv_events(EventState(), {"engine": rank}, Attribution(), UnitView())
-        polls.append(Poll(_Drains(drains), part.ingest, {"engine": rank}))
+        polls.append(Poll(Recorded("kv_events", drains), part.ingest, {"engine": rank}))
     now = [0.0]
     exporter = Exporter(polls, state, DeriveOptions(windows=(3600.0,)), interval=10.0, clock=lambda: now[0])
     for _ in snapshots:

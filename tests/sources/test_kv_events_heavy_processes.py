@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from kvcache_exporter.sources.kv_events_decode import MAX_HASHES_PER_BATCH
-from kvcache_exporter.tools.harness import CLI, free_port
+from kvcache_exporter.tools.harness import CLI, free_port, wait_showing
 
 
 def batch(events: int, hashes: int) -> bytes:
@@ -127,18 +127,6 @@ def watch_flood(url: str, pubs: list[zmq.Socket], rounds: int, done) -> Scraper:
     return scraper
 
 
-def wait_polling(url: str, want: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if want in urllib.request.urlopen(url, timeout=5).read().decode():
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{url} never showed {want}")
-
-
 @pytest.mark.timeout(300)
 def test_serve_stays_fresh_and_bounded_under_heavy_batches(services):
     rounds = 6
@@ -149,7 +137,7 @@ def test_serve_stays_fresh_and_bounded_under_heavy_batches(services):
         "--collect.interval", "0.5s", "--kv-events.endpoint", f"tcp://127.0.0.1:{kv_port}",
     )  # fmt: skip
     url = f"http://127.0.0.1:{exporter.port}/metrics"
-    wait_polling(url, "kvcache_vllm_up 1.0")
+    wait_showing(url, "kvcache_vllm_up 1.0")
     ctx = zmq.Context()
     pub = xpub(ctx)
     try:
@@ -195,7 +183,7 @@ def test_aggregate_of_four_replicas_stays_fresh_and_bounded_under_heavy_batches(
         url = f"http://127.0.0.1:{port}/metrics"
         for pub in pubs:
             subscribed(pub)
-        wait_polling(url, 'kvcache_vllm_up{replica="r3"} 1.0')
+        wait_showing(url, 'kvcache_vllm_up{replica="r3"} 1.0')
         sent = rounds * len(ROUND)
         replicas = [f"r{i}" for i in range(4)]
         scraper = watch_flood(

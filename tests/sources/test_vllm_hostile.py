@@ -14,6 +14,7 @@ from kvcache_exporter.collector import Exporter
 from kvcache_exporter.sources.base import SourceError
 from kvcache_exporter.sources.vllm import VllmSource, parse
 from kvcache_exporter.tools.exporters import vllm_exporter
+from tests.loopback import serve
 from tests.sources.framing import FramingServer
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
@@ -89,12 +90,8 @@ async def poll_twice(first: str, second: str, quantiles: list[float]) -> Exporte
     upstream = Upstream(first)
     app = web.Application()
     app.router.add_get("/metrics", upstream.handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    source = VllmSource(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    runner, url = await serve(app)
+    source = VllmSource(f"{url}/metrics", timeout=5)
     exporter = vllm_exporter({"t": source}, windows=[60], quantiles=quantiles, interval=1)
     try:
         await exporter.poll_once()

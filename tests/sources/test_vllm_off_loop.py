@@ -15,6 +15,7 @@ from kvcache_exporter.sources.base import SourceError
 from kvcache_exporter.sources.vllm import ParseBounds, VllmSource, parse
 from kvcache_exporter.tools.exporters import vllm_exporter
 from kvcache_exporter.web.app import make_app
+from tests.loopback import serve
 
 HEAD = 'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 100\n'
 
@@ -23,14 +24,6 @@ def huge_body(size: int = 7 * 1024 * 1024) -> str:
     """Distinct series the exporter reads (no line seen before): the slowest parse within the bound."""
     line = 'vllm:num_requests_running{{engine="0",model_name="m",pad="{:012d}"}} 1\n'
     return HEAD + "".join(line.format(i) for i in range(size // len(line.format(0))))
-
-
-async def start(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
 
 
 async def scrape_during_parse(monkeypatch) -> tuple[bool, bool]:
@@ -51,13 +44,13 @@ async def scrape_during_parse(monkeypatch) -> tuple[bool, bool]:
             finished.set()
 
     monkeypatch.setattr(vllm, "parse", watched_parse)
-    up_runner, up_url = await start(upstream)
+    up_runner, up_url = await serve(upstream)
     source = VllmSource(up_url + "/metrics", timeout=60)
     exporter = vllm_exporter({"t": source}, windows=[60], quantiles=[0.5], interval=1)
     ours = make_app(
         registry_for(lambda: exporter.latest), telemetry_path="/metrics", ready=lambda: True, users={}
     )
-    our_runner, our_url = await start(ours)
+    our_runner, our_url = await serve(ours)
     try:
         poll = asyncio.create_task(exporter.poll_once())
         while not started.is_set():

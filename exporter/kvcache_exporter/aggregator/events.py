@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import zmq
 
 from ..sources.base import SourceError
+from ..sources.kv_events import MAX_PENDING, queue_drop
 from ..sources.kv_events_decode import (
     Batch,
     Dropped,
@@ -44,7 +45,6 @@ RCV_HWM = 10_000  # messages queued per publisher in libzmq before it drops
 POLL_MS = 100
 BURST = 256  # messages taken off one lane before the next lane's turn
 RECONNECT_MAX_MS = 10_000
-MAX_PENDING = 100_000  # batches queued per replica between two drains; past it, only counted
 
 
 def peer_key(endpoint: str) -> str | None:
@@ -90,20 +90,7 @@ class _Inbox:
             self.hashes += hashes
 
     def drop(self, reason: str, seq: int | None) -> None:
-        """Merged into the previous drop when it continues it, so a flood costs one item."""
-        last = self.items[-1] if self.items else None
-        if len(self.items) >= MAX_PENDING:
-            reason, seq = "rate_limited", None
-        if isinstance(last, Dropped) and last.reason == reason and _continues(last, seq):
-            self.items[-1] = last._replace(count=last.count + 1)
-        else:
-            self.items.append(Dropped(reason, seq))
-
-
-def _continues(last: Dropped, seq: int | None) -> bool:
-    if last.seq is None or seq is None:
-        return last.seq is None and seq is None
-    return last.seq + last.count == seq
+        queue_drop(self.items, reason, seq)
 
 
 @dataclass

@@ -71,6 +71,10 @@ class SessionSpread:
         """(sessions, split sessions); a session whose only replica left counts, unsplit."""
         return spread([*self._current.values(), *self._previous.values()])
 
+    def replicas_of(self, session: str) -> int:
+        """The replica bits `session` stored blocks on; 0 once it is forgotten (or never seen)."""
+        return self._current.get(session) or self._previous.get(session, 0)
+
     def __len__(self) -> int:
         return len(self._current) + len(self._previous)
 

@@ -82,14 +82,16 @@ class EventState:
         if mark is not IN_ORDER:
             self.mark(mark)
         self.batches += 1
-        overflow, blocks, removed = False, self.resident, 0
-        forget = blocks.difference_update  # the set is cleared in place, never replaced
+        overflow, blocks, removals, removed = False, self.resident, 0, []
         for event in batch.events:
             kind = event.type
-            if kind == "BlockRemoved":  # the most common: one per evicted block
-                forget(event.block_hashes)
-                removed += 1
+            if kind == "BlockRemoved":  # the most common: one per evicted block, applied together
+                removed += event.block_hashes
+                removals += 1
                 continue
+            if removed:
+                blocks.difference_update(removed)
+                removed = []
             if kind == "BlockStored":
                 overflow |= self._store(event.block_hashes)
             elif kind == "AllBlocksCleared":
@@ -98,7 +100,9 @@ class EventState:
                 kind = "other"
             self.events[kind] += 1
         if removed:
-            self.events["BlockRemoved"] += removed
+            blocks.difference_update(removed)
+        if removals:
+            self.events["BlockRemoved"] += removals
         if overflow:
             self.dropped["too_many_blocks"] += 1
 

@@ -142,6 +142,10 @@ class LoadPeaks:
             return kept[0][1]
         return None if self.last is None else 0.0
 
+    def __len__(self) -> int:
+        """Entries kept, all models together: what the memory bound is about."""
+        return sum(map(len, self._kept.values()))
+
 
 @dataclass
 class PollState:

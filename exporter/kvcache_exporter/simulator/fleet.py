@@ -89,11 +89,16 @@ class SimulatorFleet:
         """The built-in workload (`start(load=False)` lets subscribers connect first)."""
         self._tasks.append(asyncio.create_task(self._generate_load()))
 
-    async def stop(self) -> None:
+    async def stop_load(self) -> None:
+        """End the built-in workload; the replicas keep serving."""
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._tasks.clear()
+
+    async def stop(self) -> None:
+        await self.stop_load()
         if self._runner is not None:
             await self._runner.cleanup()
         if self._http is not None:

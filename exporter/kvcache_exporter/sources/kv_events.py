@@ -147,6 +147,12 @@ class KvEventSubscriber:
             raise self.problem or SourceError("not_started", f"KV events {self.endpoint}: not subscribed")
         return self.drain()
 
+    @property
+    def queued(self) -> int:
+        """Messages the next collect hands over, applied or dropped (a run of drops by its count)."""
+        with self.lock:
+            return sum(item.count if isinstance(item, Dropped) else 1 for item in self._pending)
+
     def drain(self) -> KvEventDrain:
         with self.lock:
             drained, self._pending, self._pending_work = self._pending, [], (0, 0)
@@ -253,17 +259,10 @@ class KvEventSubscriber:
         self._expected = batch.seq + 1
 
     def _drop(self, reason: str, seq: int | None) -> None:
-        """Queue a drop, merged into the previous one when it continues it (a flood costs one item)."""
         if seq is not None:
             self._expected = seq + 1
         with self.lock:
-            if len(self._pending) >= MAX_PENDING:
-                reason, seq = "rate_limited", None
-            last = self._pending[-1] if self._pending else None
-            if isinstance(last, Dropped) and last.reason == reason and _continues(last, seq):
-                self._pending[-1] = last._replace(count=last.count + 1)
-            else:
-                self._pending.append(Dropped(reason, seq))
+            queue_drop(self._pending, reason, seq)
 
     def _replay(self, gap: range) -> list[Batch]:
         """Ask vLLM's replay ROUTER for `gap`; return what it had, in order, within replay_timeout."""
@@ -311,6 +310,18 @@ class KvEventSubscriber:
                     return True
                 got.append(batch)
         return False
+
+
+def queue_drop(pending: list[Batch | Dropped], reason: str, seq: int | None) -> None:
+    """Queue a drop, merged into the last one when it continues it (a flood costs one item); past
+    MAX_PENDING items every drop is one run of rate_limited."""
+    if len(pending) >= MAX_PENDING:
+        reason, seq = "rate_limited", None
+    last = pending[-1] if pending else None
+    if isinstance(last, Dropped) and last.reason == reason and _continues(last, seq):
+        pending[-1] = last._replace(count=last.count + 1)
+    else:
+        pending.append(Dropped(reason, seq))
 
 
 def _continues(last: Dropped, seq: int | None) -> bool:

@@ -81,6 +81,16 @@ def wait_until(check: Callable[[], T], what: str, timeout: float = 30.0, every: 
     raise StartError(f"timed out after {timeout:g}s waiting for {what}")
 
 
+def wait_showing(url: str, want: str, timeout: float = 60.0) -> str:
+    """GET `url` until its body shows `want`: that body, else StartError."""
+
+    def body() -> str:
+        text = http_get(url, timeout=2)[1].decode()
+        return text if want in text else ""
+
+    return wait_until(body, f"{url} to show {want}", timeout)
+
+
 def stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
     """SIGTERM the process group (children included), then SIGKILL whatever is left. For processes
     started in a session of their own (start_new_session=True), as Services starts them."""
@@ -197,19 +207,21 @@ class Services:
 
     def prometheus(self, config: str, *args: str, timeout: float = 30.0) -> Service:
         """Debian's Prometheus with `config` (YAML text), a fresh TSDB, until /-/ready."""
-        port = free_port()
-        path = self.workdir / f"prometheus-{port}.yml"
-        path.write_text(config)
-        argv = prometheus_argv(path, self.workdir / f"prometheus-data-{port}", port, *args)
-        return self.start("prometheus", argv, port, "/-/ready", timeout)
+        return self._configured("prometheus", prometheus_argv, config, args, timeout)
 
     def alertmanager(self, config: str, *args: str, timeout: float = 30.0) -> Service:
         """Alertmanager with `config` (YAML text), no clustering, until /-/ready."""
+        return self._configured("alertmanager", alertmanager_argv, config, args, timeout)
+
+    def _configured(
+        self, name: str, argv: Callable[..., list[str]], config: str, args: Sequence[str], timeout: float
+    ) -> Service:
+        """`name` on a free port with `config` written to a file and a data folder of its own."""
         port = free_port()
-        path = self.workdir / f"alertmanager-{port}.yml"
+        path = self.workdir / f"{name}-{port}.yml"
         path.write_text(config)
-        argv = alertmanager_argv(path, self.workdir / f"alertmanager-data-{port}", port, *args)
-        return self.start("alertmanager", argv, port, "/-/ready", timeout)
+        data = self.workdir / f"{name}-data-{port}"
+        return self.start(name, argv(path, data, port, *args), port, "/-/ready", timeout)
 
 
 def prometheus_argv(config: Path, data: Path, port: int, *args: str, command: str | None = None) -> list[str]:
