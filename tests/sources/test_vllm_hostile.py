@@ -114,6 +114,26 @@ def test_quantile_zero_and_an_infinite_bucket_count_keep_serve_alive():
     assert not any(name.startswith("kvcache_e2e") for name, _ in samples)
 
 
+def twice(line_start: str, value: str) -> str:
+    """The payload with the first line starting `line_start` set to `value` and written twice (two
+    series vLLM's ray exporter would sum)."""
+    at = PAYLOAD.index(line_start)
+    end = PAYLOAD.index("\n", at)
+    line = PAYLOAD[at:end].rpartition(" ")[0] + " " + value
+    return PAYLOAD[:at] + line + "\n" + line + PAYLOAD[end:]
+
+
+@pytest.mark.parametrize(
+    "line_start",
+    ['vllm:generation_tokens_total{', 'vllm:e2e_request_latency_seconds_bucket{engine="0",le="+Inf"',
+     'vllm:e2e_request_latency_seconds_sum{'],
+)  # fmt: skip
+def test_finite_values_that_sum_past_the_largest_float_are_a_parse_error(line_start):
+    """Found by the fuzz test: two counters at 9e307 each summed to inf, exported as a counter."""
+    assert parse(twice(line_start, "8e307")).engines  # summed, still finite
+    assert reason(twice(line_start, "9e307")) == "parse_error"
+
+
 def test_a_negative_counter_never_becomes_a_negative_rate():
     broken = with_value("vllm:generation_tokens_total", "-1000")
     exporter = asyncio.run(poll_twice(PAYLOAD, broken, [0.5]))

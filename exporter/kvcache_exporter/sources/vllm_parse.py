@@ -410,6 +410,7 @@ def _finish(acc: _Accumulator, block_counted: set[str], memory: Memory) -> dict[
                 bounds = layouts.setdefault(bounds, bounds)  # histories then hold one tuple per layout
             histogram = Histogram(bounds, counts, acc.sums.get(hkey, 0.0))
             if histogram != prior:
+                _finite(hkey[1], max(counts), histogram.sum)
                 last[hkey] = histogram
             # An unchanged histogram is the last poll's object: the history sees `is` and skips it.
             acc.engines[hkey[0]].histograms[hkey[1]] = last[hkey]
@@ -424,7 +425,15 @@ def _finish(acc: _Accumulator, block_counted: set[str], memory: Memory) -> dict[
                     del sample.counters[logical]  # blocks we cannot convert: better absent than wrong
                 else:
                     sample.counters[logical] *= block_size
+        _finite(engine, *sample.counters.values(), *sample.gauges.values())
     return {key: s for key, s in acc.engines.items() if s.counters or s.gauges or s.histograms}
+
+
+def _finite(what: str, *numbers: float) -> None:
+    """Series of one engine (or buckets of one histogram) are summed, and block counts scaled: each
+    value finite, the result can still overflow (two counters at 1e308). Such a poll is discarded."""
+    if not all(map(math.isfinite, numbers)):
+        raise SourceError("parse_error", f"malformed exposition: {what} sums past the largest float")
 
 
 def _split_prompt_tokens(counters: dict[str, float]) -> None:
