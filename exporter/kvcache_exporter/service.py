@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -58,6 +59,16 @@ def main(
         return CONFIG_ERROR_EXIT
 
 
+def settle_gc() -> None:
+    """What start-up built lives as long as the process: frozen, so no full collection walks it
+    again; and a young collection every 10,000 allocations, not 700 (a poll of 100 targets makes
+    ~50,000 objects: 12 young and one full collection a poll, a sixth of its CPU, were the default).
+    Cycles are still collected; the young generation holds at most 10,000 objects more."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
+
+
 async def run(s: ServiceSettings, build: Build) -> int:
     """Serve `build(s)`'s samples until SIGINT/SIGTERM."""
     logs.setup(s.log_level, s.log_format)
@@ -77,6 +88,7 @@ async def run(s: ServiceSettings, build: Build) -> int:
         await loop.close()
         raise
     log.info("listening", extra={"address": s.web_listen_address, "tls": web_config.ssl_context is not None})
+    settle_gc()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)

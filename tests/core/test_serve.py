@@ -146,3 +146,23 @@ def test_simulator_faults_restart_and_malformed_body(processes):
     assert not any(n == "kvcache_prefix_cache_hit_ratio" for n, _ in samples)  # no stale numbers meanwhile
     assert post(f"{sim}/control/metrics", '{"malformed": false}') == 200
     until(lambda: scrape(metrics).get(("kvcache_vllm_up", ())) == 1, "recovery")
+
+
+SETTLED = """
+import gc, weakref
+from kvcache_exporter.service import settle_gc
+startup = [object() for _ in range(1000)]
+settle_gc()
+class Node: pass
+node = Node(); node.me = node; alive = weakref.ref(node)
+del node
+gc.collect(0)
+print(gc.get_freeze_count() >= 1000, gc.get_threshold()[0], alive() is None)
+"""
+
+
+def test_settled_gc_freezes_start_up_and_still_collects_cycles():
+    """serve and aggregate call settle_gc once running (a process of their own: here it would freeze
+    pytest's heap)."""
+    out = subprocess.run([sys.executable, "-c", SETTLED], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "10000", "True"]

@@ -242,11 +242,14 @@ How to read it:
   Exporter.poll_once. Under real load vLLM's histograms move every poll; the seed-scenario replay
   (the `whole poll` row above) is that case. An unchanged run of bucket lines lends its sorted
   buckets to the poll, and a window subtracts only counters and the histograms that moved.
-  Tried and not kept, as no better than the box's noise in the same run: a gc freeze or
-  disable, and one read of a Content-Length body; measured in instructions (cachegrind, which the
-  box's load does not change), not kept either: the windows' counter deltas by `map(operator.sub)`
-  instead of a dict comprehension (0.1 %), a history's last layout compared instead of looked up
-  (1 % of ingest). Two judged by wall time before and kept now, as cachegrind shows them: a name
+  `serve` and `aggregate` freeze what start-up built and collect the young generation every
+  10,000 allocations instead of 700 (`service.settle_gc`): at 100 targets the default made 12
+  young and one full collection a poll, ~0.12 ms of 0.68 per target-poll, so the cost per target
+  grew with the targets (the stage rows run in this process, without it). Tried and not kept, as
+  no better than the box's noise in the same run: one read of a Content-Length body; measured in
+  instructions (cachegrind, which the box's load does not change), not kept either: the windows'
+  counter deltas by `map(operator.sub)` instead of a dict comprehension (0.1 %), a history's last
+  layout compared instead of looked up (1 % of ingest). Two judged by wall time before and kept now, as cachegrind shows them: a name
   table instead of `_normal` per run (7 % of a parse) and a `timeout` block instead of the task
   `wait_for` makes per source and poll (1.8 % of a whole poll).
 - RSS with 1 h of history: a child process (bench_history.py) imports what `serve` imports (the
@@ -267,7 +270,13 @@ How to read it:
   poll hands the drained batches to the event view, then to attribution; applying each message as
   soon as it is decoded is the figure in brackets. The memory row is a child process filling both
   default bounds (`--kv-events.max-tracked-blocks`, `--kv-events.max-fingerprints`); size them to
-  10x num_gpu_blocks to pay for what your cache can hold.
+  10x num_gpu_blocks to pay for what your cache can hold. Issue 20's bars are 250,000 blocks/s on
+  this Llama stream and 150,000 hashes/s on DeepSeek-V4-shaped ones; this VM's speed swings ~2x
+  from hour to hour (`python -m timeit "sum(range(1000))"`: 8 to 15 us), so the machine-independent
+  figure is cachegrind's instructions per round of the seed frames: round 2's code 62.5M (which
+  read 258,349 blocks/s in its run), now 73.6M (the group model, the sequence cursor, the reorder
+  rule); where it goes: decoding 24M (half of it the token ids), fingerprints 16M, the event view
+  5M, the group model 7M, attribution's bookkeeping and its known-run rule 22M.
 - The analyzer (docs/analyzer.md): a generated Mooncake day (12,000 requests, 512-token hash
   blocks, ~40 % of blocks reused) analysed at vLLM's 16-token blocks: the default report is one
   pass of stack distances for the whole curve, beside a plain OrderedDict LRU replay of the same
