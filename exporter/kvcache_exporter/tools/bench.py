@@ -242,16 +242,17 @@ How to read it:
   Exporter.poll_once. Under real load vLLM's histograms move every poll; the seed-scenario replay
   (the `whole poll` row above) is that case. An unchanged run of bucket lines lends its sorted
   buckets to the poll, and a window subtracts only counters and the histograms that moved.
-  `serve` and `aggregate` freeze what start-up built and collect the young generation every
-  10,000 allocations instead of 700 (`service.settle_gc`): at 100 targets the default made 12
-  young and one full collection a poll, ~0.12 ms of 0.68 per target-poll, so the cost per target
-  grew with the targets (the stage rows run in this process, without it). Tried and not kept, as
-  no better than the box's noise in the same run: one read of a Content-Length body; measured in
+  `serve` and `aggregate` freeze what start-up built and collect the young generation every 10,000
+  allocations instead of 700 (`service.settle_gc`): at 100 targets the default made 12 young and
+  one full collection a poll, ~0.12 ms of 0.68 per target-poll, so the cost per target grew with
+  the targets (the stage rows run in this process, without it). Tried and not kept, as no better
+  than the box's noise in the same run: one read of a Content-Length body; measured in
   instructions (cachegrind, which the box's load does not change), not kept either: the windows'
   counter deltas by `map(operator.sub)` instead of a dict comprehension (0.1 %), a history's last
-  layout compared instead of looked up (1 % of ingest). Two judged by wall time before and kept now, as cachegrind shows them: a name
-  table instead of `_normal` per run (7 % of a parse) and a `timeout` block instead of the task
-  `wait_for` makes per source and poll (1.8 % of a whole poll).
+  layout compared instead of looked up (1 % of ingest). Two judged by wall time before and kept
+  now, as cachegrind shows them: a name table instead of `_normal` per run (7 % of a parse) and a
+  `timeout` block instead of the task `wait_for` makes per source and poll (1.8 % of a whole
+  poll).
 - RSS with 1 h of history: a child process (bench_history.py) imports what `serve` imports (the
   CLI, then the server) and polls 20 replayed targets (the real seed snapshots, histograms
   changing) through the real poll loop in one event loop on a virtual clock until the 1 h window
