@@ -36,6 +36,7 @@ from ..derive.kv_events import EventState
 from ..derive.miss_windows import MissHistory
 from ..derive.state import KvEventsState
 from ..derive.units import UnitView
+from ..simulator.layouts import LAYOUTS
 from ..sources.kv_events_decode import Batch, Event, KvEventDrain, decode_message
 
 SEED = (
@@ -68,14 +69,10 @@ def _attribute(frames: list[list[bytes]]) -> None:
     KvEventsState(EventState(), {}, Attribution(), MissHistory(1e9), UnitView()).ingest(drain, 0.0)
 
 
-# DeepSeek-V4 on vLLM 0.32: group -> (kind, sliding window, block size)
+# DeepSeek-V4 on vLLM 0.32, as the simulator lays it out: group -> (kind, sliding window, block size)
 DSV4_GROUPS = {
-    0: ("sliding_window_mla", 128, 64),
-    1: ("sliding_window_mla", 128, 64),
-    2: ("sliding_window_mla", 128, 64),
-    3: ("mla_attention", None, 256),
-    4: ("sliding_window_mla", 8, 4),
-    5: ("sliding_window_mla", 128, 8),
+    group: (spec.kind, spec.sliding_window, spec.block_size)
+    for group, spec in enumerate(LAYOUTS["deepseek-v4"].groups)
 }
 
 
