@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import zmq
 
 from ..sources.base import SourceError
-from ..sources.kv_events import MAX_PENDING, queue_drop
+from ..sources.kv_events import MAX_PENDING, POLL_MS, queue_drop, subscriber_socket
 from ..sources.kv_events_decode import (
     Batch,
     Dropped,
@@ -41,8 +41,6 @@ from ..sources.kv_events_decode import (
 
 log = logging.getLogger("kvcache_exporter.aggregate")
 
-RCV_HWM = 10_000  # messages queued per publisher in libzmq before it drops
-POLL_MS = 100
 BURST = 256  # messages taken off one lane before the next lane's turn
 RECONNECT_MAX_MS = 10_000
 
@@ -235,12 +233,8 @@ class FleetEvents:
         self._lanes.remove(lane)
 
     def _socket(self) -> zmq.Socket:
-        sub = self._ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, RCV_HWM)
+        sub = subscriber_socket(self._ctx, self.topic, self.max_message_bytes)
         sub.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_MAX_MS)  # a dead replica: back off, not 10/s
-        sub.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)  # larger: the peer is disconnected
-        sub.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
         return sub
 
     def _receive(self, lane: _Lane) -> None:

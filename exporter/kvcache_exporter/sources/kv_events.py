@@ -78,6 +78,16 @@ def rank_endpoint(endpoint: str, rank: int) -> str:
     return f"{base}:{int(port) + rank}"
 
 
+def subscriber_socket(ctx: zmq.Context, topic: str, max_message_bytes: int) -> zmq.Socket:
+    """A SUB socket on `topic` as serve's subscriber and the aggregator's lanes both open it."""
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.RCVHWM, RCV_HWM)
+    sub.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)  # larger messages: the peer is disconnected
+    sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+    return sub
+
+
 class KvEventSubscriber:
     """Subscribes to one vLLM publisher (one data-parallel rank) in a thread that never raises.
 
@@ -162,11 +172,7 @@ class KvEventSubscriber:
         await self.stop()
 
     def _open(self) -> None:
-        sub = self._ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, RCV_HWM)
-        sub.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)  # larger messages: the peer is disconnected
-        sub.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
+        sub = subscriber_socket(self._ctx, self.topic, self.max_message_bytes)
         try:
             (sub.bind if self.mode == "bind" else sub.connect)(self.endpoint)
         except zmq.ZMQError as err:
