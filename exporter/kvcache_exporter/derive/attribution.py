@@ -172,8 +172,8 @@ class Attribution:
         count = len(hashes)
         if not count:
             return
-        tokens, blocks, parent_hash = event.token_ids, self._blocks, event.parent
-        size = event.block_size or len(tokens) // count
+        blocks, parent_hash = self._blocks, event.parent
+        size = event.block_size or len(event.token_ids) // count  # token ids are decoded when read
         depth, diverged = 0, 0
         if parent_hash is not None:
             parent = blocks.new.get(parent_hash) or blocks.old.get(parent_hash)  # Generations.get
@@ -190,7 +190,7 @@ class Attribution:
                     return
         unit, length = self.hit_unit or size, count * size
         before = 0 if parent_hash is None else None if depth is None else (depth + 1) * size
-        run = self._known_run(tokens, size, count, parent_hash is None, unit, before)
+        run = self._known_run(event.token_ids, size, count, parent_hash is None, unit, before)
         served = served_tokens(run, length, unit, bool(diverged), size // 2)
         if run is not None:
             self.totals.unit_shortfall_tokens += unit_shortfall_tokens(run, unit, bool(diverged))

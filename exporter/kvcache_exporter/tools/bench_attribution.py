@@ -2,9 +2,8 @@
 msgspec's plain decode of the same frames, and the memory of the default bounds when full.
 
 The throughput is measured as `serve` works: the subscriber decodes each message as it arrives and
-a poll hands the drained batches to the event view, then to attribution. Applying each message as
-soon as it is decoded (the shape of this row before) is measured too: it costs ~10 % more, the
-three kinds of work taking turns in the caches.
+a poll hands the drained batches to the event view, the group model and attribution, with serve's
+garbage-collector settings (`service.settle_gc`).
 
 The memory figure runs in a child process (a clean heap): it stores synthetic blocks (random
 16-bit token ids, 16-token blocks, 32 per event, one eviction per stored block once the cache
@@ -20,6 +19,7 @@ model + attribution, as `serve` runs them. Its memory: RSS growth per tracked un
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import os
 import random
@@ -27,6 +27,8 @@ import subprocess
 import sys
 import time
 from array import array
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import msgspec
@@ -36,6 +38,7 @@ from ..derive.kv_events import EventState
 from ..derive.miss_windows import MissHistory
 from ..derive.state import KvEventsState
 from ..derive.units import UnitView
+from ..service import settle_gc
 from ..simulator.layouts import LAYOUTS
 from ..sources.kv_events_decode import Batch, Event, KvEventDrain, decode_message
 
@@ -119,20 +122,24 @@ def _stored_hashes(frames: list[list[bytes]]) -> int:
     )
 
 
-def _attribute_each(frames: list[list[bytes]]) -> None:
-    state, attribution = EventState(), Attribution()
-    for message in frames:
-        batch = decode_message(message, with_tokens=True)
-        state.apply(batch)
-        attribution.apply(batch)
+@contextmanager
+def serve_gc() -> Iterator[None]:
+    """The collector as `serve` sets it (service.settle_gc), restored afterwards."""
+    thresholds = gc.get_threshold()
+    settle_gc()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
 
 
 def rows(seconds: float = 3.0) -> list[tuple[str, str]]:
     frames = seed_frames()
-    plain = _blocks_per_second(frames, _plain_decode, seconds)
-    full = _blocks_per_second(frames, _attribute, seconds)
-    each = _blocks_per_second(frames, _attribute_each, seconds)
-    dsv4 = _blocks_per_second(dsv4_frames(), _attribute, seconds)
+    with serve_gc():
+        plain = _blocks_per_second(frames, _plain_decode, seconds)
+        full = _blocks_per_second(frames, _attribute, seconds)
+        dsv4 = _blocks_per_second(dsv4_frames(), _attribute, seconds)
     memory, units = (
         json.loads(
             subprocess.run(
@@ -146,10 +153,9 @@ def rows(seconds: float = 3.0) -> list[tuple[str, str]]:
     )
     return [
         (
-            "miss attribution: decode with token ids + event view + classify (real vLLM 0.32 frames)",
-            f"{full:,.0f} stored blocks/s per core, a poll's drain at a time ({each:,.0f} applying each "
-            f"message as it is decoded; baseline, msgspec's untyped decode of the same frames: "
-            f"{plain:,.0f} blocks/s)",
+            "miss attribution: decode with token ids + event view + group model + classify (real vLLM 0.32 frames)",
+            f"{full:,.0f} stored blocks/s per core, a poll's drain at a time (baseline, msgspec's untyped "
+            f"decode of the same frames: {plain:,.0f} blocks/s)",
         ),
         (
             "miss attribution on DeepSeek-V4-shaped streams (6 KV-cache groups, 256-token hit units)",
