@@ -153,7 +153,8 @@ def rows(seconds: float = 3.0) -> list[tuple[str, str]]:
     )
     return [
         (
-            "miss attribution: decode with token ids + event view + group model + classify (real vLLM 0.32 frames)",
+            "miss attribution: decode with token ids + event view + group model + classify "
+            "(real vLLM 0.32 frames)",
             f"{full:,.0f} stored blocks/s per core, a poll's drain at a time (baseline, msgspec's untyped "
             f"decode of the same frames: {plain:,.0f} blocks/s)",
         ),
