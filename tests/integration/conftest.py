@@ -45,9 +45,14 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
         return e.code, e.read().decode(errors="replace")
 
 
-def http_post_json(url: str, payload: dict, timeout: float = 60.0) -> dict:
+def http_post_json(
+    url: str, payload: dict, headers: dict[str, str] | None = None, timeout: float = 300.0
+) -> dict:
+    """POST `payload` as JSON (a DeepSeek-V4 prefill on CPU can take minutes)."""
     req = urllib.request.Request(
-        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+        url,
+        data=json.dumps(payload).encode(),
+        headers={"Content-Type": "application/json", **(headers or {})},
     )
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read())
@@ -148,8 +153,8 @@ class VLLMServer(VllmProcess):
         self.wait_answering("/health", VLLM_START_TIMEOUT_S, "vLLM (restarted)")
         return time.monotonic() - started
 
-    def post_json(self, path: str, payload: dict) -> dict:
-        return http_post_json(self.base_url + path, payload)
+    def post_json(self, path: str, payload: dict, headers: dict[str, str] | None = None) -> dict:
+        return http_post_json(self.base_url + path, payload, headers)
 
 
 def vllm_command(port: int, kv_port: int) -> list[str]:
@@ -274,15 +279,6 @@ class ShapeServer(VllmProcess):
     """A real vLLM serving one deployment shape; `ranks` KV-event publishers from kv_events_port on."""
 
     ranks: int = 1
-
-    def post_json(self, path: str, payload: dict, headers: dict[str, str] | None = None) -> dict:
-        req = urllib.request.Request(
-            self.base_url + path,
-            data=json.dumps(payload).encode(),
-            headers={"Content-Type": "application/json", **(headers or {})},
-        )
-        with urllib.request.urlopen(req, timeout=300) as resp:
-            return json.loads(resp.read())
 
 
 def free_ports(count: int, taken: set[int]) -> int:

@@ -15,83 +15,34 @@ import time
 import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.miss_tokens import causes, computed, delta, scrape, send, serve_args, settle, tokens
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 BLOCK = 32  # conftest.BLOCK_SIZE: the tiny model's CPU build needs multiples of 32
 
 
-def scrape(process, path: str = "/metrics") -> list[tuple[str, dict[str, str], float]]:
-    status, text = process.get(path)
-    assert status == 200, text[:500]
-    return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples]
-
-
-def causes(exporter) -> dict[str, float]:
-    return {
-        labels["cause"]: value
-        for name, labels, value in scrape(exporter)
-        if name == "kvcache_prefix_cache_miss_tokens_total"
-    }
-
-
-def computed(server) -> float:
-    """vLLM's computed prompt tokens so far: prefix_cache_queries - prefix_cache_hits."""
-    values = {name: value for name, _, value in scrape(server) if name.startswith("vllm:prefix_cache_")}
-    return values["vllm:prefix_cache_queries_total"] - values["vllm:prefix_cache_hits_total"]
-
-
-def send(server, prompt: list[int]) -> None:
-    body = {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0, "ignore_eos": True}
-    server.post_json("/v1/completions", body)
-
-
-def settle(exporter, server, timeout: float = 15.0) -> dict[str, float]:
-    """The exporter's causes once they stop moving (events arrive within a step; polls every 1 s)."""
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        time.sleep(1.2)
-        now = causes(exporter)
-        if now and now == last:
-            return now
-        last = now
-    pytest.fail(f"miss tokens kept moving or never appeared: {last}\n{exporter.log()}", pytrace=False)
-
-
-def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
-    return {c: after.get(c, 0.0) - before.get(c, 0.0) for c in after}
-
-
-def tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randint(5, 500) for _ in range(n)]
-
-
 def test_causes_and_coverage_on_real_vllm(vllm_server, start_exporter) -> None:
-    serve_args = (
-        "--vllm.url", vllm_server.metrics_url, "--collect.interval", "1s", "--gpu.source", "none",
-        "--kv-events.endpoint", vllm_server.kv_events_endpoint, "--kv-events.mode", "bind",
-        "--kv-events.topic", "kv",
-    )  # fmt: skip
     rng = random.Random(10)
-    with start_exporter(*serve_args) as exporter:
+    with start_exporter(*serve_args(vllm_server)) as exporter:
         deadline = time.monotonic() + 30  # vLLM's PUB reconnects to the fresh bind in the background
         while not sum(causes(exporter).values()) and time.monotonic() < deadline:
             send(vllm_server, tokens(rng, 4 * BLOCK))
             time.sleep(1.0)
-        start, start_computed = settle(exporter, vllm_server), computed(vllm_server)
+        start, start_computed = settle(exporter), computed(vllm_server)
 
         template = tokens(rng, 600)  # a shared template behind a front field of 3 to 29 tokens
         for length in (3, 11, 19, 29, 7, 23, 15, 5):
             send(vllm_server, tokens(rng, length) + template)
-        diverged = settle(exporter, vllm_server)
+        diverged = settle(exporter)
         got = delta(diverged, start)
         assert got["prefix_diverged"] > 0.6 * sum(got.values()), got
 
         long_prompts = [tokens(rng, 900) for _ in range(4)]  # 4 x 28 blocks through a 64-block cache
         for prompt in long_prompts * 2:
             send(vllm_server, prompt)
-        evicted = settle(exporter, vllm_server)
+        evicted = settle(exporter)
         got = delta(evicted, diverged)
         assert got["evicted"] > 0.4 * sum(got.values()) and got["evicted"] >= got["prefix_diverged"], got
 
@@ -101,7 +52,7 @@ def test_causes_and_coverage_on_real_vllm(vllm_server, start_exporter) -> None:
         with urllib.request.urlopen(reset, timeout=30) as answer:
             assert answer.status == 200  # vLLM emits AllBlocksCleared
         send(vllm_server, again)  # its 10 blocks were lost with the cache, not evicted
-        restarted = settle(exporter, vllm_server)
+        restarted = settle(exporter)
         got = delta(restarted, evicted)
         assert got["restart"] >= 9 * BLOCK, got
 
@@ -116,7 +67,7 @@ def test_causes_and_coverage_on_real_vllm(vllm_server, start_exporter) -> None:
         print(f"vLLM restarted in {vllm_server.restart():.1f} s")
         for prompt in (again, long_prompts[3], long_prompts[2]):  # resident when the old server stopped
             send(vllm_server, prompt)
-            after = settle(exporter, vllm_server)
+            after = settle(exporter)
             if delta(after, restarted).get("restart", 0) > 0:
                 break  # (a first batch lost before the PUB reconnected would leave its blocks cached)
         got = delta(after, restarted)

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from kvcache_exporter.derive.reorder import reordered_hit_ratio
-from tests.integration.test_real_vllm_attribution import causes, delta, scrape, send, settle, tokens
+from tests.integration.miss_tokens import causes, delta, scrape, send, settle, tokens
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 N = 32  # requests per phase
@@ -39,7 +39,7 @@ def run_phase(exporter, server, prompts: list[list[int]]) -> tuple[dict[str, flo
     before, (hits0, queries0) = causes(exporter), prefix_counters(server)
     for prompt in prompts:
         send(server, prompt)
-    after = settle(exporter, server)
+    after = settle(exporter)
     hits, queries = prefix_counters(server)
     got = delta(after, before)
     hits, queries = hits - hits0, queries - queries0
@@ -61,7 +61,7 @@ def test_the_reorder_is_predicted_live_and_the_cause_goes_away_after_it(vllm_ser
         while not sum(causes(exporter).values()) and time.monotonic() < deadline:
             send(vllm_server, tokens(rng, 4 * 32))
             time.sleep(1.0)
-        settle(exporter, vllm_server)
+        settle(exporter)
 
         raw = [header(rng) + template + q for q in asked[:N]]
         raw_causes, raw_ratio, raw_estimate = run_phase(exporter, vllm_server, raw)

@@ -19,69 +19,22 @@ import time
 import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.miss_tokens import (
+    causes,
+    computed,
+    delta,
+    scrape,
+    send,
+    serve_args,
+    settle_engines,
+    tokens,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 TAIL = 3
 MAX_TURNOVER_PROMPTS = 248  # rounds of 8, 16, 32, 64, 128: a cache this size turns over sooner
-
-
-def scrape(process) -> list[tuple[str, dict[str, str], float]]:
-    status, text = process.get("/metrics")
-    assert status == 200, text[:500]
-    return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples]
-
-
-def causes(exporter, engine: str | None = None) -> dict[str, float]:
-    return {
-        labels["cause"]: value
-        for name, labels, value in scrape(exporter)
-        if name == "kvcache_prefix_cache_miss_tokens_total" and labels.get("engine") == engine
-    }
-
-
-def computed(server, engine: str = "0") -> float:
-    """What vLLM computed on one engine: prefix_cache_queries - prefix_cache_hits."""
-    values = {
-        name: value
-        for name, labels, value in scrape(server)
-        if name.startswith("vllm:prefix_cache_") and labels.get("engine") == engine
-    }
-    return values["vllm:prefix_cache_queries_total"] - values["vllm:prefix_cache_hits_total"]
-
-
-def settle(exporter, engines=(None,), timeout: float = 20.0) -> dict:
-    """Every engine's causes once they stop moving (events arrive within a step; polls every 1 s)."""
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        time.sleep(1.2)
-        now = {engine: causes(exporter, engine) for engine in engines}
-        if all(now.values()) and now == last:
-            return now
-        last = now
-    pytest.fail(f"miss tokens kept moving or never appeared: {last}\n{exporter.log()}", pytrace=False)
-
-
-def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
-    return {cause: after.get(cause, 0.0) - before.get(cause, 0.0) for cause in after}
-
-
-def tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randint(5, 500) for _ in range(n)]
-
-
-def send(server, prompt: list[int], model: str = "tiny", headers=None, **extra) -> dict:
-    body = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0, "ignore_eos": True, **extra}
-    return server.post_json("/v1/completions", body, headers)
-
-
-def serve_args(server, *more: str) -> tuple[str, ...]:
-    return (
-        "--vllm.url", server.metrics_url, "--collect.interval", "1s", "--gpu.source", "none",
-        "--kv-events.endpoint", server.kv_events_endpoint, "--kv-events.mode", "bind",
-        "--kv-events.topic", "kv", *more,
-    )  # fmt: skip
 
 
 def warm_up(exporter, server, rng, unit: int, engines=(None,), route=lambda engine: None) -> None:
@@ -110,18 +63,18 @@ def reset_prefix_cache(server) -> None:
 def check_shape(exporter, server, unit: int, units: int, engine: str | None = None, headers=None) -> dict:
     rng = random.Random(20 + int(engine or 0))
     vllm_engine = engine or "0"
-    start, start_computed = settle(exporter, (engine,))[engine], computed(server, vllm_engine)
+    start, start_computed = settle_engines(exporter, (engine,))[engine], computed(server, vllm_engine)
     diverged, repeats = header_then_repeats(rng, unit, units)
     for prompt in diverged:
         send(server, prompt, headers=headers)
-    after_header = settle(exporter, (engine,))[engine]
+    after_header = settle_engines(exporter, (engine,))[engine]
     got = delta(after_header, start)
     assert got["prefix_diverged"] > 0.6 * sum(got.values()), got
     assert sum(got.values()) == 6 * units * unit, got  # every unit once, whatever the groups
 
     for prompt in repeats:
         send(server, prompt, headers=headers)
-    after_repeats = settle(exporter, (engine,))[engine]
+    after_repeats = settle_engines(exporter, (engine,))[engine]
     got = delta(after_repeats, after_header)
     assert sum(got.values()) == units * unit and got["cold"] == units * unit, got  # the first send only
 
@@ -137,9 +90,12 @@ def check_shape(exporter, server, unit: int, units: int, engine: str | None = No
         for _ in range(batch):
             send(server, tokens(rng, units * unit + TAIL), headers=headers)
         sent, batch = sent + batch, 2 * batch
-        before_probe, computed_before = settle(exporter, (engine,))[engine], computed(server, vllm_engine)
+        before_probe, computed_before = (
+            settle_engines(exporter, (engine,))[engine],
+            computed(server, vllm_engine),
+        )
         send(server, probe, headers=headers)
-        after_evictions = settle(exporter, (engine,))[engine]  # vLLM's counters have caught up too
+        after_evictions = settle_engines(exporter, (engine,))[engine]  # vLLM's counters have caught up too
         recomputed = computed(server, vllm_engine) - computed_before - TAIL
         if recomputed >= unit or sent >= MAX_TURNOVER_PROMPTS:
             break
@@ -150,14 +106,14 @@ def check_shape(exporter, server, unit: int, units: int, engine: str | None = No
 
     reset_prefix_cache(server)
     send(server, distinct[-1], headers=headers)  # held until the reset: lost with the cache, not evicted
-    after_reset = settle(exporter, (engine,))[engine]
+    after_reset = settle_engines(exporter, (engine,))[engine]
     got = delta(after_reset, after_evictions)
     assert got["restart"] == units * unit and sum(got.values()) == units * unit, got
 
     fixed = tokens(rng, units * unit)
     for _ in range(6):  # the fix: the shared part first, the per-request header after it
         send(server, fixed + tokens(rng, 8 + TAIL), headers=headers)
-    after_fix = settle(exporter, (engine,))[engine]
+    after_fix = settle_engines(exporter, (engine,))[engine]
     got = delta(after_fix, after_reset)
     assert got["prefix_diverged"] == 0 and got["cold"] == units * unit, got  # the template once, then hits
     after_repeats = after_fix
@@ -201,7 +157,7 @@ def test_data_parallel_lora_sessions_and_reuse_reports(vllm_dp_lora, start_expor
 
         rng = random.Random(4)
         prompt = tokens(rng, 320 + TAIL)
-        before = settle(exporter, engines)
+        before = settle_engines(exporter, engines)
         for model in ("tiny", "tiny-lora-a", "tiny-lora-b"):  # one text, three identities
             send(server, prompt, model, route("0"), session_id=f"s-{model}")
         send(
@@ -212,7 +168,7 @@ def test_data_parallel_lora_sessions_and_reuse_reports(vllm_dp_lora, start_expor
             session_id="s-report",
             vllm_xargs={"kv_cache_report_mode": "full"},
         )
-        after = settle(exporter, engines)
+        after = settle_engines(exporter, engines)
         got = delta(after["0"], before["0"])
         assert got["cold"] == 3 * 320 and got["prefix_diverged"] == 0, got  # never "diverged" across adapters
         assert delta(after["1"], before["1"]) == dict.fromkeys(after["1"], 0.0)

@@ -2,8 +2,10 @@
 
 N loopback targets serve the real vLLM 0.32 payload (59.5 KiB, ../shared/fixtures) with prefix-cache
 counters that grow on every request. The exporter polls all of them and Debian's Prometheus scrapes
-the same ones, both every second. Each process's CPU comes from /proc/<pid>/stat and is divided by
-the requests the targets counted from it (by User-Agent), so both figures are CPU per fetch of the
+the same ones, both every second. Each process's CPU is its threads' nanoseconds on a CPU
+(/proc/<pid>/task/*/schedstat; /proc/<pid>/stat's 10 ms ticks where a thread ended between the two
+samples) divided by the requests the targets counted from it (by User-Agent), so both figures are
+CPU per fetch of the
 same payload: the exporter's includes parsing, history and every derivation, Prometheus's its
 parse and TSDB append.
 
@@ -80,6 +82,27 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / 100  # USER_HZ is 100 on Linux
 
 
+def thread_cpu_ns(pid: int) -> dict[str, int]:
+    """Nanoseconds each live thread of `pid` has run (/proc/<pid>/task/*/schedstat): 20 polls of one
+    target are ~30 of /proc/<pid>/stat's 10 ms ticks, too coarse for a ratio."""
+    times = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            times[task.name] = int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # the thread ended meanwhile
+            continue
+    return times
+
+
+def cpu_between(before: tuple[dict[str, int], float], after: tuple[dict[str, int], float]) -> float:
+    """Seconds of CPU between two (thread_cpu_ns, cpu_seconds) samples: by threads where every thread
+    of the first is still alive (a thread's time dies with it), else by ticks."""
+    threads, ticks = before
+    if threads and threads.keys() <= after[0].keys():
+        return sum(after[0].values()) / 1e9 - sum(threads.values()) / 1e9
+    return after[1] - ticks
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -104,8 +127,10 @@ def rows(targets: int = 20, seconds: float = 40.0, warmup: float = 10.0) -> list
         time.sleep(seconds)
         after = _sample(upstream.url, exporter.proc.pid, prometheus.proc.pid)
         rss = rss_mib(exporter.proc.pid)
-    ours = (after[1] - before[1]) / max(after[0]["exporter"] - before[0]["exporter"], 1) * 1000
-    theirs = (after[2] - before[2]) / max(after[0]["prometheus"] - before[0]["prometheus"], 1) * 1000
+    ours = cpu_between(before[1], after[1]) / max(after[0]["exporter"] - before[0]["exporter"], 1) * 1000
+    theirs = (
+        cpu_between(before[2], after[2]) / max(after[0]["prometheus"] - before[0]["prometheus"], 1) * 1000
+    )
     polls = after[0]["exporter"] - before[0]["exporter"]
     scrapes = after[0]["prometheus"] - before[0]["prometheus"]
     label = f"{targets} target{'s' * (targets > 1)}, 1 s, {seconds:g} s measured"
@@ -128,11 +153,12 @@ def cpu() -> str:
     return f"{model}, {os.cpu_count()} cores, flags {' '.join(flags) or 'none listed'}"
 
 
-def _sample(url: str, *pids: int) -> tuple[dict[str, int], float, float]:
+def _sample(url: str, *pids: int) -> tuple:
+    """The fetches the targets counted per client, then per pid (thread_cpu_ns, cpu_seconds)."""
     status, body = http_get(url + "/counts")
     assert status == 200, status
     counts = {"exporter": 0, "prometheus": 0, **json.loads(body)}
-    return counts, *(cpu_seconds(pid) for pid in pids)
+    return counts, *((thread_cpu_ns(pid), cpu_seconds(pid)) for pid in pids)
 
 
 def history_rows(targets: int = 20) -> list[tuple[str, str]]:
