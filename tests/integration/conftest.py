@@ -125,6 +125,9 @@ class VllmProcess(Process):
         """A subscriber must BIND here (no `*` in the endpoint)."""
         return f"tcp://127.0.0.1:{self.kv_events_port}"
 
+    def post_json(self, path: str, payload: dict, headers: dict[str, str] | None = None) -> dict:
+        return http_post_json(self.base_url + path, payload, headers)
+
 
 @dataclass
 class VLLMServer(VllmProcess):
@@ -152,9 +155,6 @@ class VLLMServer(VllmProcess):
         self.spawn()
         self.wait_answering("/health", VLLM_START_TIMEOUT_S, "vLLM (restarted)")
         return time.monotonic() - started
-
-    def post_json(self, path: str, payload: dict, headers: dict[str, str] | None = None) -> dict:
-        return http_post_json(self.base_url + path, payload, headers)
 
 
 def vllm_command(port: int, kv_port: int) -> list[str]:

@@ -227,12 +227,15 @@ How to read it:
   collector and asyncio's own overhead.
 - Side by side (issues 9 and 22): N loopback targets serve the real 59.5 KiB payload with growing
   prefix-cache counters (its histograms do not move); `serve` polls them and Debian's Prometheus
-  scrapes the same targets, both every second, in one run. Each figure is the process's CPU
-  (/proc/<pid>/stat) over the requests the targets counted from it, so both are CPU per fetch of
-  the same payload; the goal is a ratio of at most 0.5. The box is shared (2 cores, other
-  engineers' builds and tests running): both figures move with its load from run to run, so read
-  the ratio of one run, and the header names the CPU it ran on. /proc counts CPU in 10 ms ticks:
-  the 1-target figures (20 polls) are good to about a quarter.
+  scrapes the same targets, both every second, in one run. Each figure is the process's CPU (its
+  threads' nanoseconds on a CPU, /proc/<pid>/task/*/schedstat; /proc/<pid>/stat's 10 ms ticks,
+  which made the 1-target row good to only a quarter, where a thread ended between the samples)
+  over the requests the targets counted from it, so both are CPU per fetch of the same payload;
+  the goal is a ratio of at most 0.5. The box is shared (2 cores, other engineers' builds and
+  tests running): both figures move with its load from run to run, so read the ratio of one run,
+  and the header names the CPU it ran on. At one target the exporter's fixed cost per poll shows:
+  instrumented live at 1.6-1.9 ms a poll, parse ~0.3, derive ~0.4, the fetch coroutine ~0.35,
+  ingest and end of poll ~0.4, the event loop between polls ~0.4 (its timers and wake-ups).
 - One poll by stage (bench_poll.py): the same targets polled in this process through the real
   VllmSource and poll state (serve's default 4 windows, 3 quantiles), one stage at a time: fetch
   (the GET of every target on its kept-alive connection, concurrently; `sources/http.py`, our
