@@ -271,16 +271,17 @@ How to read it:
 - Miss attribution decodes the token ids too and fingerprints them (docs/kv-events.md): a
   saturated H200 prefilling 150k tokens/s stores about 10k blocks/s, so the figure is the margin
   per core. It is measured as `serve` works: the subscriber decodes each message as it arrives, a
-  poll hands the drained batches to the event view, then to attribution; applying each message as
-  soon as it is decoded is the figure in brackets. The memory row is a child process filling both
+  poll hands the drained batches to the event view, the group model and attribution, with serve's
+  collector settings (`service.settle_gc`). The memory row is a child process filling both
   default bounds (`--kv-events.max-tracked-blocks`, `--kv-events.max-fingerprints`); size them to
   10x num_gpu_blocks to pay for what your cache can hold. Issue 20's bars are 250,000 blocks/s on
   this Llama stream and 150,000 hashes/s on DeepSeek-V4-shaped ones; this VM's speed swings ~2x
   from hour to hour (`python -m timeit "sum(range(1000))"`: 8 to 15 us), so the machine-independent
   figure is cachegrind's instructions per round of the seed frames: round 2's code 62.5M (which
-  read 258,349 blocks/s in its run), now 73.6M (the group model, the sequence cursor, the reorder
-  rule); where it goes: decoding 24M (half of it the token ids), fingerprints 16M, the event view
-  5M, the group model 7M, attribution's bookkeeping and its known-run rule 22M.
+  read 258,349 blocks/s in its run), now 72.9M with serve's collector settings (the group model,
+  the sequence cursor, the reorder rule); each part alone: the typed decode 12.4M, the token ids
+  10.6M, fingerprints 16.6M, the event view 5.2M, the group model 6.5M, attribution's bookkeeping
+  and its known-run rule ~23M (docs/kv-events.md, "Cost").
 - The analyzer (docs/analyzer.md): a generated Mooncake day (12,000 requests, 512-token hash
   blocks, ~40 % of blocks reused) analysed at vLLM's 16-token blocks: the default report is one
   pass of stack distances for the whole curve, beside a plain OrderedDict LRU replay of the same
