@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -25,14 +26,20 @@ def causes(exporter, engine: str | None = None) -> dict[str, float]:
     }
 
 
-def computed(server, engine: str = "0") -> float:
-    """What vLLM computed on one engine so far: prefix_cache_queries - prefix_cache_hits."""
+def prefix_counters(server, engine: str = "0") -> tuple[float, float]:
+    """vLLM's own (prefix_cache_hits, prefix_cache_queries) on one engine so far."""
     values = {
         name: value
         for name, labels, value in scrape(server)
         if name.startswith("vllm:prefix_cache_") and labels.get("engine") == engine
     }
-    return values["vllm:prefix_cache_queries_total"] - values["vllm:prefix_cache_hits_total"]
+    return values["vllm:prefix_cache_hits_total"], values["vllm:prefix_cache_queries_total"]
+
+
+def computed(server, engine: str = "0") -> float:
+    """What vLLM computed on one engine so far: prefix_cache_queries - prefix_cache_hits."""
+    hits, queries = prefix_counters(server, engine)
+    return queries - hits
 
 
 def settle_engines(exporter, engines=(None,), timeout: float = 20.0) -> dict:
@@ -72,3 +79,19 @@ def serve_args(server, *more: str) -> tuple[str, ...]:
         "--kv-events.endpoint", server.kv_events_endpoint, "--kv-events.mode", "bind",
         "--kv-events.topic", "kv", *more,
     )  # fmt: skip
+
+
+def warm_up(exporter, server, rng, length: int, engines=(None,), route=lambda engine: None) -> None:
+    """vLLM's PUB reconnects to the fresh bind in the background: send prompts of `length` tokens
+    (to each engine, by `route`'s headers) until every stream shows miss tokens."""
+    deadline = time.monotonic() + 60
+    while not all(sum(causes(exporter, e).values()) for e in engines) and time.monotonic() < deadline:
+        for engine in engines:
+            send(server, tokens(rng, length), headers=route(engine))
+        time.sleep(1.0)
+
+
+def reset_prefix_cache(server) -> None:
+    reset = urllib.request.Request(server.base_url + "/reset_prefix_cache", data=b"", method="POST")
+    with urllib.request.urlopen(reset, timeout=60) as answer:
+        assert answer.status == 200  # vLLM emits AllBlocksCleared (VLLM_SERVER_DEV_MODE=1)

@@ -11,12 +11,20 @@ prompt known from before it (restart). Coverage is checked against vLLM's own /m
 from __future__ import annotations
 
 import random
-import time
-import urllib.request
 
 import pytest
 
-from tests.integration.miss_tokens import causes, computed, delta, scrape, send, serve_args, settle, tokens
+from tests.integration.miss_tokens import (
+    computed,
+    delta,
+    reset_prefix_cache,
+    scrape,
+    send,
+    serve_args,
+    settle,
+    tokens,
+    warm_up,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -26,10 +34,7 @@ BLOCK = 32  # conftest.BLOCK_SIZE: the tiny model's CPU build needs multiples of
 def test_causes_and_coverage_on_real_vllm(vllm_server, start_exporter) -> None:
     rng = random.Random(10)
     with start_exporter(*serve_args(vllm_server)) as exporter:
-        deadline = time.monotonic() + 30  # vLLM's PUB reconnects to the fresh bind in the background
-        while not sum(causes(exporter).values()) and time.monotonic() < deadline:
-            send(vllm_server, tokens(rng, 4 * BLOCK))
-            time.sleep(1.0)
+        warm_up(exporter, vllm_server, rng, 4 * BLOCK)
         start, start_computed = settle(exporter), computed(vllm_server)
 
         template = tokens(rng, 600)  # a shared template behind a front field of 3 to 29 tokens
@@ -48,9 +53,7 @@ def test_causes_and_coverage_on_real_vllm(vllm_server, start_exporter) -> None:
 
         again = tokens(rng, 320)
         send(vllm_server, again)
-        reset = urllib.request.Request(vllm_server.base_url + "/reset_prefix_cache", data=b"", method="POST")
-        with urllib.request.urlopen(reset, timeout=30) as answer:
-            assert answer.status == 200  # vLLM emits AllBlocksCleared
+        reset_prefix_cache(vllm_server)  # vLLM emits AllBlocksCleared
         send(vllm_server, again)  # its 10 blocks were lost with the cache, not evicted
         restarted = settle(exporter)
         got = delta(restarted, evicted)

@@ -13,20 +13,24 @@ template first 0.856 (estimate 0.856), prefix_diverged 0; template/header/questi
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 
 from kvcache_exporter.derive.reorder import reordered_hit_ratio
-from tests.integration.miss_tokens import causes, delta, scrape, send, settle, tokens
+from tests.integration.miss_tokens import (
+    causes,
+    delta,
+    prefix_counters,
+    scrape,
+    send,
+    serve_args,
+    settle,
+    tokens,
+    warm_up,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 N = 32  # requests per phase
-
-
-def prefix_counters(server) -> tuple[float, float]:
-    values = {name: value for name, _, value in scrape(server) if name.startswith("vllm:prefix_cache_")}
-    return values["vllm:prefix_cache_hits_total"], values["vllm:prefix_cache_queries_total"]
 
 
 def header(rng: random.Random) -> list[int]:
@@ -47,20 +51,12 @@ def run_phase(exporter, server, prompts: list[list[int]]) -> tuple[dict[str, flo
 
 
 def test_the_reorder_is_predicted_live_and_the_cause_goes_away_after_it(vllm_server, start_exporter):
-    serve_args = (
-        "--vllm.url", vllm_server.metrics_url, "--collect.interval", "1s", "--gpu.source", "none",
-        "--kv-events.endpoint", vllm_server.kv_events_endpoint, "--kv-events.mode", "bind",
-        "--kv-events.topic", "kv", "--collect.windows", "1h",
-    )  # fmt: skip
     rng = random.Random(21)
     template = tokens(rng, 200)
     questions = [tokens(rng, rng.randint(20, 60)) for _ in range(6)]
     asked = [rng.choice(questions) for _ in range(3 * N)]
-    with start_exporter(*serve_args) as exporter:
-        deadline = time.monotonic() + 30  # vLLM's PUB reconnects to the fresh bind in the background
-        while not sum(causes(exporter).values()) and time.monotonic() < deadline:
-            send(vllm_server, tokens(rng, 4 * 32))
-            time.sleep(1.0)
+    with start_exporter(*serve_args(vllm_server, "--collect.windows", "1h")) as exporter:
+        warm_up(exporter, vllm_server, rng, 4 * 32)
         settle(exporter)
 
         raw = [header(rng) + template + q for q in asked[:N]]

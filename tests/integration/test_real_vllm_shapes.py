@@ -15,20 +15,19 @@ prefix_diverged).
 from __future__ import annotations
 
 import random
-import time
-import urllib.request
 
 import pytest
 
 from tests.integration.miss_tokens import (
-    causes,
     computed,
     delta,
+    reset_prefix_cache,
     scrape,
     send,
     serve_args,
     settle_engines,
     tokens,
+    warm_up,
 )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -37,27 +36,12 @@ TAIL = 3
 MAX_TURNOVER_PROMPTS = 248  # rounds of 8, 16, 32, 64, 128: a cache this size turns over sooner
 
 
-def warm_up(exporter, server, rng, unit: int, engines=(None,), route=lambda engine: None) -> None:
-    """vLLM's PUB reconnects to the fresh bind in the background: send until every stream answers."""
-    deadline = time.monotonic() + 60
-    while not all(sum(causes(exporter, e).values()) for e in engines) and time.monotonic() < deadline:
-        for engine in engines:
-            send(server, tokens(rng, unit + TAIL), headers=route(engine))
-        time.sleep(1.0)
-
-
 def header_then_repeats(rng, unit: int, units: int) -> tuple[list, list]:
     """Six prompts: an 8-token header before a shared template; then one new prompt sent four times."""
     template = tokens(rng, units * unit - 8)
     diverged = [tokens(rng, 8) + template + tokens(rng, TAIL) for _ in range(6)]
     repeated = tokens(rng, units * unit + TAIL)
     return diverged, [repeated] * 4
-
-
-def reset_prefix_cache(server) -> None:
-    reset = urllib.request.Request(server.base_url + "/reset_prefix_cache", data=b"", method="POST")
-    with urllib.request.urlopen(reset, timeout=60) as answer:
-        assert answer.status == 200  # vLLM emits AllBlocksCleared (VLLM_SERVER_DEV_MODE=1)
 
 
 def check_shape(exporter, server, unit: int, units: int, engine: str | None = None, headers=None) -> dict:
@@ -127,7 +111,7 @@ def check_shape(exporter, server, unit: int, units: int, engine: str | None = No
 
 def test_deepseek_v4_hit_units(vllm_dsv4, start_exporter) -> None:
     with start_exporter(*serve_args(vllm_dsv4)) as exporter:
-        warm_up(exporter, vllm_dsv4, random.Random(1), 256)
+        warm_up(exporter, vllm_dsv4, random.Random(1), 256 + TAIL)
         check_shape(exporter, vllm_dsv4, 256, 3)
         samples = scrape(exporter)
         groups = [labels for name, labels, _ in samples if name == "kvcache_kv_events_group_info"]
@@ -137,7 +121,7 @@ def test_deepseek_v4_hit_units(vllm_dsv4, start_exporter) -> None:
 
 def test_gemma3_six_groups(vllm_gemma3, start_exporter) -> None:
     with start_exporter(*serve_args(vllm_gemma3)) as exporter:
-        warm_up(exporter, vllm_gemma3, random.Random(2), 32)
+        warm_up(exporter, vllm_gemma3, random.Random(2), 32 + TAIL)
         check_shape(exporter, vllm_gemma3, 32, 10)
         groups = [labels for name, labels, _ in scrape(exporter) if name == "kvcache_kv_events_group_info"]
         assert len(groups) == 6 and sum(g["kind"] == "sliding_window" for g in groups) == 5, groups
@@ -151,7 +135,7 @@ def test_data_parallel_lora_sessions_and_reuse_reports(vllm_dp_lora, start_expor
         return {"X-data-parallel-rank": engine}
 
     with start_exporter(*serve_args(server, "--kv-events.data-parallel-size", "2")) as exporter:
-        warm_up(exporter, server, random.Random(3), 32, engines, route)
+        warm_up(exporter, server, random.Random(3), 32 + TAIL, engines, route)
         for engine in engines:  # each rank its own stream, its own /metrics engine
             check_shape(exporter, server, 32, 10, engine, route(engine))
 
