@@ -1238,7 +1238,7 @@ CATALOG: tuple[Metric, ...] = (
         EXPORTER_ERRORS_TOTAL,
         "counter",
         "Collector errors by reason (timeout, connection, http_status, parse_error, body_too_large, "
-        "too_many_series, ...).",
+        "too_many_series, fd_exhausted: the exporter's own open-file limit, not the target, ...).",
         ("collector", "reason"),
         "",
         "health",

@@ -12,9 +12,10 @@ from functools import partial
 from .. import service
 from ..config import AGGREGATE_OPTIONS, ConfigError, add_options, resolve_aggregate
 from ..settings import AggregateSettings
+from .descriptors import raise_open_file_limit
 from .discovery import DnsSd, FileSd, StaticSd, parse_flag
 from .fleet_residency import HashRange
-from .pool import Aggregator, PoolSettings, raise_open_file_limit
+from .pool import Aggregator, PoolSettings
 
 log = logging.getLogger("kvcache_exporter.aggregate")
 

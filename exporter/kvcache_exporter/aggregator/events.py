@@ -16,6 +16,7 @@ a command that the thread applies within POLL_MS.
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import logging
 import queue
@@ -201,9 +202,10 @@ class FleetEvents:
                 self._lanes.append(lane)
             lane.socket.connect(endpoint)
         except zmq.ZMQError as err:
+            reason = "fd_exhausted" if err.errno in (errno.EMFILE, errno.ENFILE) else "zmq_error"
             with self.lock:
                 if name in self._inboxes:
-                    self._problems[name] = SourceError("zmq_error", f"KV events connect {endpoint}: {err}")
+                    self._problems[name] = SourceError(reason, f"KV events connect {endpoint}: {err}")
             if lane is not None and not lane.endpoints:
                 self._drop_lane(poller, lane)
             return

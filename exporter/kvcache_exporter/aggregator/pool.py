@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import resource
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -29,6 +27,7 @@ from ..sources.base import SourceError
 from ..sources.kv_events_decode import Batch, Dropped, weight
 from ..sources.vllm import VllmSnapshot, VllmSource
 from . import fleet_pool
+from .descriptors import FdBudget, open_file_limit, open_now
 from .discovery import DiscoveryError, Replica, bounded
 from .events import FleetEvents
 from .fleet_residency import FleetResidency, HashRange
@@ -40,22 +39,7 @@ DRAIN_SECONDS = 0.25
 # saturated H200 (stored + removed), so a slow /metrics poll loses none; ~14 MiB at most.
 PENDING_HASHES = 131_072
 YIELD_HASHES = 8_192  # a heavy drain is applied in slices of this, letting scrapes in between
-MAX_POLL_SLOTS = 64
-BASE_FDS = 16  # measured: stdio, the event loop, the listener, ZMQ's context and first socket
-SCRAPE_RESERVE = 4  # descriptors kept for scrapes of our own /metrics
-
-
-def poll_slots(publishers: int) -> int:
-    """/metrics polls run at once: each opens one connection, so what the open-file limit leaves
-    beyond what is open now or soon (one per KV-event publisher, once connected) and the scrapes.
-    At least one: 1,000 replicas under 1,024 poll one after another rather than fail."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    try:
-        open_now = len(os.listdir("/proc/self/fd"))
-    except OSError:  # no procfs: what the publishers will take
-        open_now = 0
-    in_use = max(open_now, BASE_FDS + publishers)
-    return max(1, min(MAX_POLL_SLOTS, soft - in_use - SCRAPE_RESERVE))
+CLOSE_AT_ONCE = 64  # replicas closed in parallel at shutdown
 
 
 async def _unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
@@ -70,19 +54,6 @@ async def _unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
         return False
     task.result()  # its exception, if any, to the caller
     return True
-
-
-def raise_open_file_limit() -> int:
-    """The soft open-file limit up to the hard one, as Go programs (Prometheus) do at start: a
-    replica costs one descriptor and 1,024 is a common soft default. Returns the limit now."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    return soft
 
 
 @dataclass(frozen=True)
@@ -115,7 +86,13 @@ class Member:
 
 
 class Aggregator:
-    def __init__(self, settings: PoolSettings, discoveries: list, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        settings: PoolSettings,
+        discoveries: list,
+        clock: Callable[[], float] = time.time,
+        fd_limit: int | None = None,
+    ):
         self.settings, self.discoveries, self.clock = settings, discoveries, clock
         self.deadline = max(2 * settings.interval, settings.timeout + 1, 10.0)  # as serve's
         sessions = SessionSpread(retention=max(settings.windows))
@@ -124,6 +101,10 @@ class Aggregator:
         self.members: dict[str, Member] = {}
         self.discovery_health = {d.name: Health() for d in discoveries}
         self.left_out = 0
+        self._left_out_names: frozenset[str] = frozenset()
+        self.fds = FdBudget(fd_limit or open_file_limit())
+        self.fd_exhausted: Counter[str] = Counter()  # polls each replica went unsubscribed, by the budget
+        self._logged_unsubscribed = 0
         self.ready = False
         self.guard = Guard()  # the last check before exposition, as in serve
         self.loop_errors = 0
@@ -143,8 +124,10 @@ class Aggregator:
                 found += discovery.last
             self.discovery_health[discovery.name].record(discovery.name, started, self.clock(), error)
         kept, self.left_out = bounded(found, self.settings.max_replicas)
-        if self.left_out:
+        left_out = frozenset(r.name for r in found) - {r.name for r in kept}
+        if left_out != self._left_out_names and left_out:  # once, and again when the set changes
             log.warning("more replicas than --replica.max: %d left out", self.left_out)
+        self._left_out_names = left_out
         return kept
 
     async def reconcile(self, replicas: list[Replica]) -> None:
@@ -154,12 +137,38 @@ class Aggregator:
         for name, replica in wanted.items():
             if name not in self.members:
                 self.members[name] = self._member(replica)
+        self._subscribe_waiting()
+
+    def _subscribe_waiting(self) -> None:
+        """Subscribe the replicas the open-file budget left out, as far as it now allows (replicas
+        gone free descriptors); one log line whenever how many are left out changes."""
+        for name in sorted(n for n in self.members if n not in self.fds.subscribed):
+            endpoint = self.members[name].replica.kv_events_endpoint
+            if endpoint and self.fds.take(name, endpoint):
+                self.events.add(name, endpoint)  # vLLM binds; we connect
+        waiting = self.unsubscribed()
+        if len(waiting) != self._logged_unsubscribed and waiting:
+            log.warning(
+                "open-file limit %d: KV events of %d replicas not subscribed (fd_exhausted), e.g. %s; "
+                "raise the limit (ulimit -n, LimitNOFILE) by ~%d",
+                self.fds.limit,
+                len(waiting),
+                waiting[0],
+                2 * len(waiting),
+                extra={"collector": "kv_events", "reason": "fd_exhausted"},
+            )
+        elif self._logged_unsubscribed and not waiting:
+            log.info("every replica's KV events subscribed again", extra={"collector": "kv_events"})
+        self._logged_unsubscribed = len(waiting)
+
+    def unsubscribed(self) -> list[str]:
+        """Replicas with a KV-event endpoint that the open-file budget did not subscribe."""
+        wanted = (n for n, m in self.members.items() if m.replica.kv_events_endpoint)
+        return sorted(n for n in wanted if n not in self.fds.subscribed)
 
     def _member(self, replica: Replica) -> Member:
         s = self.settings
         retention = max(s.windows) + 2 * s.interval
-        if replica.kv_events_endpoint:
-            self.events.add(replica.name, replica.kv_events_endpoint)  # vLLM binds; we connect
         self.fleet.add_replica(replica.name)
         member = Member(replica, SeriesHistory(retention), SeriesHistory(retention))
         source = VllmSource(replica.metrics_url, s.timeout, s.max_body_bytes, keep_alive=False)
@@ -208,8 +217,10 @@ class Aggregator:
         """Stop watching; `forget` (gone from discovery) also drops what it held from the pool view.
         A replica whose endpoints changed keeps its view: a restart shows as its seq going back."""
         member = self.members.pop(name)
-        if member.replica.kv_events_endpoint is not None:
+        if name in self.fds.subscribed:
+            self.fds.release(name)
             self.events.remove(name)
+        self.fd_exhausted.pop(name, None)
         await member.poll.close()
         if forget:
             self.fleet.remove_replica(name)
@@ -218,8 +229,8 @@ class Aggregator:
 
     async def poll_once(self) -> None:
         await self.reconcile(await self.discover())
-        publishers = sum(1 for m in self.members.values() if m.replica.kv_events_endpoint)
-        slots = asyncio.Semaphore(poll_slots(publishers))
+        self.fd_exhausted.update(self.unsubscribed())
+        slots = asyncio.Semaphore(self.fds.poll_slots(open_now()))
 
         async def poll(member: Member) -> None:
             async with slots:  # the deadline starts once a slot is free
@@ -282,8 +293,9 @@ class Aggregator:
         if member.replica.kv_events_endpoint is None or view is None:
             return []
         success = float(self.events.healthy(member.replica.name))
-        return [
-            Sample(c.EXPORTER_COLLECTOR_SUCCESS, {**replica, "collector": "kv_events"}, success),
+        collector = {**replica, "collector": "kv_events"}
+        out = [
+            Sample(c.EXPORTER_COLLECTOR_SUCCESS, collector, success),
             Sample(c.KV_EVENTS_BATCHES_TOTAL, replica, view.batches),
             Sample(c.KV_EVENTS_MISSED_BATCHES_TOTAL, replica, view.missed),
             *(
@@ -291,6 +303,9 @@ class Aggregator:
                 for reason, n in member.dropped.items()
             ),
         ]
+        if refused := self.fd_exhausted.get(replica["replica"]):  # polls it went unsubscribed
+            out.append(Sample(c.EXPORTER_ERRORS_TOTAL, {**collector, "reason": "fd_exhausted"}, refused))
+        return out
 
     async def drain_all(self) -> None:
         for name, member in list(self.members.items()):
@@ -322,6 +337,13 @@ class Aggregator:
                     await self.drain_all()
 
     async def close(self) -> None:
-        for name in list(self.members):
-            await self._drop(name, forget=True)
+        """At SIGTERM: every replica's poll closed, CLOSE_AT_ONCE at a time, then the one ZMQ
+        context. The fleet view is not taken apart replica by replica: the process is ending."""
+        slots = asyncio.Semaphore(CLOSE_AT_ONCE)
+
+        async def drop(name: str) -> None:
+            async with slots:
+                await self._drop(name, forget=False)
+
+        await asyncio.gather(*(drop(name) for name in list(self.members)))
         await self.events.close()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import ssl
 import zlib
 from urllib.parse import unquote, urlsplit
@@ -136,8 +137,9 @@ async def fetch_text(
             body = await session.get(url, headers or {}, max_bytes)
     except TimeoutError as err:
         raise SourceError("timeout", f"{url} did not send its whole answer within {timeout:g}s") from err
-    except OSError as err:  # refused, reset, unreachable, TLS
-        raise SourceError("connection", f"{url}: {err}") from err
+    except OSError as err:  # refused, reset, unreachable, TLS; or no descriptor left for it here
+        reason = "fd_exhausted" if err.errno in (errno.EMFILE, errno.ENFILE) else "connection"
+        raise SourceError(reason, f"{url}: {err}") from err
     if body and not body.endswith(b"\n"):
         raise SourceError("truncated_body", f"{url} body ends mid-line: {body[-24:]!r} has no line feed")
     try:

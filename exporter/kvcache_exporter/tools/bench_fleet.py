@@ -16,6 +16,7 @@ import random
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import msgspec
@@ -220,24 +221,35 @@ def silent_endpoint(index: int) -> str:
     return f"tcp://127.2.{index // 250}.{index % 250 + 1}:5557"  # nobody listens: refused, retried
 
 
-def run_fleet(replicas: int, live: int, fd_limit: int, workdir: Path, settle: float = 30.0) -> dict:
+LAYOUTS = ("pod_ips", "one_ip")  # one IP address per replica (pods), or all on 127.0.0.1 (one host)
+
+
+def run_fleet(
+    replicas: int, live: int, fd_limit: int, workdir: Path, settle: float = 30.0, layout: str = "pod_ips"
+) -> dict:
     """`aggregate` (its own process, RLIMIT_NOFILE = fd_limit) watching `replicas` replicas, `live`
     of them real ZMQ publishers with a /metrics (vLLM 0.32's captured body), the rest configured
-    endpoints nobody answers. Once every live replica's events arrived (or `settle` s passed):
-    its descriptors (the most seen), RSS, one scrape's seconds and what that scrape said."""
+    endpoints that refuse (layout pod_ips: addresses nobody listens on; one_ip: ports of 127.0.0.1
+    bound by sockets that never listen). Once every live replica's events arrived (or `settle` s
+    passed): its descriptors (the most seen, and of them TCP sockets and eventfds), RSS, one
+    scrape's seconds, what that scrape said, and the seconds from SIGTERM to its exit."""
     import resource
     import socket
     import urllib.request
 
     publisher = subprocess.Popen(
-        [sys.executable, "-m", "kvcache_exporter.tools.bench_fleet", "--publish-fleet", str(live)],
+        [sys.executable, "-m", "kvcache_exporter.tools.bench_fleet", "--publish-fleet", str(live),
+         str(replicas - live if layout == "one_ip" else 0), layout],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     http_port, *live_endpoints = publisher.stdout.readline().split()
+    refusing = publisher.stdout.readline().split()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    endpoints = live_endpoints + [silent_endpoint(i) for i in range(live, replicas)]
+    if layout == "pod_ips":
+        refusing = [silent_endpoint(i) for i in range(live, replicas)]
+    endpoints = live_endpoints + refusing
     groups = [
         {
             "targets": [f"127.0.0.1:{http_port if i < live else 1}"],  # port 1: refused at once
@@ -269,29 +281,59 @@ def run_fleet(replicas: int, live: int, fd_limit: int, workdir: Path, settle: fl
         stderr=(workdir / "aggregate.log").open("w"),
         preexec_fn=limit,
     )  # fmt: skip  (a log in a file: a pipe nobody reads would block it once 64 KiB are written)
-    url, fds, text, seconds = f"http://127.0.0.1:{port}/metrics", 0, "", 0.0
+    url, fds, kinds, text, seconds = f"http://127.0.0.1:{port}/metrics", 0, Counter(), "", 0.0
+    scrapes, answered = 0, 0
     deadline = time.monotonic() + settle
     try:
         while time.monotonic() < deadline and aggregate.poll() is None:
             time.sleep(0.5)
-            fds = max(fds, len(os.listdir(f"/proc/{aggregate.pid}/fd")))
+            held = _fd_kinds(aggregate.pid)
+            if sum(held.values()) > fds:
+                fds, kinds = sum(held.values()), held
+            scrapes += 1
             try:
                 started = time.monotonic()
-                text = urllib.request.urlopen(url, timeout=30).read().decode()
+                text = urllib.request.urlopen(url, timeout=10).read().decode()
                 seconds = time.monotonic() - started
+                answered += 1
             except OSError:
                 continue
             if sum(1 for line in text.splitlines() if line.startswith(c.KV_EVENTS_BATCHES_TOTAL + "{")
-                   and not line.endswith(" 0.0")) >= live:  # fmt: skip
+                   and not line.endswith(" 0.0")) >= _subscribed(text, live):  # fmt: skip
                 break
         rss = _rss_of(aggregate.pid)
     finally:
+        stopping = time.monotonic()
         aggregate.terminate()
         publisher.stdin.close()
         aggregate.wait(timeout=90)
+        stop_seconds = time.monotonic() - stopping
         publisher.wait(timeout=30)
     stderr = (workdir / "aggregate.log").read_text()
-    return {"fds": fds, "rss_mib": rss, "scrape_seconds": seconds, "metrics": text, "stderr": stderr}
+    return {
+        "fds": fds, "fd_kinds": kinds, "rss_mib": rss, "scrape_seconds": seconds, "metrics": text,
+        "stderr": stderr, "scrapes": scrapes, "answered": answered, "stop_seconds": stop_seconds,
+    }  # fmt: skip
+
+
+def _subscribed(text: str, live: int) -> int:
+    """Live replicas whose events can arrive: those the open-file budget subscribed, so a layout
+    that cannot fit them all stops waiting once those delivered."""
+    refused = {line.split('replica="')[1].split('"')[0] for line in text.splitlines()
+               if 'reason="fd_exhausted"' in line and 'collector="kv_events"' in line}  # fmt: skip
+    return sum(1 for i in range(live) if f"r{i:04d}" not in refused)
+
+
+def _fd_kinds(pid: int) -> Counter[str]:
+    """The descriptors of process `pid` by kind: socket, anon_inode:[eventfd], ..."""
+    kinds: Counter[str] = Counter()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        kinds[target.split(":")[0] if target.startswith("socket:") else target] += 1
+    return kinds
 
 
 def _rss_of(pid: int) -> float:
@@ -301,11 +343,13 @@ def _rss_of(pid: int) -> float:
     return 0.0
 
 
-def _publish_fleet(live: int) -> None:
-    """Child of run_fleet: `live` PUB sockets on live_endpoint(i) sending one small batch a second
-    each, and one HTTP server answering vLLM's captured /metrics; runs until stdin closes."""
+def _publish_fleet(live: int, refusing: int, layout: str) -> None:
+    """Child of run_fleet: `live` PUB sockets (on live_address(i), or all on 127.0.0.1) sending one
+    small batch a second each, one HTTP server answering vLLM's captured /metrics, and `refusing`
+    ports of 127.0.0.1 bound but never listening; runs until stdin closes."""
     import http.server
     import resource
+    import socket
     import threading
 
     import zmq
@@ -330,10 +374,14 @@ def _publish_fleet(live: int) -> None:
     sockets = []
     for i in range(live):
         sock = context.socket(zmq.PUB)
-        sock.bind(f"tcp://{live_address(i)}:*")
+        sock.bind(f"tcp://{live_address(i) if layout == 'pod_ips' else '127.0.0.1'}:*")
         sockets.append(sock)
     bound = [sock.getsockopt(zmq.LAST_ENDPOINT).decode() for sock in sockets]
+    closed = [socket.socket() for _ in range(refusing)]
+    for sock in closed:
+        sock.bind(("127.0.0.1", 0))  # held, never listening: a connect is refused at once
     print(server.server_address[1], *bound, flush=True)
+    print(*(f"tcp://127.0.0.1:{sock.getsockname()[1]}" for sock in closed), flush=True)
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
     seq = 0
@@ -369,7 +417,7 @@ if __name__ == "__main__":
     if "--rss" in sys.argv:
         _fill_and_report()
     elif "--publish-fleet" in sys.argv:
-        _publish_fleet(int(sys.argv[-1]))
+        _publish_fleet(int(sys.argv[-3]), int(sys.argv[-2]), sys.argv[-1])
     elif "--publish" in sys.argv:
         _publish(float(sys.argv[-1]))
     else:
