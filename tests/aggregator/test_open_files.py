@@ -5,6 +5,7 @@ too). One ZMQ context per replica ran out at 300. `make bench` runs all 1,000 as
 
 import pytest
 
+from kvcache_exporter.aggregator.descriptors import BASE_FDS, SCRAPE_RESERVE
 from kvcache_exporter.tools.bench_fleet import run_fleet
 
 REPLICAS, LIVE, LIMIT = 1000, 20, 1024
@@ -35,3 +36,28 @@ def test_a_thousand_replicas_fit_in_1024_open_files(tmp_path):
     }
     assert len(subscribed) == REPLICAS and set(subscribed.values()) == {1.0}
     assert 0 < got["fds"] < LIMIT
+
+
+ON_ONE_HOST, ONE_HOST_LIMIT = 300, 256
+
+
+@pytest.mark.timeout(240)
+def test_replicas_on_one_ip_past_the_limit_are_named_and_our_endpoint_keeps_its_descriptors(tmp_path):
+    """Issue 33 item 1: on one IP address a replica costs two descriptors (a SUB socket of its own,
+    the connection); past the limit ours all went to ZMQ, scrapes went unanswered and replicas
+    silently delivered nothing. Now the budget subscribes what fits, names the rest fd_exhausted
+    and leaves our /metrics and the polls their descriptors (300 replicas, 20 live, 256 files)."""
+    got = run_fleet(ON_ONE_HOST, LIVE, ONE_HOST_LIMIT, tmp_path, settle=120.0, layout="one_ip")
+    text = got["metrics"]
+    fits = (ONE_HOST_LIMIT - BASE_FDS - SCRAPE_RESERVE - 1) // 2
+    assert "Too many open files" not in got["stderr"] and "Traceback" not in got["stderr"]
+    assert got["stderr"].count("not subscribed (fd_exhausted)") == 1
+    refused = {k for k in series(text, "kvcache_exporter_errors_total") if 'reason="fd_exhausted"' in k}
+    assert len(refused) == ON_ONE_HOST - fits and all('collector="kv_events"' in k for k in refused)
+    received = {k for k, v in series(text, "kvcache_kv_events_batches_total").items() if v > 0}
+    assert len(received) == LIVE  # the live replicas sort first: all subscribed
+    up = series(text, "kvcache_vllm_up")
+    assert sum(up.values()) == LIVE and len(up) == ON_ONE_HOST
+    rejected = series(text, "kvcache_exporter_http_rejected_total")
+    assert not any(v for k, v in rejected.items() if "too_many_connections" in k)  # accept never failed
+    assert got["answered"] > 0 and 0 < got["fds"] < ONE_HOST_LIMIT

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import gzip
 import re
+import sys
 
 import pytest
 from aiohttp import web
@@ -231,3 +232,54 @@ def test_the_request_names_the_target_and_the_urls_user():
     assert request_line == "GET /metrics?a=1 HTTP/1.1"
     assert f"Host: 127.0.0.1:{server.port}" in fields
     assert "Authorization: Basic " + base64.b64encode(b"me:p@ss").decode() in fields
+
+
+# A client in its own process, its open files used up but one (issue 33 item 1): its fetch fails for
+# want of a descriptor here, which is fd_exhausted; freed, the same fetch succeeds.
+OUT_OF_DESCRIPTORS = """
+import asyncio, resource, sys
+from kvcache_exporter.sources.base import SourceError
+from kvcache_exporter.sources.http import fetch_text, new_session
+
+async def fetch():
+    async with new_session() as session:
+        try:
+            return (await fetch_text(session, sys.argv[1], timeout=5, max_bytes=1 << 20)).strip()
+        except SourceError as err:
+            return err.reason
+
+async def main():
+    await asyncio.sleep(0)  # the event loop's own descriptors first
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    held = []
+    try:
+        while True:
+            held.append(open("/dev/null"))
+    except OSError:
+        pass
+    print(await fetch())
+    held.pop().close()
+    print(await fetch())
+
+asyncio.run(main())
+"""
+
+
+def test_no_descriptor_left_is_fd_exhausted_not_a_connection_error():
+    async def answer(_: web.Request) -> web.Response:
+        return web.Response(text="vllm:x 1\n")
+
+    async def run() -> list[str]:
+        app = web.Application()
+        app.router.add_get("/metrics", answer)
+        runner, url = await serve(app)
+        try:
+            child = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", OUT_OF_DESCRIPTORS, f"{url}/metrics", stdout=asyncio.subprocess.PIPE
+            )
+            out, _ = await child.communicate()
+            return out.decode().split("\n")[:2]
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(run()) == ["fd_exhausted", "vllm:x 1"]

@@ -232,7 +232,8 @@ def run_fleet(
     endpoints that refuse (layout pod_ips: addresses nobody listens on; one_ip: ports of 127.0.0.1
     bound by sockets that never listen). Once every live replica's events arrived (or `settle` s
     passed): its descriptors (the most seen, and of them TCP sockets and eventfds), RSS, one
-    scrape's seconds, what that scrape said, and the seconds from SIGTERM to its exit."""
+    scrape's seconds (and the slowest, and how many of its scrapes answered within 10 s), what that
+    scrape said, and the seconds from SIGTERM to its exit."""
     import resource
     import socket
     import urllib.request
@@ -282,7 +283,7 @@ def run_fleet(
         preexec_fn=limit,
     )  # fmt: skip  (a log in a file: a pipe nobody reads would block it once 64 KiB are written)
     url, fds, kinds, text, seconds = f"http://127.0.0.1:{port}/metrics", 0, Counter(), "", 0.0
-    scrapes, answered = 0, 0
+    scrapes, answered, slowest = 0, 0, 0.0
     deadline = time.monotonic() + settle
     try:
         while time.monotonic() < deadline and aggregate.poll() is None:
@@ -295,7 +296,7 @@ def run_fleet(
                 started = time.monotonic()
                 text = urllib.request.urlopen(url, timeout=10).read().decode()
                 seconds = time.monotonic() - started
-                answered += 1
+                answered, slowest = answered + 1, max(slowest, seconds)
             except OSError:
                 continue
             if sum(1 for line in text.splitlines() if line.startswith(c.KV_EVENTS_BATCHES_TOTAL + "{")
@@ -312,7 +313,8 @@ def run_fleet(
     stderr = (workdir / "aggregate.log").read_text()
     return {
         "fds": fds, "fd_kinds": kinds, "rss_mib": rss, "scrape_seconds": seconds, "metrics": text,
-        "stderr": stderr, "scrapes": scrapes, "answered": answered, "stop_seconds": stop_seconds,
+        "stderr": stderr, "scrapes": scrapes, "answered": answered, "slowest_scrape": slowest,
+        "stop_seconds": stop_seconds,
     }  # fmt: skip
 
 
@@ -395,22 +397,32 @@ def _publish_fleet(live: int, refusing: int, layout: str) -> None:
 
 
 def fleet_fd_rows() -> list[tuple[str, str]]:
+    """Both layouts of issue 33 item 1: 1,000 pod IPs, and 1,000 replicas on one IP address."""
     import tempfile
 
-    with tempfile.TemporaryDirectory() as tmp:
-        got = run_fleet(1000, 1000, 1024, Path(tmp), settle=120.0)
-    lines = got["metrics"].splitlines()
-    receiving = sum(
-        1 for x in lines if x.startswith(c.KV_EVENTS_BATCHES_TOTAL + "{") and not x.endswith(" 0.0")
-    )
-    up = sum(1 for x in lines if x.startswith(c.VLLM_UP + "{") and x.endswith(" 1.0"))
-    emfile = got["stderr"].count("Too many open files")
-    return [
-        ("aggregate, 1,000 replicas (real ZMQ publishers + /metrics) under RLIMIT_NOFILE 1,024",
-         f"{got['fds']} descriptors at most, RSS {got['rss_mib']:.0f} MiB, "
-         f"one scrape {got['scrape_seconds']:.2f} s; "
-         f"{receiving} replicas' events received, {up} up, {emfile} 'Too many open files'"),
-    ]  # fmt: skip
+    from ..aggregator.descriptors import BASE_FDS
+
+    out = []
+    for layout, said in (("pod_ips", "one IP per pod"), ("one_ip", "all on one IP, ports apart")):
+        with tempfile.TemporaryDirectory() as tmp:
+            got = run_fleet(1000, 1000, 1024, Path(tmp), settle=120.0, layout=layout)
+        lines = got["metrics"].splitlines()
+        receiving = sum(
+            1 for x in lines if x.startswith(c.KV_EVENTS_BATCHES_TOTAL + "{") and not x.endswith(" 0.0")
+        )
+        up = sum(1 for x in lines if x.startswith(c.VLLM_UP + "{") and x.endswith(" 1.0"))
+        refused = sum(1 for x in lines if 'reason="fd_exhausted"' in x and 'collector="kv_events"' in x)
+        emfile = got["stderr"].count("Too many open files")
+        kinds, per = got["fd_kinds"], (got["fds"] - BASE_FDS) / max(1000 - refused, 1)
+        out.append(
+            (f"aggregate, 1,000 replicas (real ZMQ publishers + /metrics) under RLIMIT_NOFILE 1,024, {said}",
+             f"{got['fds']} descriptors at most ({kinds['socket']} sockets, {kinds['anon_inode:[eventfd]']} "
+             f"eventfds; ~{per:.1f} a subscribed replica), RSS {got['rss_mib']:.0f} MiB; "
+             f"{receiving} replicas' events received, {refused} fd_exhausted, {up} up, "
+             f"{emfile} 'Too many open files'; {got['answered']} of {got['scrapes']} scrapes answered "
+             f"in 10 s (slowest {got['slowest_scrape']:.1f} s); SIGTERM to exit {got['stop_seconds']:.1f} s")
+        )  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":
