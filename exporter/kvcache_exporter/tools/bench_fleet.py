@@ -304,7 +304,7 @@ def run_fleet(
                 break
         rss = _rss_of(aggregate.pid)
     finally:
-        stopping = time.monotonic()
+        stopping, sigterm_at = time.monotonic(), time.time()
         aggregate.terminate()
         publisher.stdin.close()
         aggregate.wait(timeout=90)
@@ -314,7 +314,7 @@ def run_fleet(
     return {
         "fds": fds, "fd_kinds": kinds, "rss_mib": rss, "scrape_seconds": seconds, "metrics": text,
         "stderr": stderr, "scrapes": scrapes, "answered": answered, "slowest_scrape": slowest,
-        "stop_seconds": stop_seconds,
+        "stop_seconds": stop_seconds, "sigterm_at": sigterm_at,
     }  # fmt: skip
 
 
