@@ -35,6 +35,7 @@ def test_one_host_costs_two_a_replica_and_the_rest_wait():
     assert subscribed == (1024 - BASE_FDS - SCRAPE_RESERVE - 1) // 2  # a lane (an eventfd) + a connection
     assert budget.lanes() == subscribed
     assert budget.poll_slots() == 1024 - budget.in_use() - SCRAPE_RESERVE >= 1
+    assert budget.full() == (budget.poll_slots() == 1)
 
 
 def test_host_names_get_a_lane_each_and_two_ranks_of_one_pod_two_lanes():

@@ -76,6 +76,10 @@ class FdBudget:
         new_lane = key is None or self.per_address[key] >= max(self.per_address.values(), default=0)
         return 1 + new_lane
 
+    def full(self) -> bool:
+        """Not even one more connection fits."""
+        return self.in_use() + 1 + SCRAPE_RESERVE + 1 > self.limit
+
     def take(self, name: str, endpoint: str) -> bool:
         """Subscribe `name` if its cost fits; False (nothing taken) when it does not."""
         if name in self.subscribed:

@@ -143,6 +143,8 @@ class Aggregator:
         """Subscribe the replicas the open-file budget left out, as far as it now allows (replicas
         gone free descriptors); one log line whenever how many are left out changes."""
         for name in sorted(n for n in self.members if n not in self.fds.subscribed):
+            if self.fds.full():  # each take costs a pass over the subscribed: none once none fits
+                break
             endpoint = self.members[name].replica.kv_events_endpoint
             if endpoint and self.fds.take(name, endpoint):
                 self.events.add(name, endpoint)  # vLLM binds; we connect
