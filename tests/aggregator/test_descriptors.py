@@ -99,6 +99,7 @@ def test_the_aggregator_names_fd_exhausted_and_logs_it_once(caplog):
     assert still == refused  # subscribed now: the counter stops, it does not go back
     warnings = [r for r in caplog.records if "fd_exhausted" in r.getMessage()]
     assert len(warnings) == 1 and "2 replicas" in warnings[0].getMessage()
+    assert warnings[0].getMessage().endswith("by 4")  # two on one IP address, two descriptors each
     assert any("subscribed again" in r.getMessage() for r in caplog.records)
 
 

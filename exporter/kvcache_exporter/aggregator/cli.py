@@ -82,5 +82,5 @@ def discoveries_from(s: AggregateSettings) -> list:
 
 def build(s: AggregateSettings) -> Aggregator:
     limit = raise_open_file_limit()
-    log.info("open-file limit %d (a replica's KV events cost one descriptor)", limit)
+    log.info("open-file limit %d (KV events: a descriptor a replica, two where replicas share an IP)", limit)
     return Aggregator(pool_settings(s), discoveries_from(s))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -27,7 +28,7 @@ from ..sources.base import SourceError
 from ..sources.kv_events_decode import Batch, Dropped, weight
 from ..sources.vllm import VllmSnapshot, VllmSource
 from . import fleet_pool
-from .descriptors import FdBudget, open_file_limit, open_now
+from .descriptors import SCRAPE_RESERVE, FdBudget, open_file_limit, open_now
 from .discovery import DiscoveryError, Replica, bounded
 from .events import FleetEvents
 from .fleet_residency import FleetResidency, HashRange
@@ -152,16 +153,24 @@ class Aggregator:
         if len(waiting) != self._logged_unsubscribed and waiting:
             log.warning(
                 "open-file limit %d: KV events of %d replicas not subscribed (fd_exhausted), e.g. %s; "
-                "raise the limit (ulimit -n, LimitNOFILE) by ~%d",
+                "raise the limit (ulimit -n, LimitNOFILE) by %d",
                 self.fds.limit,
                 len(waiting),
                 waiting[0],
-                2 * len(waiting),
+                self._descriptors_short(),
                 extra={"collector": "kv_events", "reason": "fd_exhausted"},
             )
         elif self._logged_unsubscribed and not waiting:
             log.info("every replica's KV events subscribed again", extra={"collector": "kv_events"})
         self._logged_unsubscribed = len(waiting)
+
+    def _descriptors_short(self) -> int:
+        """What subscribing every replica would take beyond the limit."""
+        everyone = FdBudget(sys.maxsize)
+        for name, member in self.members.items():
+            if member.replica.kv_events_endpoint:
+                everyone.take(name, member.replica.kv_events_endpoint)
+        return everyone.in_use() + SCRAPE_RESERVE + 1 - self.fds.limit
 
     def unsubscribed(self) -> list[str]:
         """Replicas with a KV-event endpoint that the open-file budget did not subscribe."""
