@@ -8,7 +8,8 @@ What a replica costs (measured by `make bench`, tools/bench_fleet.py):
   two, a SUB socket of its own (libzmq gives every socket a mailbox, an eventfd) and its
   connection. A shared socket tells messages apart by sender address only (Peer-Address has no
   port), so two publishers on one address never share one;
-- its /metrics poll: one while it runs (no keep-alive), bounded by `poll_slots`.
+- its /metrics poll: one while it runs (no keep-alive), two while a host name is looked up (the
+  resolver opens its own socket or file): POLL_FDS a poll slot, bounded by `poll_slots`.
 Reserved besides: BASE_FDS (stdio, the event loop, our listener, ZMQ's context) and SCRAPE_RESERVE
 connections to our own /metrics. A replica whose events do not fit is not subscribed: its
 kv_events collector fails with reason fd_exhausted until descriptors free up; the rest still work.
@@ -26,6 +27,7 @@ from .events import peer_key
 BASE_FDS = 16  # measured: stdio, the event loop, the listener, ZMQ's context, a log file
 SCRAPE_RESERVE = 4  # connections to our own /metrics that always find a descriptor
 MAX_POLL_SLOTS = 64
+POLL_FDS = 2
 
 
 def open_file_limit() -> int:
@@ -78,13 +80,13 @@ class FdBudget:
 
     def full(self) -> bool:
         """Not even one more connection fits."""
-        return self.in_use() + 1 + SCRAPE_RESERVE + 1 > self.limit
+        return self.in_use() + 1 + SCRAPE_RESERVE + POLL_FDS > self.limit
 
     def take(self, name: str, endpoint: str) -> bool:
         """Subscribe `name` if its cost fits; False (nothing taken) when it does not."""
         if name in self.subscribed:
             return True
-        if self.in_use() + self.cost(endpoint) + SCRAPE_RESERVE + 1 > self.limit:
+        if self.in_use() + self.cost(endpoint) + SCRAPE_RESERVE + POLL_FDS > self.limit:
             return False
         key = self.subscribed[name] = peer_key(endpoint)
         if key is not None:
@@ -104,4 +106,4 @@ class FdBudget:
         """/metrics polls at once: what the limit leaves beyond the subscriptions (or what is `held`
         now, if more) and the scrapes; at least one, so a full budget polls one after another."""
         in_use = max(held, self.in_use())
-        return max(1, min(MAX_POLL_SLOTS, self.limit - in_use - SCRAPE_RESERVE))
+        return max(1, min(MAX_POLL_SLOTS, (self.limit - in_use - SCRAPE_RESERVE) // POLL_FDS))
