@@ -4,7 +4,7 @@ kept for our own /metrics and the polls, and who is left unsubscribed when the l
 import asyncio
 import logging
 
-from kvcache_exporter.aggregator.descriptors import BASE_FDS, POLL_FDS, SCRAPE_RESERVE, FdBudget
+from kvcache_exporter.aggregator.descriptors import BASE_FDS, SCRAPE_RESERVE, FdBudget
 from kvcache_exporter.aggregator.discovery import Replica, StaticSd
 from kvcache_exporter.aggregator.pool import Aggregator, PoolSettings
 
@@ -25,16 +25,16 @@ def test_a_thousand_pods_fit_in_1024_with_room_for_scrapes_and_a_poll():
     budget = FdBudget(1024)
     assert fill(budget, pod, 1000) == 1000
     assert budget.in_use() == BASE_FDS + 1000 + 1  # a connection each, one shared lane
-    assert budget.in_use() + SCRAPE_RESERVE + POLL_FDS * budget.poll_slots() <= 1024
+    assert budget.in_use() + SCRAPE_RESERVE + budget.poll_slots() <= 1024
     assert budget.poll_slots() >= 1
 
 
 def test_one_host_costs_two_a_replica_and_the_rest_wait():
     budget = FdBudget(1024)
     subscribed = fill(budget, one_host, 1000)
-    assert subscribed == (1024 - BASE_FDS - SCRAPE_RESERVE - POLL_FDS) // 2  # a lane (eventfd) + connection
+    assert subscribed == (1024 - BASE_FDS - SCRAPE_RESERVE - 1) // 2  # a lane (an eventfd) + a connection
     assert budget.lanes() == subscribed
-    assert budget.poll_slots() == (1024 - budget.in_use() - SCRAPE_RESERVE) // POLL_FDS >= 1
+    assert budget.poll_slots() == 1024 - budget.in_use() - SCRAPE_RESERVE >= 1
     assert budget.full() == (budget.poll_slots() == 1)
 
 
@@ -49,7 +49,7 @@ def test_host_names_get_a_lane_each_and_two_ranks_of_one_pod_two_lanes():
 
 
 def test_a_replica_gone_frees_room_for_one_waiting():
-    budget = FdBudget(BASE_FDS + SCRAPE_RESERVE + POLL_FDS + 2 * 3)
+    budget = FdBudget(BASE_FDS + SCRAPE_RESERVE + 1 + 2 * 3)
     assert fill(budget, one_host, 5) == 3
     assert not budget.take("r0003", one_host(3))
     budget.release("r0001")
@@ -60,7 +60,18 @@ def test_the_poll_slots_follow_what_is_held_when_more_is_open_than_counted():
     budget = FdBudget(1024)
     fill(budget, pod, 100)
     assert budget.poll_slots() == 64
-    assert budget.poll_slots(held=1000) == (1024 - 1000 - SCRAPE_RESERVE) // POLL_FDS
+    assert budget.poll_slots(held=1000) == 1024 - 1000 - SCRAPE_RESERVE
+
+
+def test_a_metrics_url_naming_a_host_budgets_the_resolver_too():
+    budget = FdBudget(1024)
+    fill(budget, pod, 1000)
+    budget.set_poll_urls(["http://10.0.0.1:8000/metrics", "http://[fd00::1]:8000/metrics"])
+    assert budget.poll_fds == 1 and budget.poll_slots() == 1024 - budget.in_use() - SCRAPE_RESERVE
+    budget.set_poll_urls(["http://10.0.0.1:8000/metrics", "http://vllm-1.pool:8000/metrics"])
+    assert budget.poll_fds == 2 and budget.poll_slots() == (1024 - budget.in_use() - SCRAPE_RESERVE) // 2
+    by_name = FdBudget(1024, poll_fds=2)
+    assert fill(by_name, pod, 1100) == fill(FdBudget(1024), pod, 1100) - 1  # its second one is kept too
 
 
 def replicas(n: int) -> list[Replica]:
@@ -69,7 +80,7 @@ def replicas(n: int) -> list[Replica]:
 
 
 def test_the_aggregator_names_fd_exhausted_and_logs_it_once(caplog):
-    limit = BASE_FDS + SCRAPE_RESERVE + POLL_FDS + 2 * 4  # room for four replicas on one host
+    limit = BASE_FDS + SCRAPE_RESERVE + 1 + 2 * 4  # room for four replicas on one host
 
     async def run() -> tuple[list, list]:
         sd = StaticSd(replicas(6))

@@ -8,8 +8,8 @@ What a replica costs (measured by `make bench`, tools/bench_fleet.py):
   two, a SUB socket of its own (libzmq gives every socket a mailbox, an eventfd) and its
   connection. A shared socket tells messages apart by sender address only (Peer-Address has no
   port), so two publishers on one address never share one;
-- its /metrics poll: one while it runs (no keep-alive), two while a host name is looked up (the
-  resolver opens its own socket or file): POLL_FDS a poll slot, bounded by `poll_slots`.
+- its /metrics poll: one while it runs (no keep-alive), two where its URL names a host (the
+  resolver opens a socket or file of its own meanwhile): `poll_fds` a slot, bounded by `poll_slots`.
 Reserved besides: BASE_FDS (stdio, the event loop, our listener, ZMQ's context) and SCRAPE_RESERVE
 connections to our own /metrics. A replica whose events do not fit is not subscribed: its
 kv_events collector fails with reason fd_exhausted until descriptors free up; the rest still work.
@@ -17,17 +17,19 @@ kv_events collector fails with reason fd_exhausted until descriptors free up; th
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import resource
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from .events import peer_key
 
 BASE_FDS = 16  # measured: stdio, the event loop, the listener, ZMQ's context, a log file
 SCRAPE_RESERVE = 4  # connections to our own /metrics that always find a descriptor
 MAX_POLL_SLOTS = 64
-POLL_FDS = 2
 
 
 def open_file_limit() -> int:
@@ -62,6 +64,7 @@ class FdBudget:
     on one address, plus one lane per endpoint naming a host."""
 
     limit: int
+    poll_fds: int = 1  # 2 once any /metrics URL names a host (set_poll_urls)
     subscribed: dict[str, str | None] = field(default_factory=dict)  # replica -> its IP (None: a host)
     per_address: Counter[str] = field(default_factory=Counter)
 
@@ -80,13 +83,13 @@ class FdBudget:
 
     def full(self) -> bool:
         """Not even one more connection fits."""
-        return self.in_use() + 1 + SCRAPE_RESERVE + POLL_FDS > self.limit
+        return self.in_use() + 1 + SCRAPE_RESERVE + self.poll_fds > self.limit
 
     def take(self, name: str, endpoint: str) -> bool:
         """Subscribe `name` if its cost fits; False (nothing taken) when it does not."""
         if name in self.subscribed:
             return True
-        if self.in_use() + self.cost(endpoint) + SCRAPE_RESERVE + POLL_FDS > self.limit:
+        if self.in_use() + self.cost(endpoint) + SCRAPE_RESERVE + self.poll_fds > self.limit:
             return False
         key = self.subscribed[name] = peer_key(endpoint)
         if key is not None:
@@ -106,4 +109,15 @@ class FdBudget:
         """/metrics polls at once: what the limit leaves beyond the subscriptions (or what is `held`
         now, if more) and the scrapes; at least one, so a full budget polls one after another."""
         in_use = max(held, self.in_use())
-        return max(1, min(MAX_POLL_SLOTS, (self.limit - in_use - SCRAPE_RESERVE) // POLL_FDS))
+        return max(1, min(MAX_POLL_SLOTS, (self.limit - in_use - SCRAPE_RESERVE) // self.poll_fds))
+
+    def set_poll_urls(self, urls: Iterable[str]) -> None:
+        self.poll_fds = 1 + any(not _is_ip(urlsplit(url).hostname or "") for url in urls)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True

@@ -28,7 +28,7 @@ from ..sources.base import SourceError
 from ..sources.kv_events_decode import Batch, Dropped, weight
 from ..sources.vllm import VllmSnapshot, VllmSource
 from . import fleet_pool
-from .descriptors import POLL_FDS, SCRAPE_RESERVE, FdBudget, open_file_limit, open_now
+from .descriptors import SCRAPE_RESERVE, FdBudget, open_file_limit, open_now
 from .discovery import DiscoveryError, Replica, bounded
 from .events import FleetEvents
 from .fleet_residency import FleetResidency, HashRange
@@ -138,6 +138,7 @@ class Aggregator:
         for name, replica in wanted.items():
             if name not in self.members:
                 self.members[name] = self._member(replica)
+        self.fds.set_poll_urls(r.metrics_url for r in replicas)
         self._subscribe_waiting()
 
     def _subscribe_waiting(self) -> None:
@@ -170,7 +171,7 @@ class Aggregator:
         for name, member in self.members.items():
             if member.replica.kv_events_endpoint:
                 everyone.take(name, member.replica.kv_events_endpoint)
-        return everyone.in_use() + SCRAPE_RESERVE + POLL_FDS - self.fds.limit
+        return everyone.in_use() + SCRAPE_RESERVE + self.fds.poll_fds - self.fds.limit
 
     def unsubscribed(self) -> list[str]:
         """Replicas with a KV-event endpoint that the open-file budget did not subscribe."""
