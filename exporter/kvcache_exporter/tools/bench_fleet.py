@@ -405,7 +405,7 @@ def fleet_fd_rows() -> list[tuple[str, str]]:
     out = []
     for layout, said in (("pod_ips", "one IP per pod"), ("one_ip", "all on one IP, ports apart")):
         with tempfile.TemporaryDirectory() as tmp:
-            got = run_fleet(1000, 1000, 1024, Path(tmp), settle=120.0, layout=layout)
+            got = run_fleet(1000, 1000, 1024, Path(tmp), settle=300.0, layout=layout)
         lines = got["metrics"].splitlines()
         receiving = sum(
             1 for x in lines if x.startswith(c.KV_EVENTS_BATCHES_TOTAL + "{") and not x.endswith(" 0.0")
