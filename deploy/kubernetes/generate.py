@@ -29,6 +29,13 @@ EXPORTER_JOB, VLLM_JOB = "kvcache-exporter", "vllm"
 EXPORTER_IMAGE = "kvcache-exporter:0.1.0"
 VLLM_IMAGE = "vllm/vllm-openai:v0.32.0"
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+# What the exporter reads besides the KV events (README "Try it on a real vLLM"; test_vllm_flags.py)
+VLLM_FLAGS = (
+    "--enable-prefix-caching",
+    "--kv-cache-metrics",
+    "--kv-cache-metrics-sample=1.0",
+    "--enable-prompt-tokens-details",
+)
 DCGM_NAMESPACE, DCGM_APP, DCGM_PORT = "gpu-operator", "nvidia-dcgm-exporter", 9400
 DCGM_LOCAL = "nvidia-dcgm-exporter-node-local"
 LOCKED_DOWN = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
@@ -80,7 +87,7 @@ def vllm() -> dict:
     return {
         "name": "vllm",
         "image": VLLM_IMAGE,
-        "args": [f"--model={MODEL}", "--enable-prefix-caching", f"--kv-events-config={events}"],
+        "args": [f"--model={MODEL}", *VLLM_FLAGS, f"--kv-events-config={events}"],
         "ports": [{"name": "http", "containerPort": VLLM_PORT}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10},
         "resources": {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 
 from . import __version__, config, docs
@@ -48,12 +49,42 @@ def _docs(args: argparse.Namespace) -> int:
 
 
 SIDECAR_COMMANDS = ("serve", "docs")
+HIDDEN_COMMANDS = ("docs",)  # for maintainers: never offered to users
+
+
+def _did_you_mean(word: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a did-you-mean for a mistyped flag or command (Python 3.12's suggest_on_error
+    is not in 3.11), and without the maintainers' `docs` in the commands an error lists."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed, extras = super().parse_known_args(args, namespace)
+        command = getattr(parsed, "command", None)
+        if extras and command and self._subparsers is not None:
+            sub = next(a for a in self._subparsers._group_actions if a.dest == "command").choices[command]
+            flag = next((e for e in extras if e.startswith("-")), extras[0])
+            hint = _did_you_mean(flag.split("=", 1)[0], list(sub._option_string_actions))
+            sub.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return parsed, extras
+
+    def error(self, message: str):  # type: ignore[override]
+        if message.startswith("argument COMMAND: invalid choice:"):
+            word = message.split("'")[1]
+            commands = next(a for a in self._actions if a.dest == "command").choices
+            offered = [c for c in commands if c not in HIDDEN_COMMANDS]
+            hint = _did_you_mean(word, offered)
+            message = f"unknown command '{word}'{hint}; commands: {', '.join(offered)}"
+        super().error(message)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """All subcommands; for `serve` and `docs` only those, so the sidecar never imports the tools
     (simulator, analyzer, demo, aggregate, mixin): tests/core/test_layering.py holds this."""
-    parser = argparse.ArgumentParser(prog="kvcache-exporter", description=DESCRIPTION, epilog=EXAMPLE)
+    parser = Parser(prog="kvcache-exporter", description=DESCRIPTION, epilog=EXAMPLE)
     parser.add_argument("--version", action="version", version=f"kvcache-exporter {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_serve(subparsers)

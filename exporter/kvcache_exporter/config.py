@@ -116,6 +116,7 @@ def choice(*allowed: str) -> Callable[[Any], str]:
             raise ValueError(f'"{text}" is not one of {", ".join(allowed)}')
         return str(text)
 
+    parse.choices = allowed  # type: ignore[attr-defined]  # --help lists them
     return parse
 
 
@@ -502,6 +503,8 @@ def default_text(option: Option) -> str:
     value = option.default
     if value in (None, [], {}):
         return "unset"
+    if value == "":
+        return '""'
     show = {duration: window_label, size: size_text}.get(option.parse, str)
     if isinstance(value, dict):
         return ",".join(f"{k}={v}" for k, v in value.items())
@@ -519,10 +522,13 @@ def add_options(parser: argparse.ArgumentParser, options: tuple[Option, ...]) ->
         help="validate the configuration and exit (0, or 2 and every problem)",
     )
     for option in options:
+        choices = getattr(option.parse, "choices", None)
+        default = default_text(option)
+        said = default == "unset" and "(default: " in option.help  # the help says what unset means
         parser.add_argument(
             option.flag,
             dest=option.attr,
             action="append" if option.multiple else "store",
-            metavar=option.key.rsplit(".", 1)[-1].upper(),
-            help=f"{option.help} (env {option.env}; default {default_text(option)})",
+            metavar="{" + ",".join(choices) + "}" if choices else option.key.rsplit(".", 1)[-1].upper(),
+            help=f"{option.help} (env {option.env}" + ("" if said else f"; default {default}") + ")",
         )

@@ -15,7 +15,7 @@ ALERT_RULES = [r for g in yaml.safe_load((RULES / "alerts.yaml").read_text())["g
 RECORDING = [r for g in yaml.safe_load((RULES / "recording.yaml").read_text())["groups"] for r in g["rules"]]
 TESTS = [t for path in RULE_TESTS for t in yaml.safe_load(path.read_text())["tests"]]
 RUNBOOK = (ROOT / "docs" / "runbook.md").read_text()
-DASHBOARD_UIDS = {"kvcache-overview", "kvcache-cache", "kvcache-gpu-cost"}
+DASHBOARD_UIDS = {"kvcache-overview", "kvcache-cache", "kvcache-gpu-cost", "kvcache-fleet"}
 NAMES = sorted({r["alert"] for r in ALERT_RULES})
 
 

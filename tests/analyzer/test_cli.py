@@ -148,3 +148,20 @@ def test_hostile_lines_are_skipped_never_a_traceback(tmp_path):
     )
     assert f"{path}:9: max_tokens must be in 1..1048576" in out.stderr
     assert "trace: 1 requests" in out.stdout
+
+
+def test_the_readme_analyzer_commands_run_as_written(tmp_path):
+    """README's "the analyzer" block, in a shell, on a trace the simulator writes: no ../shared."""
+    from tests.conftest import REPO
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Why a workload misses the cache: the analyzer", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    block = block.replace(".venv/bin/kvcache-exporter", f"{sys.executable} -m kvcache_exporter")
+    run = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    said = section.split("It prints `", 1)[1].split("`", 1)[0]  # what the README says it prints
+    assert " ".join(said.split()) in run.stdout
+    assert (tmp_path / "trace.html").read_text(encoding="utf-8").lower().startswith("<!doctype html>")

@@ -103,3 +103,36 @@ def test_help_shows_durations_and_sizes_as_the_readme_writes_them():
     assert "KVCACHE_EXPORTER_GPU_DCGM_TIMEOUT; default 5s)" in flat
     assert "KVCACHE_EXPORTER_COLLECT_WINDOWS; default 1m,5m,15m,1h)" in flat
     assert "8388608" not in flat and "5.0" not in flat
+
+
+def test_help_lists_choices_and_says_each_default_once():
+    out = subprocess.run([*CLI, "--help"], capture_output=True, text=True, check=True).stdout
+    flat = " ".join(out.split())
+    assert "--gpu.source {auto,nvml,dcgm,none}" in flat
+    assert "--log.level {debug,info,warn,error}" in flat
+    assert 'KVCACHE_EXPORTER_KV_EVENTS_TOPIC; default "")' in flat  # was "default )"
+    assert "(default: $POD_NAME) (env KVCACHE_EXPORTER_GPU_POD)" in flat  # was also "default unset"
+    assert "default )" not in flat
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["serve", "--vllm.urll", "http://a/metrics"], "unrecognized arguments: --vllm.urll"),
+        (["serve", "--kv-events.topc=kv"], "(did you mean --kv-events.topic?)"),
+        (["serve", "--vllm.urll", "x"], "(did you mean --vllm.url?)"),
+        (["aggregate", "--replicas", "a:1"], "(did you mean --replica?)"),
+        (["servee"], "unknown command 'servee' (did you mean serve?)"),
+    ],
+)
+def test_a_mistyped_flag_or_command_exits_2_with_a_suggestion(argv, said):
+    run = subprocess.run([sys.executable, "-m", "kvcache_exporter", *argv], capture_output=True, text=True)
+    assert run.returncode == 2
+    assert said in run.stderr.splitlines()[-1]
+
+
+def test_an_unknown_command_lists_the_users_commands_not_docs():
+    run = subprocess.run([sys.executable, "-m", "kvcache_exporter", "nope"], capture_output=True, text=True)
+    last = run.stderr.splitlines()[-1]
+    assert run.returncode == 2 and "commands: serve," in last
+    assert "docs" not in last and "did you mean" not in last

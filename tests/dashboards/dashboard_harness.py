@@ -17,7 +17,7 @@ from kvcache_exporter.tools.harness import Services, http_get
 
 ROOT = Path(__file__).resolve().parents[2]
 JSON_DIR = ROOT / "dashboards" / "json"
-UIDS = ("kvcache-overview", "kvcache-cache", "kvcache-gpu-cost")
+UIDS = ("kvcache-overview", "kvcache-cache", "kvcache-gpu-cost", "kvcache-fleet")
 RATE_INTERVAL = "15s"  # what $__rate_interval becomes: 4 x the tests' 1 s scrape interval, and more
 
 

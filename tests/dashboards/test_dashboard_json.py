@@ -202,3 +202,31 @@ def test_every_panel_split_by_cause_draws_each_cause_in_the_analyzers_colour():
             if prop["id"] == "color"
         }
         assert fixed == CAUSE_COLORS, panel["title"]
+
+
+def test_the_fleet_row_is_on_the_fleet_dashboard_only():
+    rows = {uid: [p["title"] for p in boards()[uid]["panels"] if p["type"] == "row"] for uid in UIDS}
+    assert rows["kvcache-fleet"] == ["Fleet"]
+    assert all("Fleet" not in titles for uid, titles in rows.items() if uid != "kvcache-fleet"), rows
+    fleet = " ".join(t["expr"] for p in panels(boards()["kvcache-fleet"]) for t in p.get("targets", []))
+    cache = " ".join(t["expr"] for p in panels(boards()["kvcache-cache"]) for t in p.get("targets", []))
+    assert "kvcache_fleet_" in fleet and "kvcache_fleet_" not in cache
+
+
+def test_block_size_and_token_capacity_have_a_panel_each():
+    for panel in panels(boards()["kvcache-cache"]):
+        metrics = {m for t in panel.get("targets", []) for m in re.findall(r"kvcache_\w+", t["expr"])}
+        assert not {"kvcache_capacity_tokens", "kvcache_block_size_tokens"} <= metrics, panel["title"]
+
+
+def test_every_cost_panel_names_the_exporters_currency():
+    cost = [
+        (uid, p["title"])
+        for uid in UIDS
+        for p in panels(boards()[uid])
+        if any("cost_per" in t["expr"] or "cost_per_hour" in t["expr"] for t in p.get("targets", []))
+    ]
+    assert cost and all("($currency)" in title for _, title in cost), cost
+    for uid in UIDS:
+        currency = next(v for v in boards()[uid]["templating"]["list"] if v["name"] == "currency")
+        assert "kvcache_cost_info" in json.dumps(currency["query"]) and currency["current"]["value"] == "USD"

@@ -120,16 +120,31 @@ def test_sigint_stops_everything():
 
 
 def test_line_mode_explains_the_raw_phase(demo_run):
-    """Piped, the demo says what each phase is, why the cache misses, the action and its worth."""
+    """Piped, the demo says what each phase is (once), and why the cache misses, the action and its
+    worth once the cause has settled: after the short window holds raw traffic only, with the raw
+    phase's own figures (issue 31: not "56 % ... ~27 tokens" at +1 s)."""
     out = demo_run.stdout
+    told_phases = [int(i) for i in re.findall(r"^demo: phase (\d)/4 ", out, re.M)]
+    assert told_phases[-3:] == [2, 3, 4] and len(set(told_phases)) == len(told_phases), told_phases
+    # (phase 1 only when the stack was up within its 8 s: Prometheus may take longer on a loaded machine)
     assert "demo: phase 2/4 raw: per-request header" in out, out[-3000:]
     raw = out[out.index("demo: phase 2/4 raw") : out.index("demo: phase 3/4")]
-    assert "demo: why: prefix_diverged (" in raw, raw[-2000:]
-    assert "demo: action: move per-request fields after the static template" in raw
-    worth = re.search(
-        r"demo: worth: moving the per-request fields after the shared part: ~(\d+)% instead of", raw
+    told = re.search(
+        r"demo: why: prefix_diverged \((\d+)% of the recent misses\): shared content starts ~(\d+) tokens",
+        raw,
     )
-    assert worth and int(worth[1]) > 60, raw[-2000:]  # the normalized phases' hit ratio
+    assert told and int(told[1]) >= 80 and 8 <= int(told[2]) <= 24, raw[-2000:]
+    ticks_before = [LINE.match(line) for line in raw[: told.start()].splitlines() if LINE.match(line)]
+    assert ticks_before and float(ticks_before[-1]["in"]) >= 3, raw[-2000:]  # the 3s window holds raw only
+    assert (
+        raw.count("demo: why:") == 1
+        and "demo: action: move per-request fields after the static template" in raw
+    )
+    worth = re.search(
+        r"demo: worth: moving the per-request fields after the shared part: ~(\d+)% instead of (\d+)%", raw
+    )
+    assert worth and int(worth[1]) > 60 and int(worth[2]) <= 5, raw[-2000:]  # the normalized phases' ratio
+    assert "currency=USD" in out
 
 
 ALERT = "KVCacheMissesFromDivergedPrefix"
@@ -192,3 +207,49 @@ def _processes_in(workdir: str) -> list[int]:
         if cwd.startswith(workdir) or workdir in cmdline:
             found.append(int(entry.name))
     return found
+
+
+def _snap(share: float, now: float, offset: float = 15, top: str = "prefix_diverged", util: float = 0.1):
+    from kvcache_exporter.demo.view import Misses, Snapshot
+
+    snap = Snapshot(hit_ratio={"3s": now}, reordered=0.85, estimate_2x=0.9, block_utilization=util)
+    snap.currency = "EUR"
+    snap.cost_per_million_tokens = {"all": 0.5}
+    return Misses({top: share, "cold": 1 - share}, offset), snap
+
+
+def test_the_narrator_tells_a_cause_once_it_has_settled_and_again_when_it_changes():
+    from kvcache_exporter.demo.view import Narrator, Phase
+
+    narrator = Narrator(window=3)
+    said = narrator.tell(Phase("raw", 2, 4, 1.0, 7), *_snap(0.56, 0.5, offset=27))
+    assert len(said) == 1 and said[0].startswith("demo: phase 2/4 raw: per-request header")  # no why yet
+    assert narrator.tell(Phase("raw", 2, 4, 3.0, 5), *_snap(0.80, 0.10)) == []  # moving
+    assert narrator.tell(Phase("raw", 2, 4, 4.0, 4), *_snap(0.88, 0.00)) == []
+    assert narrator.tell(Phase("raw", 2, 4, 5.0, 3), *_snap(0.90, 0.00)) == []
+    said = narrator.tell(Phase("raw", 2, 4, 6.0, 2), *_snap(0.91, 0.01))
+    assert [line.split(":")[1] for line in said] == [" why", " action", " worth"], said
+    assert "(91% of the recent misses): shared content starts ~15 tokens" in said[0]
+    assert said[2].endswith("~85% instead of 1%")
+    assert narrator.tell(Phase("raw", 2, 4, 7.0, 1), *_snap(0.91, 0.01)) == []  # told once
+    for t in (8.0, 9.0):
+        assert narrator.tell(Phase("raw", 2, 4, t, 0), *_snap(0.95, 0.0, top="evicted", util=0.8)) == []
+    said = narrator.tell(Phase("raw", 2, 4, 10.0, 0), *_snap(0.95, 0.0, top="evicted", util=0.8))
+    assert said[0].startswith("demo: why: evicted (95%") and not any("note" in line for line in said)
+    said = narrator.tell(Phase("templates", 4, 4, 0.5, None), *_snap(0.95, 0.0, top="evicted"))
+    assert len(said) == 1 and said[0].startswith("demo: phase 4/4 templates")
+
+
+def test_too_small_is_explained_where_utilization_is_low_and_cost_has_its_currency():
+    from kvcache_exporter.demo.view import Narrator, Phase, render_frame, render_line
+
+    narrator = Narrator(window=3)
+    for t in (3.0, 4.0, 5.0):
+        said = narrator.tell(Phase("templates", 4, 4, t, None), *_snap(0.74, 0.75, top="evicted", util=0.19))
+    assert "demo: action: the cache is too small for this traffic's working set" in said[1]
+    assert said[2].startswith("demo: note: block util counts only blocks running requests hold")
+    misses, snap = _snap(0.74, 0.75, top="evicted", util=0.19)
+    frame = render_frame(5, Phase("templates", 4, 4, 5, None), snap, [], [], {}, misses)
+    assert "working set" in frame and "cost / 1M tok\x1b[0m   EUR  all 0.5000" in frame
+    line = render_line(5, Phase("templates", 4, 4, 5, None), snap, [], [], misses)
+    assert "cost_per_Mtok{all}=0.5000 currency=EUR" in line

@@ -34,8 +34,13 @@ def test_defaults_are_the_committed_files(tmp_path, capsys):
     code, printed, _ = mixin(capsys, "--output", str(tmp_path))
     assert code == 0
     written = {str(p) for p in tmp_path.rglob("*") if p.is_file()}
-    assert written == set(printed.split()) and len(written) == 2 + 2 + 3
-    for name in ("kvcache-overview.json", "kvcache-cache.json", "kvcache-gpu-cost.json"):
+    assert written == set(printed.split()) and len(written) == 2 + 2 + 4
+    for name in (
+        "kvcache-overview.json",
+        "kvcache-cache.json",
+        "kvcache-gpu-cost.json",
+        "kvcache-fleet.json",
+    ):
         assert (tmp_path / "dashboards" / name).read_bytes() == (
             REPO / "dashboards" / "json" / name
         ).read_bytes()

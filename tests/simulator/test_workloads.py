@@ -5,11 +5,13 @@ import pytest
 
 from kvcache_exporter.simulator.dcgm import GpuState
 from kvcache_exporter.simulator.workloads import (
+    USER_LABEL,
     CustomerServiceCorpus,
     MultiTurnChat,
     WorkloadFactory,
     parse_schedule,
     phase_at,
+    trace_lines,
 )
 
 
@@ -75,3 +77,19 @@ def test_trace_workload_loops_and_keeps_null_sessions_apart(tmp_path):
     assert [s.gap_s for s in specs[:4]] == [0.0, 0.5, 1.0, 0.0]
     assert specs[0].session == "trace-0" and specs[1].session == "alice" and specs[2].session == "trace-2"
     assert "None" not in {s.session for s in specs}
+
+
+def test_trace_lines_write_each_phase_as_analyze_reads_it():
+    lines = list(trace_lines(WorkloadFactory(7), "normalized:30s,chat,none,raw", per_phase=20))
+    assert [line["i"] for line in lines] == list(range(60))
+    assert [line["phase"] for line in lines] == ["normalized"] * 20 + ["chat"] * 20 + ["raw"] * 20
+    raw, normalized = lines[40], lines[0]
+    assert raw["prompt_token_ids"][0] == USER_LABEL and normalized["prompt_token_ids"][0] != USER_LABEL
+    chat = [line for line in lines if line["phase"] == "chat"]
+    first = {}
+    for line in chat:
+        earlier = first.setdefault(line["session"], line["prompt_token_ids"])
+        assert line["prompt_token_ids"][: len(earlier)] == earlier  # a later turn carries the earlier ones
+    assert len(first) == 16  # 16 sessions, then turns of them
+    again = list(trace_lines(WorkloadFactory(7), "normalized:30s,chat,none,raw", per_phase=20))
+    assert again == lines  # the seed decides

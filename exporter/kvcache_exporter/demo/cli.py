@@ -15,6 +15,7 @@ import time
 
 from . import stack as stack_mod
 from .view import (
+    Narrator,
     Phase,
     _window_seconds,
     alerts_summary,
@@ -22,8 +23,6 @@ from .view import (
     recent_misses,
     render_frame,
     render_line,
-    story,
-    worth,
 )
 
 PHASES = ("normalized", "raw", "normalized", "templates")
@@ -55,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="exporter sliding window, repeatable (default: a third of a phase, at most 30s, and 5m)",
     )
     add("--gpu-hour-price", type=float, default=2.5, help="price of a GPU-hour, for cost metrics")
+    add("--currency", default="USD", help="currency of that price, shown beside every cost (default USD)")
     add("--no-prometheus", action="store_true", help="do not start Prometheus/Alertmanager even if installed")
     add(
         "--fleet", action="store_true", help="a simulated 4-replica pool and the aggregator's view (fleet.md)"
@@ -130,7 +130,9 @@ def _run(args: argparse.Namespace, stack: stack_mod.Stack, stop: threading.Event
     sim = stack.start_simulator(schedule, args.speed, args.rate, sim_extra)
     started = time.monotonic()
     windows = args.windows or default_windows(args.phase_seconds)
-    exporter = stack.start_exporter(sim.url, args.collect_interval, windows, args.gpu_hour_price, kv_events)
+    exporter = stack.start_exporter(
+        sim.url, args.collect_interval, windows, args.gpu_hour_price, kv_events, args.currency
+    )
     urls = {"simulator": sim.url, "exporter": exporter.url}
     prometheus_bin = stack_mod.which(stack_mod.PROMETHEUS_NAMES)
     alertmanager_bin = stack_mod.which(stack_mod.ALERTMANAGER_NAMES)
@@ -166,8 +168,8 @@ def _run(args: argparse.Namespace, stack: stack_mod.Stack, stop: threading.Event
     print(f"demo: temp dir {stack.workdir}", flush=True)
 
     recent: list[tuple[float, object]] = []  # (time, snapshot): misses are shown over the short window
-    told: tuple[int, str | None, bool] = (0, None, False)  # line mode: the phase, cause and worth told
     short = _window_seconds(windows[0]) or 30.0
+    narrator = Narrator(short)  # line mode's phase, why, action and worth
     while not stop.is_set():
         now = time.monotonic()
         elapsed = now - started
@@ -197,10 +199,7 @@ def _run(args: argparse.Namespace, stack: stack_mod.Stack, stop: threading.Event
         if tty:
             sys.stdout.write(render_frame(elapsed, phase, snap, firing, pending, urls, misses))
         else:
-            top, valued = (misses.top if misses is not None else None), worth(misses, snap) is not None
-            if phase.index != told[0] or (top is not None and top != told[1]) or valued > told[2]:
-                told = (phase.index, top, valued)  # a new phase or cause, or its worth now known
-                sys.stdout.write("\n".join(story(phase, misses, snap)) + "\n")
+            sys.stdout.write("".join(line + "\n" for line in narrator.tell(phase, misses, snap)))
             sys.stdout.write(render_line(elapsed, phase, snap, firing, pending, misses) + "\n")
         sys.stdout.flush()
         wait = args.refresh - (time.monotonic() - now)

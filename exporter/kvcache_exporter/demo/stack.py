@@ -107,7 +107,13 @@ class Stack:
         return service
 
     def start_exporter(
-        self, sim_url: str, interval: str, windows: list[str], price: float, kv_events: str | None = None
+        self,
+        sim_url: str,
+        interval: str,
+        windows: list[str],
+        price: float,
+        kv_events: str | None = None,
+        currency: str = "USD",
     ) -> Service:
         port = free_port()
         argv = [sys.executable, "-m", "kvcache_exporter", "serve", "--vllm.url", f"{sim_url}/metrics"]
@@ -118,7 +124,7 @@ class Stack:
             argv += ["--collect.windows", window]
         argv += ["--gpu.source", "dcgm", "--gpu.dcgm-url", f"{sim_url}/dcgm/metrics"]
         argv += ["--gpu.pod", "vllm-0", "--gpu.namespace", "default"]  # the simulator's dcgm labels
-        argv += ["--cost.gpu-hour-price", str(price)]
+        argv += ["--cost.gpu-hour-price", str(price), "--cost.currency", currency]
         service = self._spawn("exporter", argv, f"http://127.0.0.1:{port}/metrics")
         self._require(service, service.url, 20, c.VLLM_UP.encode())
         return service

@@ -31,6 +31,8 @@ class Snapshot:
     estimate_2x: float | None = None
     reordered: float | None = None
     """the hit ratio had the per-request fields come after the shared part (shortest window)"""
+    currency: str = ""
+    """the currency of every cost (kvcache_cost_info's label: the exporter's --cost.currency)"""
 
 
 PHASE_TEXT = {
@@ -40,11 +42,19 @@ PHASE_TEXT = {
 }
 ACTION = {
     "prefix_diverged": "move per-request fields after the static template; keep that part byte-identical",
-    "evicted": "the cache is too small for this traffic: more KV memory, fewer sequences, shorter contexts",
+    "evicted": "the cache is too small for this traffic's working set: more KV memory, fewer sequences,"
+    " shorter contexts",
     "restart": "vLLM restarted: the cache is warming up",
     "cold": "new content: nothing to share yet",
     "other_replica": "route requests sharing a prefix to the same replica",
 }
+
+
+LOW_UTILIZATION = 0.5
+TOO_SMALL_AT_LOW_UTILIZATION = (
+    "block util counts only blocks running requests hold; what does not fit is the content reused"
+    " between requests (the working set), evicted from the free cached blocks before it comes back"
+)
 
 
 @dataclass(frozen=True)
@@ -125,6 +135,8 @@ def parse_metrics(text: str) -> Snapshot:
                 reordered.setdefault(labels.get("window", ""), []).append(value)
             elif name == c.BLOCK_UTILIZATION_RATIO:
                 util.append(value)
+            elif name == c.COST_INFO and labels.get("currency"):
+                snap.currency = labels["currency"]
             elif name == c.COST_PER_MILLION_TOKENS:
                 kinds = cost.setdefault(labels.get("window", ""), {})
                 kinds.setdefault(labels.get("token_kind", "all"), []).append(value)
@@ -197,6 +209,8 @@ def render_line(
         parts.append(f"block_util={_fmt(snap.block_utilization)}")
         cost = snap.cost_per_million_tokens
         parts += [f"cost_per_Mtok{{{k}}}={v:.4f}" for k, v in cost.items()] or ["cost_per_Mtok=n/a"]
+        if cost and snap.currency:
+            parts.append(f"currency={snap.currency}")
     parts.append("alerts=" + (",".join(firing) if firing else "none"))
     if pending:
         parts.append("pending=" + ",".join(pending))
@@ -241,7 +255,8 @@ def render_frame(
         lines += _miss_lines(misses, snap)
         lines.append(f"{BOLD}block util{RESET}      {_fmt(snap.block_utilization, '.1%')}")
         cost = "   ".join(f"{k} {v:.4f}" for k, v in snap.cost_per_million_tokens.items()) or "n/a"
-        lines.append(f"{BOLD}cost / 1M tok{RESET}   {cost}")
+        currency = f"{snap.currency}  " if snap.cost_per_million_tokens and snap.currency else ""
+        lines.append(f"{BOLD}cost / 1M tok{RESET}   {currency}{cost}")
     if firing and firing[0].startswith("Prometheus "):
         lines.append(f"{BOLD}alerts{RESET}          {DIM}{firing[0]}{RESET}")
     else:
@@ -276,17 +291,63 @@ def worth(misses: Misses | None, snap: Snapshot | None) -> str | None:
     return None
 
 
-def story(phase: Phase, misses: Misses | None, snap: Snapshot | None) -> list[str]:
-    """Line mode's explanation: the phase, why the cache misses, the action and its worth."""
-    lines = [f"demo: phase {phase.index}/{phase.count} {phase.name}: {PHASE_TEXT.get(phase.name, '')}"]
-    reason = why(misses)
-    if reason is not None:
-        lines.append(f"demo: why: {reason}")
-        lines.append(f"demo: action: {ACTION.get(misses.top, '')}")
-    value = worth(misses, snap)
-    if value is not None:
-        lines.append(f"demo: worth: {value}")
-    return lines
+def too_small_note(misses: Misses | None, snap: Snapshot | None) -> str | None:
+    """Why "too small" stands beside a low block utilization: both are true."""
+    if misses is None or misses.top != "evicted" or snap is None or snap.block_utilization is None:
+        return None
+    return TOO_SMALL_AT_LOW_UTILIZATION if snap.block_utilization < LOW_UTILIZATION else None
+
+
+# Line mode tells a cause once its figures stopped moving: the same top cause over the last ticks,
+# and its share, the hit ratio now and the offset (in 50-token units) each within SETTLE_SPREAD.
+# (The what-if estimate is left out: over a short window it wanders by 0.1-0.2 between polls.)
+SETTLE_TICKS, SETTLE_SPREAD = 3, 0.05
+
+
+def _figures(misses: Misses, snap: Snapshot | None) -> tuple[float, ...]:
+    now = next(iter(snap.hit_ratio.values()), None) if snap is not None else None
+    offset = (misses.offset or 0.0) / 50 if misses.top == "prefix_diverged" else 0.0
+    return (misses.shares[misses.top], -1.0 if now is None else now, offset)
+
+
+@dataclass
+class Narrator:
+    """Line mode's story: one line when a phase starts; why, action and worth once the cause has
+    settled (the short window holds this phase's traffic only, and the top cause and its figures
+    held still for SETTLE_TICKS ticks), again when the settled cause changes, and the worth when it
+    becomes known later."""
+
+    window: float
+    """the short window's seconds: before it has passed, the misses mix in the last phase's"""
+    phase: int = 0
+    told: tuple[str, bool] | None = None
+    recent: list[tuple[str, tuple[float, ...]]] = field(default_factory=list)
+
+    def tell(self, phase: Phase, misses: Misses | None, snap: Snapshot | None) -> list[str]:
+        out = []
+        if phase.index != self.phase:
+            self.phase, self.told, self.recent = phase.index, None, []
+            out.append(
+                f"demo: phase {phase.index}/{phase.count} {phase.name}: {PHASE_TEXT.get(phase.name, '')}"
+            )
+        if misses is None or misses.top is None or phase.elapsed < self.window:
+            self.recent = []
+            return out
+        self.recent = [*self.recent, (misses.top, _figures(misses, snap))][-SETTLE_TICKS:]
+        causes = {cause for cause, _ in self.recent}
+        spreads = [max(f) - min(f) for f in zip(*(figures for _, figures in self.recent), strict=True)]
+        if len(self.recent) < SETTLE_TICKS or len(causes) > 1 or max(spreads) > SETTLE_SPREAD:
+            return out
+        value = worth(misses, snap)
+        if self.told == (misses.top, value is not None):
+            return out
+        if self.told is None or self.told[0] != misses.top:
+            out += [f"demo: why: {why(misses)}", f"demo: action: {ACTION.get(misses.top, '')}"]
+            note = too_small_note(misses, snap)
+            out += [f"demo: note: {note}"] if note else []
+        out += [f"demo: worth: {value}"] if value is not None else []
+        self.told = (misses.top, value is not None)
+        return out
 
 
 def _miss_lines(misses: Misses | None, snap: Snapshot) -> list[str]:
@@ -302,4 +363,7 @@ def _miss_lines(misses: Misses | None, snap: Snapshot) -> list[str]:
     value = worth(misses, snap)
     if value is not None:
         lines.append(f"{BOLD}worth{RESET}           {GREEN}{value}{RESET}")
+    note = too_small_note(misses, snap)
+    if note is not None:
+        lines.append(f"{BOLD}note{RESET}            {DIM}{note}{RESET}")
     return lines

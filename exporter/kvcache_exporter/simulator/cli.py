@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import signal
 
 from .config import Faults, SimulatorConfig
@@ -14,7 +15,7 @@ from .latency import LatencyModel
 from .layouts import LAYOUTS, layout_named
 from .residency import DEFAULT_SAMPLE
 from .server import Simulator
-from .workloads import parse_schedule
+from .workloads import WorkloadFactory, parse_schedule, trace_lines
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -115,6 +116,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--fault-metrics-fail", action="store_true", help="answer /metrics with HTTP 500")
     add("--fault-metrics-malformed", action="store_true", help="prepend an unparsable line to /metrics")
     add("--fault-drop-kv-seq", type=int, default=0, metavar="N", help="skip a KV-event seq every N batches")
+    add(
+        "--write-trace",
+        metavar="FILE",
+        help="write the --workload schedule's requests to FILE as trace.jsonl (for `analyze`) and exit",
+    )
+    add("--trace-requests", type=int, default=160, metavar="N", help="with --write-trace: requests per phase")
 
 
 def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
@@ -177,10 +184,23 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"simulate: {exc}")
         return 2
+    if args.write_trace:
+        return _write_trace(args)
     if args.replicas > 1:
         asyncio.run(_serve(SimulatorFleet(config, args.replicas, args.routing, args.file_sd)))
     else:
         asyncio.run(_serve(Simulator(config)))
+    return 0
+
+
+def _write_trace(args: argparse.Namespace) -> int:
+    factory = WorkloadFactory(args.seed, trace_path=args.trace_path)
+    count = 0
+    with open(args.write_trace, "w", encoding="utf-8") as out:
+        for line in trace_lines(factory, args.schedule, max(args.trace_requests, 0)):
+            out.write(json.dumps(line, separators=(",", ":")) + "\n")
+            count += 1
+    print(f"simulate: wrote {count} requests ({args.schedule}) to {args.write_trace}")
     return 0
 
 

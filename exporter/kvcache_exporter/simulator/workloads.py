@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -222,3 +223,26 @@ def phase_at(phases: list[tuple[str, float | None]], elapsed: float) -> str:
             return name
         elapsed -= seconds
     return phases[-1][0]
+
+
+def trace_lines(factory: WorkloadFactory, schedule: str, per_phase: int) -> Iterator[dict]:
+    """The schedule's built-in traffic as trace.jsonl lines (`simulate --write-trace`, what `analyze`
+    reads): `per_phase` requests of each phase in order, each with its `phase`. A chat turn's answer
+    is taken as empty (nothing is generated here)."""
+    i = 0
+    for name, _ in parse_schedule(schedule):
+        workload = factory.make(name)
+        for _ in range(per_phase if workload is not None else 0):
+            spec = workload.next_request()
+            if spec is None:
+                break
+            workload.on_response(spec, spec.forced_output or [])
+            tokens = spec.prompt_token_ids
+            yield {
+                "i": i,
+                "phase": name,
+                "session": spec.session,
+                "prompt_token_ids": tokens,
+                "max_tokens": spec.max_tokens,
+            }
+            i += 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import units
 
-from . import attribution, fleet
+from . import attribution
 from .common import (
     BATCHES_PER_SECOND,
     TOKENS_PER_SECOND,
@@ -113,18 +113,22 @@ def _blocks():
             unit=units.PercentUnit,
             w=8,
         ),
+        # Two panels: a block size (16-256) and a capacity (thousands of tokens) share no axis.
         graph(
-            "Block size and token capacity",
+            "Token capacity",
             Query(sel("kvcache_capacity_tokens"), "{{model_name}}/{{engine}} tokens"),
-            Query(sel("kvcache_block_size_tokens"), "{{model_name}}/{{engine}} block size"),
-            shows="Tokens the KV cache can hold, and tokens per block.",
+            shows="Tokens the KV cache can hold.",
             action="A sudden change means vLLM restarted with another configuration: see the config audit.",
-            alerts=(
-                "KVCachePrefixCachingDisabled",
-                "KVCacheGPUMemoryUtilizationTooHigh",
-                "KVCacheConfigCheckFailed",
-            ),
-            w=8,
+            alerts=("KVCacheGPUMemoryUtilizationTooHigh", "KVCacheConfigCheckFailed"),
+            w=4,
+        ),
+        graph(
+            "Block size",
+            Query(sel("kvcache_block_size_tokens"), "{{model_name}}/{{engine}} block size"),
+            shows="Tokens per KV block: the unit the prefix cache hits in.",
+            action="A sudden change means vLLM restarted with another configuration: see the config audit.",
+            alerts=("KVCachePrefixCachingDisabled", "KVCacheConfigCheckFailed"),
+            w=4,
         ),
         graph(
             "Cached blocks per the KV-event stream",
@@ -194,7 +198,6 @@ def _audit():
 def build() -> db.Dashboard:
     rows = {"Prefix cache": _prefix_cache(), "Blocks": _blocks(), "Config audit": _audit()}
     rows["Why is the cache missing?"] = attribution.panels()
-    rows["Fleet"] = fleet.panels()
     return dashboard(
         UID, "KV cache / Prefix cache and blocks", "Deep dive: prefix cache, blocks, config.", rows
     )

@@ -219,7 +219,16 @@ def variables() -> list[db.DatasourceVariable | db.QueryVariable]:
         .multi(False)
         .include_all(False)
         .current(dm.VariableOption(selected=True, text="5m", value="5m")),
+        # The exporter's --cost.currency (default USD), named in every cost panel's title.
+        _query_var("currency", "Currency", f"label_values({COST_INFO}, currency)")
+        .multi(False)
+        .include_all(False)
+        .current(dm.VariableOption(selected=True, text="USD", value="USD"))
+        .hide(dm.VariableHide.HIDE_VARIABLE),
     ]
+
+
+COST_INFO = 'kvcache_cost_info{job=~"$job", instance=~"$instance"}'
 
 
 def _query_var(name: str, label: str, query: str) -> db.QueryVariable:

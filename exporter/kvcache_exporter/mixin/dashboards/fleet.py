@@ -1,4 +1,5 @@
-"""The "Fleet" row of kvcache-cache: what `kvcache-exporter aggregate` sees across a pool.
+"""kvcache-fleet: what `kvcache-exporter aggregate` sees across a pool of replicas (its own
+dashboard: a single vLLM's dashboards stay free of panels that are empty without an aggregator).
 
 Queries sum the aggregator's shards: its own counters add up; vLLM's counters, which every shard
 polls alike, are taken once per replica (`max by (replica)`), as the recording rules do.
@@ -6,9 +7,12 @@ polls alike, are taken once per replica (`max by (replica)`), as the recording r
 
 from __future__ import annotations
 
+from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models import units
 
-from .common import BATCHES_PER_SECOND, RATE, TOKENS_PER_SECOND, Query, graph, ratio, sel
+from .common import BATCHES_PER_SECOND, RATE, TOKENS_PER_SECOND, Query, dashboard, graph, ratio, sel
+
+UID = "kvcache-fleet"
 
 OTHER = sel("kvcache_prefix_cache_miss_tokens_total", 'cause="other_replica"')
 AFFINITY = ("KVCacheAffinityLoss",)
@@ -110,3 +114,12 @@ def panels():
             alerts=("KVCacheAggregatorDown", "KVCacheAggregatorAbsent"),
         ),
     ]
+
+
+def build() -> db.Dashboard:
+    return dashboard(
+        UID,
+        "KV cache / Fleet",
+        "A pool of replicas: misses another replica could serve, blocks held twice.",
+        {"Fleet": panels()},
+    )

@@ -72,7 +72,7 @@ def _gpu():
 def _cost():
     return [
         graph(
-            "Cost per million tokens",
+            "Cost per million tokens ($currency)",
             Query(sel("kvcache_cost_per_million_tokens"), "{{token_kind}} {{window}}"),
             shows="GPU cost over each window per million tokens, prompt vs generation (currency: see the "
             "Pricing panel).",
@@ -80,7 +80,7 @@ def _cost():
             alerts=COST_ALERTS,
         ),
         graph(
-            "Cost and savings per hour",
+            "Cost and savings per hour ($currency)",
             Query(sel("kvcache_gpu_cost_per_hour"), "GPU cost"),
             Query(sel("kvcache_cache_savings_per_hour"), "saved by the prefix cache {{window}}"),
             Query(

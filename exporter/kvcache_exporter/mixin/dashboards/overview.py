@@ -222,7 +222,7 @@ def _graphs():
             unit=units.BytesIEC,
         ),
         graph(
-            "Cost per million tokens",
+            "Cost per million tokens ($currency)",
             Query(sel("kvcache_cost_per_million_tokens"), "{{token_kind}} {{window}}"),
             shows="GPU cost per million tokens, prompt vs generation, in kvcache_cost_info's currency.",
             action="Rises when throughput falls or misses add prefill work; see the GPU & cost dashboard.",

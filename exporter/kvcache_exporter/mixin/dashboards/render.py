@@ -7,10 +7,10 @@ from pathlib import Path
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 from ..thresholds import DashboardThresholds
-from . import cache, gpu_cost, overview
+from . import cache, fleet, gpu_cost, overview
 from .common import LIMITS
 
-MODULES = (overview, cache, gpu_cost)
+MODULES = (overview, cache, gpu_cost, fleet)
 
 
 def render(module, cfg: dict) -> str:
