@@ -169,3 +169,8 @@ def test_every_refused_pattern_is_named_at_once():
     assert "a: " in str(err.value) and "c: " in str(err.value) and "b: " not in str(err.value)
     with pytest.raises(ValueError, match=f"at most {MAX_PATTERNS}"):
         Rules.with_patterns({f"p{i}": rf"x{i}y" for i in range(MAX_PATTERNS + 1)})
+
+
+def test_a_tag_cut_where_the_front_ends_is_still_named():
+    assert [f.kind for f in classify("User [ID:48213")] == ["id"]
+    assert [f.kind for f in classify("at [TS:17333")] == ["timestamp"]
