@@ -103,3 +103,19 @@ def test_help_shows_durations_and_sizes_as_the_readme_writes_them():
     assert "KVCACHE_EXPORTER_GPU_DCGM_TIMEOUT; default 5s)" in flat
     assert "KVCACHE_EXPORTER_COLLECT_WINDOWS; default 1m,5m,15m,1h)" in flat
     assert "8388608" not in flat and "5.0" not in flat
+
+
+def test_field_patterns_from_flags_and_yaml_keep_their_commas(tmp_path):
+    s = resolve({"fields.patterns": [r"ticket=TCK-\d{4,6}", "sku=[A-Z]{3}-\\d+"]}, {}, None)
+    assert s.fields_patterns == {"ticket": r"TCK-\d{4,6}", "sku": "[A-Z]{3}-\\d+"}
+    assert resolve({}, {"KVCACHE_EXPORTER_FIELDS_PATTERNS": r"ref=R\d{2,8}"}, None).fields_patterns == {
+        "ref": r"R\d{2,8}"
+    }
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("fields:\n  patterns:\n    ticket: 'TCK-\\d{4,6}'\n  debug_endpoint: true\n")
+    s = resolve({}, {}, str(cfg))
+    assert s.fields_patterns == {"ticket": r"TCK-\d{4,6}"} and s.fields_debug_endpoint is True
+    assert (
+        resolve({}, {}, None).fields_debug_endpoint is False
+        and resolve({}, {}, None).fields_tokenizer is None
+    )
