@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from kvcache_exporter.derive.fields import KINDS, MAX_SHAPE, Rules, classify, shape, vet_pattern
 from kvcache_exporter.derive.front_fields import MAX_RECENT, FrontFields
 from kvcache_exporter.model_tokenizer import load_tokenizer, safe_decoder
+from kvcache_exporter.sources.kv_events_decode import Event
 from tests.fuzzing import fuzz_settings
 
 TOKENIZER = load_tokenizer(Path(__file__).resolve().parents[1] / "fixtures" / "tiny-llama")
@@ -63,7 +64,7 @@ def test_hostile_token_ids_decode_without_raising(ids):
 def test_a_front_namer_fed_hostile_fronts_stays_bounded(fronts):
     namer = FrontFields(safe_decoder(TOKENIZER, 64), RULES, per_second=1000, clock=lambda: 0.0)
     for ids, start, served in fronts:
-        namer.observe(ids, start, served)
+        namer.observe(Event("BlockStored", [1], None, ids, 16), start, served)
     report = namer.report()
     assert set(report["fields"]) == set(RULES.kinds)
     assert sum(report["fields"].values()) == sum(s for ids, start, s in fronts if start > 0)

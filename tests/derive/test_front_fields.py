@@ -29,6 +29,18 @@ def header(rng: random.Random) -> str:
     )
 
 
+class Front:
+    """A stored event's token ids, counting how often they are read (each read decodes them)."""
+
+    def __init__(self, ids):
+        self.ids, self.reads = ids, 0
+
+    @property
+    def token_ids(self):
+        self.reads += 1
+        return self.ids
+
+
 class Clock:
     def __init__(self):
         self.now = 1000.0
@@ -116,7 +128,7 @@ def test_user_patterns_name_their_own_kind():
     fields = namer(rules=rules)
     for n in range(3):
         ids = TOKENIZER.encode(f"Ticket TCK-{123456 + n} from Alice: ").ids
-        fields.observe(ids + TEMPLATE, len(ids), 100)
+        fields.observe(Front(ids + TEMPLATE), len(ids), 100)
     assert fields.tokens["ticket"] == 300
     assert fields.report()["recent"][0]["shape"].startswith("<Word> <ticket> <word> <Word>:")
 
@@ -125,7 +137,7 @@ def test_the_recent_shapes_are_bounded():
     fields = namer()
     for n in range(MAX_RECENT + 10):
         ids = TOKENIZER.encode("Ab" + ":" * n + " 2026-12-04").ids
-        fields.observe(ids, len(ids), 1)
+        fields.observe(Front(ids), len(ids), 1)
     assert len(fields.report()["recent"]) == MAX_RECENT
 
 
@@ -144,3 +156,13 @@ def test_the_field_series_exist_only_with_a_tokenizer():
     assert series(False) == {}  # absent, not zero
     with_fields = series(True)
     assert set(with_fields) == set(KINDS) and with_fields["id"] > 0
+
+
+def test_the_token_ids_of_a_front_skipped_are_never_read():
+    fields, fronts = (
+        namer(per_second=1),
+        [Front(TOKENIZER.encode(f"Order #{n} now").ids) for n in range(100, 105)],
+    )
+    for front in fronts:
+        fields.observe(front, 3, 10)
+    assert [f.reads for f in fronts] == [1, 0, 0, 0, 0] and fields.skipped == 4

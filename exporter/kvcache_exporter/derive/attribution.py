@@ -212,7 +212,7 @@ class Attribution:
             if not diverged and depth is not None and run.fronted:
                 self._observe_offset(depth * size + run.start)
                 if self.fields is not None:
-                    self.fields.observe(event.token_ids, run.start, served)
+                    self.fields.observe(event, run.start, served)
         self._track(hashes, depth, marked)
 
     def _count_each(self, hashes: Sequence, diverged: list[int], size: int) -> None:
