@@ -10,8 +10,10 @@ over ZMQ to the exporter's bound SUB socket, then the real frames of three deplo
 Gemma-2 hybrid: two KV-cache groups; LoRA adapters; session ids, cache salts and reuse reports), each
 a new publisher (seq from 0), and an offload tier's events in vLLM 0.33's layout (CPU offload cannot
 run on vLLM's CPU build, so they are written here, as are the 0.33 offload counters added to the
-seed's expositions). Polls run on a virtual clock 10 s apart and the upstreams' random ports are
-replaced by names, so the output is the same on every run.
+seed's expositions). Diverged fronts are named with the tiny-llama tokenizer (the seed's prompts are
+random token ids: what they decode to is noise, the wiring is what is shown). Polls run on a virtual
+clock 10 s apart and the upstreams' random ports are replaced by names, so the output is the same on
+every run.
 """
 
 from __future__ import annotations
@@ -143,6 +145,8 @@ def settings(gpu: str, vllm_urls: list[str], kv_endpoint: str):
         "kv_events.endpoint": kv_endpoint,
         "kv_events.topic": "kv",
         "whatif.host_tier_bytes": "64MiB",  # the host-tier what-if: 2,048 of the seed's 32 KiB blocks
+        "fields.tokenizer": str(REPO / "tests" / "fixtures" / "tiny-llama"),  # the seed model's kind
+        "fields.max_per_second": "1000000",  # every diverged front named: the same output on every run
         "cost.gpu_hour_price": "2.5",
         "cost.energy_price_per_kwh": "0.2",
         "gpu.source": gpu,
