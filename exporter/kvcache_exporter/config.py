@@ -520,6 +520,8 @@ def checks(s: Settings) -> list[tuple[str, str]]:
     dcgm = s.gpu_source == "dcgm" or (s.gpu_source == "auto" and s.gpu_dcgm_url)
     if dcgm and not s.gpu_pod and not s.gpu_uuids:
         out.append(("--gpu.pod", "the dcgm GPU source needs this pod's name ($POD_NAME) or --gpu.uuids"))
+    if s.fields_debug_endpoint and not s.fields_tokenizer:
+        out.append(("--fields.debug-endpoint", "needs --fields.tokenizer (it shows the fields that names)"))
     if s.fields_tokenizer and not s.kv_events_endpoint:
         out.append(("--fields.tokenizer", "needs --kv-events.endpoint (the fronts come from KV events)"))
     elif s.fields_tokenizer:

@@ -4,6 +4,7 @@ import sys
 import pytest
 
 from kvcache_exporter.config import ConfigError, duration, resolve, window_label
+from tests.conftest import REPO
 
 CLI = [sys.executable, "-m", "kvcache_exporter", "serve"]
 
@@ -112,7 +113,11 @@ def test_field_patterns_from_flags_and_yaml_keep_their_commas(tmp_path):
         "ref": r"R\d{2,8}"
     }
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("fields:\n  patterns:\n    ticket: 'TCK-\\d{4,6}'\n  debug_endpoint: true\n")
+    tiny = REPO / "tests" / "fixtures" / "tiny-llama"
+    cfg.write_text(
+        f"kv_events:\n  endpoint: tcp://127.0.0.1:5557\nfields:\n  tokenizer: {tiny}\n"
+        "  patterns:\n    ticket: 'TCK-\\d{4,6}'\n  debug_endpoint: true\n"
+    )
     s = resolve({}, {}, str(cfg))
     assert s.fields_patterns == {"ticket": r"TCK-\d{4,6}"} and s.fields_debug_endpoint is True
     assert (

@@ -74,6 +74,10 @@ CASES = {
         {"c.yaml": "fields:\n  patterns:\n    Ticket: TCK-\\d+\n"},
         "FILE:fields.patterns: Ticket: the name must match",
     ),
+    "debug endpoint without a tokenizer": (
+        ["--fields.debug-endpoint", "true"],
+        "--fields.debug-endpoint: needs --fields.tokenizer",
+    ),
     "debug endpoint not a boolean": (
         ["--fields.debug-endpoint", "maybe"],
         '--fields.debug-endpoint: "maybe" is not true or false',
