@@ -62,7 +62,7 @@ def test_hostile_token_ids_decode_without_raising(ids):
 @given(st.lists(st.tuples(IDS, st.integers(-5, 200), st.integers(0, 10**6)), max_size=40))
 @fuzz_settings(200)
 def test_a_front_namer_fed_hostile_fronts_stays_bounded(fronts):
-    namer = FrontFields(safe_decoder(TOKENIZER, 64), RULES, per_second=1000, clock=lambda: 0.0)
+    namer = FrontFields(safe_decoder(TOKENIZER, 64), RULES, 1000, clock=lambda: 0.0, timer=lambda: 0.0)
     for ids, start, served in fronts:
         namer.observe(Event("BlockStored", [1], None, ids, 16), start, served)
     report = namer.report()

@@ -9,7 +9,7 @@ from pathlib import Path
 from kvcache_exporter import catalog as c
 from kvcache_exporter.derive.attribution import Attribution
 from kvcache_exporter.derive.fields import KINDS, Rules
-from kvcache_exporter.derive.front_fields import LOG_EVERY_S, MAX_RECENT, FrontFields
+from kvcache_exporter.derive.front_fields import BUSY_PER_SECOND, LOG_EVERY_S, MAX_RECENT, FrontFields
 from kvcache_exporter.derive.kv_events import EventState
 from kvcache_exporter.derive.registry import DeriveOptions
 from kvcache_exporter.derive.registry import attribution as attribution_samples
@@ -49,8 +49,8 @@ class Clock:
         return self.now
 
 
-def namer(clock=None, per_second=100, rules=None, decode=None) -> FrontFields:
-    return FrontFields(decode or safe_decoder(TOKENIZER, 64), rules, per_second, clock or Clock())
+def namer(clock=None, per_second=100, rules=None, decode=None, timer=lambda: 0.0) -> FrontFields:
+    return FrontFields(decode or safe_decoder(TOKENIZER, 64), rules, per_second, clock or Clock(), timer)
 
 
 def prompts(stream: Stream, count: int, seed: int = 1, template=TEMPLATE) -> None:
@@ -92,6 +92,19 @@ def test_at_most_per_second_fronts_are_decoded():
     prompts(stream, 2, seed=2)
     assert fields.sampled == len(calls) == 4
     assert max(calls) <= 64
+
+
+def test_at_most_a_cpu_share_a_second_goes_to_naming():
+    clock, ticks = Clock(), iter(range(10**6))
+    fields = namer(clock, per_second=100, timer=lambda: next(ticks) * BUSY_PER_SECOND * 0.6)
+    fronts = [Front(TOKENIZER.encode(f"Order #{n} now").ids) for n in range(100, 106)]
+    for front in fronts[:4]:  # each named front reads as 0.6 x BUSY_PER_SECOND of CPU
+        fields.observe(front, 3, 10)
+    assert (fields.sampled, fields.skipped) == (2, 2)
+    clock.now += 1.0
+    for front in fronts[4:]:
+        fields.observe(front, 3, 10)
+    assert (fields.sampled, fields.skipped) == (4, 2)
 
 
 def test_nothing_is_decoded_when_no_prefix_diverges():
