@@ -137,6 +137,7 @@ EXTERNAL_PREFIX_CACHE_QUERY_TOKENS_TOTAL = "kvcache_external_prefix_cache_query_
 EXTERNAL_PREFIX_CACHE_HIT_TOKENS_TOTAL = "kvcache_external_prefix_cache_hit_tokens_total"
 KV_EVENTS_DECODE_TOKENS_TOTAL = "kvcache_kv_events_decode_tokens_total"
 PREFIX_DIVERGENCE_OFFSET_TOKENS = "kvcache_prefix_divergence_offset_tokens"
+PREFIX_DIVERGED_FIELD_TOKENS_TOTAL = "kvcache_prefix_diverged_field_tokens_total"
 PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO = "kvcache_prefix_cache_miss_attribution_coverage_ratio"
 PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED = "kvcache_prefix_cache_miss_attribution_tracked"
 PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED_LIMIT = "kvcache_prefix_cache_miss_attribution_tracked_limit"
@@ -1074,6 +1075,19 @@ CATALOG: tuple[Metric, ...] = (
         "attribution",
         "BlockStored token_ids, parent_block_hash",
         "chain depth x block size + where the first known content fingerprint starts",
+    ),
+    _m(
+        PREFIX_DIVERGED_FIELD_TOKENS_TOTAL,
+        "counter",
+        "prefix_diverged miss tokens of the sampled diverged prompts (at most --fields.max-per-second "
+        "a second), by the field in front of the known content: the first dynamic field of the decoded "
+        "front (timestamp, date, time, uuid, email, url, hex, id, number, template, a --fields.pattern "
+        "name, or other). Only with --fields.tokenizer; a share, not a total (docs/kv-events.md).",
+        ("field",),
+        "tokens",
+        "attribution",
+        "BlockStored token_ids (decoded with the model's tokenizer)",
+        "the front's first tokens decoded and classified by rules (derive/fields.py)",
     ),
     _m(
         PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED,

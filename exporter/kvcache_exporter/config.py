@@ -96,6 +96,31 @@ def price_table(value: Any) -> dict[str, float]:
     return table
 
 
+def named_patterns(value: Any) -> dict[str, str]:
+    """Field patterns (derive/fields.py): from YAML a mapping, from a flag `NAME=REGEX` items; each
+    vetted here, so a pattern that could backtrack for long is refused at start-up."""
+    from .derive.fields import Rules
+
+    if isinstance(value, dict):
+        table = {str(k): str(v) for k, v in value.items()}
+    else:
+        table = {}
+        for item in value if isinstance(value, list) else [value]:
+            name, sep, pattern = str(item).partition("=")
+            if not sep or not name:
+                raise ValueError(f'"{item}" is not NAME=REGEX')
+            table[name] = pattern
+    Rules.with_patterns(table)
+    return table
+
+
+def on_off(value: Any) -> bool:
+    text = str(value).lower()
+    if text not in ("true", "false", "on", "off", "1", "0", "yes", "no"):
+        raise ValueError(f'"{value}" is not true or false')
+    return text in ("true", "on", "1", "yes")
+
+
 def at_least(minimum: int) -> Callable[[Any], int]:
     def parse(text: Any) -> int:
         try:
@@ -244,6 +269,27 @@ OPTIONS: tuple[Option, ...] = (
         "a host (CPU) KV tier to estimate the hit ratio with (default: the tier vLLM reports, if any)",
     ),
     Option(
+        "fields.tokenizer",
+        str,
+        None,
+        "the served model's tokenizer.json (or its folder): name the per-request field in front of"
+        " diverged prefixes (needs --kv-events.endpoint and the tokenizers library)",
+    ),
+    Option(
+        "fields.patterns",
+        named_patterns,
+        {},
+        "extra named field patterns NAME=REGEX, tried before the built-in ones (at most 8)",
+        True,
+    ),
+    Option("fields.max_per_second", at_least(1), 20, "diverged prompt fronts decoded and named per second"),
+    Option(
+        "fields.debug_endpoint",
+        on_off,
+        False,
+        "serve /debug/fields (redacted shapes of recent fronts) behind the same auth as /metrics",
+    ),
+    Option(
         "audit.gpu_memory_utilization_ceiling",
         ratio,
         0.9,
@@ -322,8 +368,8 @@ def _split(option: Option, item: Any) -> list[Any]:
 
 def _parse(option: Option, value: Any, location: str) -> Any:
     try:
-        if option.multiple and option.parse is price_table:
-            return price_table(value)
+        if option.multiple and option.parse in (price_table, named_patterns):  # NAME=VALUE items, unsplit
+            return option.parse(value)
         if option.multiple:
             raw = value if isinstance(value, list) else [value]
             return [option.parse(v) for item in raw for v in _split(option, item)]
@@ -475,6 +521,17 @@ def checks(s: Settings) -> list[tuple[str, str]]:
     dcgm = s.gpu_source == "dcgm" or (s.gpu_source == "auto" and s.gpu_dcgm_url)
     if dcgm and not s.gpu_pod and not s.gpu_uuids:
         out.append(("--gpu.pod", "the dcgm GPU source needs this pod's name ($POD_NAME) or --gpu.uuids"))
+    if s.fields_debug_endpoint and not s.fields_tokenizer:
+        out.append(("--fields.debug-endpoint", "needs --fields.tokenizer (it shows the fields that names)"))
+    if s.fields_tokenizer and not s.kv_events_endpoint:
+        out.append(("--fields.tokenizer", "needs --kv-events.endpoint (the fronts come from KV events)"))
+    elif s.fields_tokenizer:
+        from .model_tokenizer import load_tokenizer
+
+        try:
+            load_tokenizer(s.fields_tokenizer, "pip install tokenizers")
+        except ValueError as err:
+            out.append(("--fields.tokenizer", str(err)))
     return out
 
 
@@ -505,7 +562,7 @@ def default_text(option: Option) -> str:
         return "unset"
     if value == "":
         return '""'
-    show = {duration: window_label, size: size_text}.get(option.parse, str)
+    show = {duration: window_label, size: size_text, on_off: lambda v: str(v).lower()}.get(option.parse, str)
     if isinstance(value, dict):
         return ",".join(f"{k}={v}" for k, v in value.items())
     return ",".join(show(v) for v in value) if isinstance(value, list) else show(value)

@@ -8,12 +8,16 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from .collector import Exporter, Poll, target_polls
+from .config import ConfigError
 from .derive.attribution import Attribution
 from .derive.cost import Pricing
+from .derive.fields import Rules
+from .derive.front_fields import MAX_FRONT_TOKENS, FrontFields
 from .derive.kv_events import EventState
 from .derive.registry import DeriveOptions
 from .derive.state import PollState
 from .derive.units import UnitView
+from .model_tokenizer import load_tokenizer, safe_decoder
 from .settings import Settings
 from .sources.base import SourceUnavailable
 from .sources.gpu_factory import make_gpu_source
@@ -33,6 +37,7 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
         for url in s.vllm_url
     }
     polls = target_polls(state, vllm)
+    debug_fields: dict[str, FrontFields] = {}
     try:
         gpu = make_gpu_source(
             s.gpu_source,
@@ -52,6 +57,7 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
         from .sources.kv_events import KvEventSubscriber, rank_endpoint  # here: pyzmq is ~1.2 MiB unused
 
         ranks = s.kv_events_data_parallel_size
+        decode = field_decoder(s)
         state.host_tier_bytes = s.whatif_host_tier_bytes
         for rank in range(ranks):  # one publisher per data-parallel rank, each its own sequence
             replay = s.kv_events_replay_endpoint
@@ -65,10 +71,16 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
             )
             subscriber.start()  # needs the running event loop: build_exporter is called from serve()
             labels = {"engine": str(rank)} if ranks > 1 else {}
+            attribution = Attribution(s.kv_events_max_tracked_blocks, s.kv_events_max_fingerprints)
+            if decode is not None:  # the rules were vetted by config
+                rules = Rules.with_patterns(s.fields_patterns)
+                attribution.fields = debug_fields[str(rank)] = FrontFields(
+                    decode, rules, s.fields_max_per_second
+                )
             events = state.add_kv_events(
                 EventState(s.kv_events_max_tracked_blocks),
                 labels,
-                attribution=Attribution(s.kv_events_max_tracked_blocks, s.kv_events_max_fingerprints),
+                attribution=attribution,
                 units=UnitView(s.kv_events_max_tracked_blocks),
                 budget=KV_EVENTS_APPLY_SHARE * s.collect_interval,
             )
@@ -82,7 +94,21 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
     )
     # past every source's own timeout
     deadline = max(2 * s.collect_interval, s.vllm_timeout + 1, s.gpu_dcgm_timeout + 1, 10.0)
-    return Exporter(polls, state, options, interval=s.collect_interval, clock=clock, deadline=deadline)
+    exporter = Exporter(polls, state, options, interval=s.collect_interval, clock=clock, deadline=deadline)
+    if s.fields_debug_endpoint and debug_fields:
+        exporter.debug_pages = {"/debug/fields": lambda: {e: f.report() for e, f in debug_fields.items()}}
+    return exporter
+
+
+def field_decoder(s: Settings) -> Callable[[list[int]], str] | None:
+    """The model's tokenizer as a front decoder (derive/front_fields.py); None without one."""
+    if not s.fields_tokenizer:
+        return None
+    try:
+        tokenizer = load_tokenizer(s.fields_tokenizer, "pip install tokenizers")
+    except ValueError as err:
+        raise ConfigError(f"--fields.tokenizer: {err}") from None
+    return safe_decoder(tokenizer, MAX_FRONT_TOKENS)
 
 
 def pricing_from(settings: Settings) -> Pricing:

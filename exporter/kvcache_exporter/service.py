@@ -80,6 +80,7 @@ async def run(s: ServiceSettings, build: Build) -> int:
         ready=lambda: loop.ready,
         users=web_config.users,
         headers=web_config.headers,
+        debug_pages=getattr(loop, "debug_pages", None),  # serve's opt-in /debug/fields
     )
     limits = ConnectionLimits(s.web_max_connections, s.web_idle_timeout, s.web_tls_handshake_timeout)
     try:

@@ -54,6 +54,10 @@ class Settings(ServiceSettings):
     kv_events_max_tracked_blocks: int
     kv_events_max_fingerprints: int
     whatif_host_tier_bytes: int | None
+    fields_tokenizer: str | None
+    fields_patterns: dict[str, str]
+    fields_max_per_second: int
+    fields_debug_endpoint: bool
     audit_gpu_memory_utilization_ceiling: float
 
 

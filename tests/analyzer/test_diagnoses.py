@@ -27,6 +27,7 @@ FACTS = {
     "dyn_end": 20,
     "dyn_len": 12,
     "dyn_template": 180,
+    "dyn_field_text": " The first per-request field reads as an id (<Word> <id>:).",
     "host_text": " A host tier of 512 blocks per replica would reach 0.180 (exact two-tier replay).",
 }
 
@@ -37,6 +38,7 @@ def test_ranked_by_worth_with_the_hit_ratio_after_each_fix():
     assert [round(d.gain, 3) for d in found] == [0.7, 0.3, 0.1, 0.06]
     assert [round(d.after, 3) for d in found] == [0.8, 0.4, 0.2, 0.16]
     assert "hit ratio 0.100 -> 0.800" in found[0].evidence and "1024 blocks per replica" in found[2].evidence
+    assert found[0].evidence.endswith("0.800. The first per-request field reads as an id (<Word> <id>:).")
 
 
 def test_every_cause_formats_its_evidence_from_the_facts():

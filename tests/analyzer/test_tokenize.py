@@ -4,6 +4,7 @@ its chat template rendered with Jinja2 as vLLM renders it, and the tiny-llama fi
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +101,42 @@ def test_analyze_an_openai_log_with_the_tokenizer(tiny_bpe, tmp_path):
     rough = subprocess.run(argv, capture_output=True, text=True)
     assert rough.returncode == 0 and "approximate" in rough.stderr
     assert json.loads(rough.stdout)["observed"]["prompt_tokens"] != tokens
+
+
+def test_the_analyzer_names_the_first_per_request_field_as_the_sidecar_does(tmp_path):
+    """The seed's header first (`User [ID:..] at <timestamp> asks about order [NO:..]:`), then shared
+    content: the dynamic part is named an id (the user id, the first field past the shared head), its
+    shape redacted; the diagnosis says so. Without --tokenizer nothing is named."""
+    rng = random.Random(4)
+    system = " ".join(CORPUS[:3]) * 2
+    lines = [
+        {
+            "prompt": f"User [ID:{rng.randrange(10**4, 10**5)}] at 2026-12-{rng.randrange(1, 29):02d}T"
+            f"{rng.randrange(24):02d}:{rng.randrange(60):02d}:00 asks about order "
+            f"[NO:{rng.randrange(10**6, 10**7)}]: {system}"
+        }
+        for _ in range(40)
+    ]
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    argv = [
+        sys.executable,
+        "-m",
+        "kvcache_exporter.analyzer",
+        str(path),
+        "--block-size",
+        "16",
+        "--format",
+        "json",
+    ]
+    done = subprocess.run([*argv, "--tokenizer", str(TINY_LLAMA)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    field = report["structure"]["dynamic_field"]
+    assert field["field"] == "id", field
+    assert field["shape"].startswith("<Word> <id> <word> <timestamp>"), field  # `asks about order` is shared
+    assert "User" not in field["shape"] and "asks" not in field["shape"]
+    [dynamic] = [d for d in report["diagnoses"] if d["kind"] == "dynamic_prefix"]
+    assert "The first per-request field reads as an id (" in dynamic["evidence"]
+    rough = json.loads(subprocess.run(argv, capture_output=True, text=True).stdout)
+    assert rough["structure"]["dynamic_field"]["field"] is None

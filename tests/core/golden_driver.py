@@ -10,8 +10,10 @@ over ZMQ to the exporter's bound SUB socket, then the real frames of three deplo
 Gemma-2 hybrid: two KV-cache groups; LoRA adapters; session ids, cache salts and reuse reports), each
 a new publisher (seq from 0), and an offload tier's events in vLLM 0.33's layout (CPU offload cannot
 run on vLLM's CPU build, so they are written here, as are the 0.33 offload counters added to the
-seed's expositions). Polls run on a virtual clock 10 s apart and the upstreams' random ports are
-replaced by names, so the output is the same on every run.
+seed's expositions). Diverged fronts are named with the tiny-llama tokenizer (the seed's prompts are
+random token ids: what they decode to is noise, the wiring is what is shown). Polls run on a virtual
+clock 10 s apart and the upstreams' random ports are replaced by names, so the output is the same on
+every run.
 """
 
 from __future__ import annotations
@@ -143,6 +145,8 @@ def settings(gpu: str, vllm_urls: list[str], kv_endpoint: str):
         "kv_events.endpoint": kv_endpoint,
         "kv_events.topic": "kv",
         "whatif.host_tier_bytes": "64MiB",  # the host-tier what-if: 2,048 of the seed's 32 KiB blocks
+        "fields.tokenizer": str(REPO / "tests" / "fixtures" / "tiny-llama"),  # the seed model's kind
+        "fields.max_per_second": "1000000",  # every diverged front named: the same output on every run
         "cost.gpu_hour_price": "2.5",
         "cost.energy_price_per_kwh": "0.2",
         "gpu.source": gpu,
@@ -175,6 +179,7 @@ async def run(gpu: str) -> bytes:
     now = [1_800_000_000.0]
     exporter = build_exporter(settings(gpu, urls, f"tcp://127.0.0.1:{free_port()}"), clock=lambda: now[0])
     subscriber = next(p.source for p in exporter.polls if p.source.name == "kv_events")
+    exporter.state.kv_events[0].attribution.fields.timer = lambda: 0.0  # no CPU budget: every front named
     await asyncio.to_thread(publish, subscriber.last_endpoint, frames)
     deadline = time.monotonic() + 30
     while subscriber.queued < len(frames) and time.monotonic() < deadline:

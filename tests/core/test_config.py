@@ -4,6 +4,7 @@ import sys
 import pytest
 
 from kvcache_exporter.config import ConfigError, duration, resolve, window_label
+from tests.conftest import REPO
 
 CLI = [sys.executable, "-m", "kvcache_exporter", "serve"]
 
@@ -136,3 +137,23 @@ def test_an_unknown_command_lists_the_users_commands_not_docs():
     last = run.stderr.splitlines()[-1]
     assert run.returncode == 2 and "commands: serve," in last
     assert "docs" not in last and "did you mean" not in last
+
+
+def test_field_patterns_from_flags_and_yaml_keep_their_commas(tmp_path):
+    s = resolve({"fields.patterns": [r"ticket=TCK-\d{4,6}", "sku=[A-Z]{3}-\\d+"]}, {}, None)
+    assert s.fields_patterns == {"ticket": r"TCK-\d{4,6}", "sku": "[A-Z]{3}-\\d+"}
+    assert resolve({}, {"KVCACHE_EXPORTER_FIELDS_PATTERNS": r"ref=R\d{2,8}"}, None).fields_patterns == {
+        "ref": r"R\d{2,8}"
+    }
+    cfg = tmp_path / "c.yaml"
+    tiny = REPO / "tests" / "fixtures" / "tiny-llama"
+    cfg.write_text(
+        f"kv_events:\n  endpoint: tcp://127.0.0.1:5557\nfields:\n  tokenizer: {tiny}\n"
+        "  patterns:\n    ticket: 'TCK-\\d{4,6}'\n  debug_endpoint: true\n"
+    )
+    s = resolve({}, {}, str(cfg))
+    assert s.fields_patterns == {"ticket": r"TCK-\d{4,6}"} and s.fields_debug_endpoint is True
+    assert (
+        resolve({}, {}, None).fields_debug_endpoint is False
+        and resolve({}, {}, None).fields_tokenizer is None
+    )

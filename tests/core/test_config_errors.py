@@ -6,9 +6,11 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+TINY_LLAMA = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-llama"
 CLI = [sys.executable, "-m", "kvcache_exporter", "serve", "--gpu.source", "none"]
 
 
@@ -56,6 +58,30 @@ CASES = {
     ),
     "fractional count": (["--web.max-connections", "2.5"], '--web.max-connections: "2.5" is not a whole'),
     "invalid bcrypt hash": ({"web.yaml": "basic_auth_users:\n  a: x\n"}, "FILE:basic_auth_users.a: not"),
+    "field tokenizer without KV events": (
+        ["--fields.tokenizer", str(TINY_LLAMA)],
+        "--fields.tokenizer: needs --kv-events.endpoint",
+    ),
+    "missing field tokenizer": (
+        ["--kv-events.endpoint", "tcp://127.0.0.1:1", "--fields.tokenizer", "/nope/tokenizer.json"],
+        "--fields.tokenizer: /nope/tokenizer.json: [Errno 2] No such file",
+    ),
+    "backtracking field pattern": (
+        ["--fields.patterns", "slow=(a+)+b"],
+        "--fields.patterns: slow: a repeat inside a repeat",
+    ),
+    "field pattern named like a label it cannot be": (
+        {"c.yaml": "fields:\n  patterns:\n    Ticket: TCK-\\d+\n"},
+        "FILE:fields.patterns: Ticket: the name must match",
+    ),
+    "debug endpoint without a tokenizer": (
+        ["--fields.debug-endpoint", "true"],
+        "--fields.debug-endpoint: needs --fields.tokenizer",
+    ),
+    "debug endpoint not a boolean": (
+        ["--fields.debug-endpoint", "maybe"],
+        '--fields.debug-endpoint: "maybe" is not true or false',
+    ),
 }
 
 

@@ -1,12 +1,15 @@
 """`kvcache-exporter serve` as a process: endpoints, TLS and basic auth, against the simulator."""
 
 import base64
+import json
+import re
 import ssl
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import bcrypt
 import pytest
@@ -166,3 +169,48 @@ def test_settled_gc_freezes_start_up_and_still_collects_cycles():
     pytest's heap)."""
     out = subprocess.run([sys.executable, "-c", SETTLED], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", "10000", "True"]
+
+
+def test_the_field_that_broke_the_prefix_is_named_privately(processes, tmp_path):
+    """The simulator's raw phase as real text (`User [ID:..] at <timestamp> asks about order [NO:..]:`
+    in the tiny-llama tokenizer), its KV events into serve --fields.tokenizer: the prefix_diverged
+    tokens are named field="id" (the user id comes first); /debug/fields, behind the same basic auth
+    as /metrics, and the log show only redacted shapes."""
+    tiny = str(Path(__file__).resolve().parents[1] / "fixtures" / "tiny-llama")
+    hashed = bcrypt.hashpw(b"hunter2", bcrypt.gensalt(rounds=4)).decode()
+    web_config = tmp_path / "web.yaml"
+    web_config.write_text(f"basic_auth_users:\n  prom: '{hashed}'\n")
+    sim_port, kv_port, port = free_port(), free_port(), free_port()
+    serve = start(processes, "serve", "--vllm.url", f"http://127.0.0.1:{sim_port}/metrics",
+                  "--collect.interval", "0.5s", "--web.listen-address", f"127.0.0.1:{port}",
+                  "--gpu.source", "none", "--kv-events.endpoint", f"tcp://127.0.0.1:{kv_port}",
+                  "--fields.tokenizer", tiny, "--fields.debug-endpoint", "true",
+                  "--web.config.file", str(web_config))  # fmt: skip
+    start(processes, "simulate", "--listen", f"127.0.0.1:{sim_port}", "--rate", "20", "--speed", "4",
+          "--workload", "raw", "--tokenizer", tiny,
+          "--kv-events-endpoint", f"tcp://127.0.0.1:{kv_port}")  # fmt: skip
+    right = {"Authorization": "Basic " + base64.b64encode(b"prom:hunter2").decode()}
+    base = f"http://127.0.0.1:{port}"
+
+    def named():
+        body = wait_for(base + "/metrics", headers=right)[1]
+        found = re.search(r'kvcache_prefix_diverged_field_tokens_total\{field="id"\} (\S+)', body)
+        return found and float(found.group(1)) > 0 and body
+
+    body = until(named, 'field="id" tokens', timeout=60)
+    diverged = float(re.search(r'miss_tokens_total\{cause="prefix_diverged"\} (\S+)', body).group(1))
+    fields = dict(re.findall(r'field_tokens_total\{field="(\w+)"\} (\S+)', body))
+    assert float(fields["id"]) == max(map(float, fields.values())) and float(fields["id"]) <= diverged
+    assert wait_for(base + "/debug/fields")[0] == 401
+    status, page = wait_for(base + "/debug/fields", headers=right)
+    report = json.loads(page)["0"]
+    assert status == 200 and report["fields"]["id"] > 0 and report["recent"]
+    assert all(seen["shape"].startswith("<Word> <id>") for seen in report["recent"]), report["recent"]
+    log = serve_log(processes, serve)
+    assert 'msg="prefix diverged at a per-request field" field=id' in log
+    for text in (page, log, body):
+        assert not re.search(r"User|asks|order|\[ID:\d|:00 ", text)  # the header's seconds are :00
+
+
+def serve_log(processes, proc) -> str:
+    return next(s.log_path.read_text() for s in processes.started if s.proc is proc)

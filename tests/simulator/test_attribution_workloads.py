@@ -64,3 +64,21 @@ def test_a_restarted_publisher_recomputes_restart_blocks():
     Publisher(attribution).run(factory.make("normalized"), 40)  # a new process: seq from 0, empty cache
     got = shares(before, attribution.totals.tokens)
     assert attribution.totals.restarts == 1 and got["restart"] == max(got.values()), got  # headers: cold
+
+
+def test_raw_headers_in_a_real_tokenizer_name_their_user_id_field():
+    """With --tokenizer the raw header is text (`User [ID:48213] at 2026-...`): the sidecar's field
+    namer, decoding with the same tokenizer, names the user id that breaks the prefix."""
+    from pathlib import Path
+
+    from kvcache_exporter.derive.front_fields import MAX_FRONT_TOKENS, FrontFields
+    from kvcache_exporter.model_tokenizer import load_tokenizer, safe_decoder
+
+    tiny = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-llama"
+    factory, attribution = WorkloadFactory(seed=3, tokenizer_path=str(tiny)), Attribution()
+    decode = safe_decoder(load_tokenizer(tiny), MAX_FRONT_TOKENS)
+    attribution.fields = fields = FrontFields(decode, per_second=10**6, timer=lambda: 0.0)  # every front
+    Publisher(attribution).run(factory.make("raw"), 100)
+    assert shares({}, attribution.totals.tokens)["prefix_diverged"] > 0.75
+    assert fields.tokens["id"] == attribution.totals.tokens["prefix_diverged"] > 0
+    assert {seen["field"] for seen in fields.report()["recent"]} == {"id"}

@@ -185,7 +185,14 @@ def facts(bs, num_gpu_blocks, replicas, routing, observed, unbounded, one, by_se
         "dyn_end": dyn and dyn.end,
         "dyn_len": dyn and dyn.median_len,
         "dyn_template": dyn and dyn.template_tokens,
+        "dyn_field_text": f" The first per-request field reads as {_a(dyn.field)} ({dyn.shape})."
+        if dyn and dyn.field
+        else "",
     }
+
+
+def _a(kind: str) -> str:
+    return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
 
 def _clip(text: str, keep: int = 120) -> str:
@@ -241,6 +248,8 @@ def render_text(report: Report) -> str:
             f"  per-request part: requests differ at token {d.start}-{d.end} (shared content from token "
             f"{d.median_len:g}, median) then share {d.template_tokens} tokens ({d.requests} requests)"
         )
+        if d.field is not None:
+            lines.append(f"  first per-request field: {d.field}   {_clip(d.shape or '')}")
     lines += render_diagnoses([asdict(d) for d in report.diagnoses], report.observed.hit_ratio)
     if report.curve is not None:
         lines += render_curve(report.curve, s["num_gpu_blocks"], s["block_size"])

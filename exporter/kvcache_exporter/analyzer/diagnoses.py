@@ -47,7 +47,8 @@ CAUSES = (
         lambda f: f["reordered"],
         "{dyn_requests} requests differ {dyn_where} up to the shared content (at token {dyn_len:g}, median), "
         "then carry {dyn_template} tokens of it. Replayed with the "
-        "per-request part moved after the shared content: hit ratio {observed:.3f} -> {reordered:.3f}.",
+        "per-request part moved after the shared content: hit ratio {observed:.3f} -> {reordered:.3f}."
+        "{dyn_field_text}",
         (
             "move the per-request fields (timestamp, customer or user id, order number, request id) after "
             "the shared content: system prompt and instructions first, per-request data last",

@@ -52,6 +52,10 @@ class DynamicField:
     """median length of the shared content right after the dynamic part"""
     requests: int
     """requests with this layout"""
+    field: str | None = None
+    """the kind of the first per-request field (derive/fields.py), when the trace can be decoded"""
+    shape: str | None = None
+    """the redacted shape of the most common per-request part"""
 
 
 def frequent_grams(prompts: Sequence[Sequence[int]]) -> set[tuple[int, ...]]:

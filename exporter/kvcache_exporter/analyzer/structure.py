@@ -7,6 +7,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..derive.fields import classify, shape
+from ..derive.front_fields import MAX_FRONT_TOKENS
 from .reorder import DynamicField, Layout, dynamic_field
 from .trace import TraceRequest
 
@@ -92,10 +94,43 @@ def structure(
         shared = min(shared, len(p) - 1)
         total += len(p)
         lost += shared - (shared // block_size) * block_size
+    dynamic = dynamic_field(layouts)
+    if dynamic is not None and decode is not None:
+        dynamic.field, dynamic.shape = named_field(prompts, layouts, decode)
     return Structure(
         len(prompts),
         unique / with_block if with_block else 0.0,
         shared_prefixes(prompts, max(2, len(prompts) // 20), decode=decode),
-        dynamic_field(layouts),
+        dynamic,
         lost / total if total else 0.0,
     )
+
+
+HEAD_CONTEXT = 8
+"""tokens of the shared head decoded with the per-request part: a field's label (`[ID:`) sits there"""
+NAMED_REQUESTS = 500
+
+
+def named_field(
+    prompts: Sequence[Sequence[int]], layouts: Sequence[Layout | None], decode
+) -> tuple[str, str]:
+    """The first per-request field's kind and the redacted shape, the most common over the first
+    NAMED_REQUESTS requests with a dynamic part, as the sidecar names them (derive/fields.py): the
+    first field that reaches past the shared head."""
+    seen: Counter[tuple[str, str]] = Counter()
+    moved = ((p, lay) for p, lay in zip(prompts, layouts, strict=True) if lay is not None)
+    for prompt, lay in itertools.islice(moved, NAMED_REQUESTS):
+        start = max(lay.head - HEAD_CONTEXT, 0)
+        stop = min(lay.template, start + MAX_FRONT_TOKENS)
+        head, text = _decoded(decode, prompt[start : lay.head]), _decoded(decode, prompt[start:stop])
+        found = classify(text)
+        kind = next((f.kind for f in found if f.end > len(head)), "other")
+        seen[(kind, shape(text, found))] += 1
+    return seen.most_common(1)[0][0]
+
+
+def _decoded(decode, ids: Sequence[int]) -> str:
+    try:
+        return decode(list(ids))
+    except Exception:  # ids the tokenizer does not know: nothing to name
+        return ""

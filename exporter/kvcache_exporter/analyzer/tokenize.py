@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..model_tokenizer import load_tokenizer
+from ..model_tokenizer import read_text as _read
+
 APPROXIMATE_WARNING = (
     "analyze: no --tokenizer: text prompts use the simulator's approximate tokenizer, so token counts and "
     "block boundaries are approximate"
@@ -17,16 +20,11 @@ def _token_text(value) -> str:
     return text if isinstance(text, str) else ""
 
 
-MAX_FILE_BYTES = 256 << 20
-"""tokenizer.json and its config are read whole: a bigger file is not a tokenizer"""
-
-
 class ModelTokenizer:
     def __init__(self, path: str | Path) -> None:
         try:
             import jinja2
             from jinja2.sandbox import ImmutableSandboxedEnvironment
-            from tokenizers import Tokenizer
         except ImportError as err:
             raise ValueError(
                 f"--tokenizer needs the analyzer extra (pip install tokenizers jinja2): {err}"
@@ -34,11 +32,7 @@ class ModelTokenizer:
         self._template_error = jinja2.TemplateError
         path = Path(path)
         folder = path if path.is_dir() else path.parent
-        file = path / "tokenizer.json" if path.is_dir() else path
-        try:
-            self.tokenizer = Tokenizer.from_str(_read(file))
-        except Exception as err:  # the tokenizers library raises plain Exception for any bad file
-            raise ValueError(f"{file}: not a tokenizer.json: {str(err)[:200]}") from None
+        self.tokenizer = load_tokenizer(path, "the analyzer extra (pip install tokenizers jinja2)")
         config_path = folder / "tokenizer_config.json"
         try:
             config = json.loads(_read(config_path)) if config_path.is_file() else {}
@@ -86,15 +80,6 @@ class ModelTokenizer:
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """A chat request: the rendered template, tokenized without adding special tokens again."""
         return self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False).ids
-
-
-def _read(path: Path) -> str:
-    try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise ValueError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB: not a tokenizer file")
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path}: {err}") from None
 
 
 def _raise(message: str):

@@ -111,6 +111,7 @@ class Attribution:
         self._stored = 0  # blocks stored so far: the clock of the what-if estimate
         self._era = 0
         self.cursor = SeqCursor()  # used when driven alone; the poll state passes marks instead
+        self.fields = None  # front_fields.FrontFields when the wiring has a tokenizer: names the front
 
     def set_host_tier(self, blocks: int | None, bytes_per_token: float | None) -> None:
         """The what-if host tier (whatif.host_tier_blocks) and the KV bytes of a token, once known."""
@@ -210,6 +211,8 @@ class Attribution:
             marked = (start // size, -(-stop // size))
             if not diverged and depth is not None and run.fronted:
                 self._observe_offset(depth * size + run.start)
+                if self.fields is not None:
+                    self.fields.observe(event, run.start, served)
         self._track(hashes, depth, marked)
 
     def _count_each(self, hashes: Sequence, diverged: list[int], size: int) -> None:

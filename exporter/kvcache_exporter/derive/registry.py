@@ -59,6 +59,8 @@ def attribution(state: PollState, options: DeriveOptions) -> list[Sample]:
 
         samples = miss_samples(part.attribution.totals, part.misses, windows, vllm)
         samples += memory_samples(part.attribution.tracked, part.attribution.limits)
+        if part.attribution.fields is not None:
+            samples += part.attribution.fields.samples()
         if part.units is not None:
             snapshot = target.snapshot if target is not None else None
             config = snapshot.cache_configs.get(engine or "0") if snapshot is not None else None

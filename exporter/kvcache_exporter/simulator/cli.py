@@ -98,6 +98,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(each one of raw|normalized|chat|templates|trace|none)",
     )
     add("--trace", dest="trace_path", help="trace.jsonl for the `trace` workload")
+    add(
+        "--tokenizer",
+        dest="tokenizer_path",
+        help="a model's tokenizer.json (or folder): raw/normalized headers as real text in it "
+        "(`User [ID:48213] at 2026-...`), for serve --fields.tokenizer",
+    )
     add("--rate", type=float, default=5.0, help="built-in requests per simulated second (Poisson)")
     add("--concurrency", type=int, default=32, help="most built-in requests in flight")
     add("--speed", type=float, default=1.0, help="simulated seconds per wall second")
@@ -160,6 +166,7 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         speed=args.speed,
         seed=args.seed,
         trace_path=args.trace_path,
+        tokenizer_path=args.tokenizer_path,
         kv_events_endpoint=args.kv_events_endpoint,
         kv_events_replay_endpoint=args.kv_events_replay_endpoint,
         kv_events_topic=args.kv_events_topic,

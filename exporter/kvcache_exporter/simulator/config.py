@@ -34,6 +34,7 @@ class SimulatorConfig:
     speed: float = 1.0
     seed: int = 20251202
     trace_path: str | None = None
+    tokenizer_path: str | None = None  # the raw/normalized header as real text in this tokenizer
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
     kv_events_topic: str = "kv"

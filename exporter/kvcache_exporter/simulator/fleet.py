@@ -155,7 +155,9 @@ class SimulatorFleet:
     # --- built-in traffic, routed like the gateway's ----------------------------------------
 
     async def _generate_load(self) -> None:
-        factory = WorkloadFactory(self.config.seed, trace_path=self.config.trace_path)
+        factory = WorkloadFactory(
+            self.config.seed, trace_path=self.config.trace_path, tokenizer_path=self.config.tokenizer_path
+        )
         rng, phases = random.Random(self.config.seed), parse_schedule(self.config.schedule)
         origin = time.monotonic()
         slots, in_flight, active, workload = asyncio.Semaphore(self.config.concurrency), set(), "", None

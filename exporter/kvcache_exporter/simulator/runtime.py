@@ -30,7 +30,9 @@ class Runtime:
         self.config = config
         self.phases = parse_schedule(config.schedule)
         self.workload_override: str | None = None
-        self._factory = WorkloadFactory(config.seed, trace_path=config.trace_path)
+        self._factory = WorkloadFactory(
+            config.seed, trace_path=config.trace_path, tokenizer_path=config.tokenizer_path
+        )
         self._rng = random.Random(config.seed)
         self._ids = itertools.count()
         self._round_robin = itertools.count()

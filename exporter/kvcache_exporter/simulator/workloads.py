@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,22 +56,45 @@ class CustomerServiceCorpus:
         self.questions = [_tokens(rng, 20, 60) for _ in range(30)]
 
 
+Encode = Callable[[str], list[int]]
+
+
 class CustomerService(Workload):
-    """`raw`: dynamic header (user id, timestamp, order no.) first; `normalized`: header last."""
+    """`raw`: dynamic header (user id, timestamp, order no.) first; `normalized`: header last. With
+    `encode` (the model's tokenizer) the header is real text, `User [ID:48213] at 2026-...`."""
 
     def __init__(
-        self, layout: str, corpus: CustomerServiceCorpus, rng: random.Random, max_tokens: int
+        self,
+        layout: str,
+        corpus: CustomerServiceCorpus,
+        rng: random.Random,
+        max_tokens: int,
+        encode: Encode | None = None,
     ) -> None:
         if layout not in ("raw", "normalized"):
             raise ValueError(f"unknown layout {layout!r}")
         self.name = layout
-        self._corpus, self._rng, self._max_tokens = corpus, rng, max_tokens
+        self._corpus, self._rng, self._max_tokens, self._encode = corpus, rng, max_tokens, encode
         self._customer = 0
+
+    def _header(self) -> list[int]:
+        rng = self._rng
+        if self._encode is not None:
+            month, day, hour, minute = (
+                rng.randint(1, 12),
+                rng.randint(1, 28),
+                rng.randint(0, 23),
+                rng.randint(0, 59),
+            )
+            stamp = f"2026-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:00"
+            user, order = rng.randint(10**4, 10**6 - 1), rng.randint(10**6, 10**8 - 1)
+            return self._encode(f"User [ID:{user}] at {stamp} asks about order [NO:{order}]: ")
+        header = [USER_LABEL, *_tokens(rng, 3, 5), TIMESTAMP_LABEL, *_tokens(rng, 4, 6), ORDER_LABEL]
+        return header + _tokens(rng, 2, 6)
 
     def next_request(self) -> RequestSpec:
         rng = self._rng
-        header = [USER_LABEL, *_tokens(rng, 3, 5), TIMESTAMP_LABEL, *_tokens(rng, 4, 6), ORDER_LABEL]
-        header += _tokens(rng, 2, 6)
+        header = self._header()
         question = rng.choice(self._corpus.questions)
         static = self._corpus.system + question
         prompt = header + static if self.name == "raw" else static + header
@@ -175,15 +198,22 @@ WORKLOAD_NAMES = ("raw", "normalized", "chat", "templates", "trace", "none")
 
 
 class WorkloadFactory:
-    def __init__(self, seed: int, max_tokens: int = 32, trace_path: str | None = None) -> None:
+    def __init__(
+        self,
+        seed: int,
+        max_tokens: int = 32,
+        trace_path: str | None = None,
+        tokenizer_path: str | None = None,
+    ) -> None:
         self._corpus = CustomerServiceCorpus(seed)
         self._rng = random.Random(seed + 1)
         self._max_tokens = max_tokens
         self._trace_path = trace_path
+        self._encode = text_encoder(tokenizer_path) if tokenizer_path else None
 
     def make(self, name: str) -> Workload | None:
         if name in ("raw", "normalized"):
-            return CustomerService(name, self._corpus, self._rng, self._max_tokens)
+            return CustomerService(name, self._corpus, self._rng, self._max_tokens, self._encode)
         if name == "chat":
             return MultiTurnChat(self._corpus, self._rng, self._max_tokens)
         if name == "templates":
@@ -195,6 +225,14 @@ class WorkloadFactory:
         if name == "none":
             return None
         raise ValueError(f"unknown workload {name!r} (choose from {', '.join(WORKLOAD_NAMES)})")
+
+
+def text_encoder(path: str) -> Encode:
+    """The model's tokenizer (tokenizer.json or its folder) as text -> ids, no special tokens added."""
+    from ..model_tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(path, "pip install tokenizers")
+    return lambda text: tokenizer.encode(text, add_special_tokens=False).ids
 
 
 def parse_schedule(text: str) -> list[tuple[str, float | None]]:

@@ -14,6 +14,11 @@ built as vLLM encodes it (map events with every field), each request 1,024 promp
 units of 256, 28 hashes over the groups), an older request's blocks removed from every group once
 200 requests are held; measured per stored hash (all groups), decode + cursor + event view + group
 model + attribution, as `serve` runs them. Its memory: RSS growth per tracked unit.
+
+Field naming (--fields.tokenizer, derive/front_fields.py): the same two streams with the tiny-llama
+tokenizer naming each diverged front, measured beside attribution without it, interleaved in the
+same run: as served (at most 20 fronts and 10 ms of CPU a second, one namer across rounds as one
+stream has) and with every front named (the unsampled worst case).
 """
 
 from __future__ import annotations
@@ -34,10 +39,12 @@ from pathlib import Path
 import msgspec
 
 from ..derive.attribution import Attribution
+from ..derive.front_fields import MAX_FRONT_TOKENS, FrontFields
 from ..derive.kv_events import EventState
 from ..derive.miss_windows import MissHistory
 from ..derive.state import KvEventsState
 from ..derive.units import UnitView
+from ..model_tokenizer import load_tokenizer, safe_decoder
 from ..service import settle_gc
 from ..simulator.layouts import LAYOUTS
 from ..sources.kv_events_decode import Batch, Event, KvEventDrain, decode_message
@@ -66,10 +73,37 @@ def _plain_decode(frames: list[list[bytes]]) -> None:
         msgspec.msgpack.decode(message[-1])
 
 
-def _attribute(frames: list[list[bytes]]) -> None:
+def _attribute(frames: list[list[bytes]], fields: FrontFields | None = None) -> None:
     """As serve: one poll's drain through the publisher's part (cursor, view, group model, attribution)."""
     drain = KvEventDrain(tuple(decode_message(message, with_tokens=True) for message in frames))
-    KvEventsState(EventState(), {}, Attribution(), MissHistory(1e9), UnitView()).ingest(drain, 0.0)
+    attribution = Attribution()
+    attribution.fields = fields
+    KvEventsState(EventState(), {}, attribution, MissHistory(1e9), UnitView()).ingest(drain, 0.0)
+
+
+TINY_LLAMA = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "tiny-llama"
+
+
+def field_throughput(streams: dict[str, list[list[bytes]]], seconds: float) -> dict:
+    """stream -> (off, as served, every front) in stored hashes per second, from the shortest CPU time
+    of one pass, the three run in turn pass after pass (so load on the machine falls on each alike);
+    and the fronts one pass names when every front is named."""
+    decode = safe_decoder(load_tokenizer(TINY_LLAMA), MAX_FRONT_TOKENS)
+    out = {}
+    for name, frames in streams.items():
+        stored = _stored_hashes(frames)
+        namers = [None, FrontFields(decode), FrontFields(decode, per_second=10**9, timer=lambda: 0.0)]
+        times: list[list[float]] = [[], [], []]
+        start = time.process_time()
+        while time.process_time() - start < seconds or len(times[0]) < 5:
+            for namer, kept in zip(namers, times, strict=True):
+                began = time.process_time()
+                _attribute(frames, namer)
+                kept.append(time.process_time() - began)
+        once = FrontFields(decode, per_second=10**9, timer=lambda: 0.0)
+        _attribute(frames, once)
+        out[name] = (*(stored / min(kept) for kept in times), once.sampled)
+    return out
 
 
 # DeepSeek-V4 on vLLM 0.32, as the simulator lays it out: group -> (kind, sliding window, block size)
@@ -140,6 +174,7 @@ def rows(seconds: float = 3.0) -> list[tuple[str, str]]:
         plain = _blocks_per_second(frames, _plain_decode, seconds)
         full = _blocks_per_second(frames, _attribute, seconds)
         dsv4 = _blocks_per_second(dsv4_frames(), _attribute, seconds)
+        fields = field_throughput({"seed": frames, "dsv4": dsv4_frames()}, seconds)
     memory, units = (
         json.loads(
             subprocess.run(
@@ -162,6 +197,18 @@ def rows(seconds: float = 3.0) -> list[tuple[str, str]]:
             "miss attribution on DeepSeek-V4-shaped streams (6 KV-cache groups, 256-token hit units)",
             f"{dsv4:,.0f} stored hashes/s per core (all groups' hashes; decode + cursor + event view + "
             "group model + classify)",
+        ),
+        *(
+            (
+                f"miss attribution with field naming on ({what}; tiny-llama tokenizer, {fronts} diverged "
+                "fronts a pass)",
+                f"{on / off:.0%} of the throughput without it, as served (<= 20 fronts/s named): {on:,.0f} "
+                f"vs {off:,.0f}/s in turn in this run; every front named: {every / off:.0%} ({every:,.0f}/s)",
+            )
+            for what, (off, on, every, fronts) in (
+                ("real vLLM 0.32 frames", fields["seed"]),
+                ("DeepSeek-V4-shaped streams", fields["dsv4"]),
+            )
         ),
         (
             f"group model + attribution memory, DeepSeek-V4 layout ({units['units']:,} units held)",

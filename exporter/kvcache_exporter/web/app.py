@@ -1,4 +1,5 @@
-"""The HTTP side: landing page, /metrics, /healthz, /readyz; TLS and basic auth from config.py."""
+"""The HTTP side: landing page, /metrics, /healthz, /readyz, opt-in debug pages; TLS and basic auth
+from config.py."""
 
 from __future__ import annotations
 
@@ -42,7 +43,9 @@ def make_app(
     users: Mapping[str, bytes],
     headers: Mapping[str, str] | None = None,
     authenticator: Authenticator | None = None,
+    debug_pages: Mapping[str, Callable[[], object]] | None = None,
 ) -> web.Application:
+    """`debug_pages`: path -> a JSON report, opt-in pages (e.g. /debug/fields), behind the same auth."""
     rejections, connections = Rejections(), Connections()
     registry.register(_RejectionCollector(rejections))
     checker = authenticator or (Authenticator(users) if users else None)
@@ -92,7 +95,16 @@ def make_app(
     app.router.add_get(telemetry_path, metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    for path, report in (debug_pages or {}).items():
+        app.router.add_get(path, _json_page(report))
     return app
+
+
+def _json_page(report: Callable[[], object]):
+    async def page(_: web.Request) -> web.Response:
+        return web.json_response(report())
+
+    return page
 
 
 async def _close(checker: Authenticator) -> None:
