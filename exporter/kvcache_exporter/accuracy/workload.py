@@ -32,7 +32,10 @@ KINDS = {
     "cache_reset": ("restart", "the prefix cache reset (vLLM /reset_prefix_cache), then the prompt again"),
     "engine_restart": ("restart", "the engine restarted (a new publisher), then the prompt again"),
     "capacity_overflow": ("evicted", "more prompts than the cache holds, then each again"),
-    "assistant_truncated": ("history_rewritten", "an earlier assistant turn re-rendered without its first tokens"),
+    "assistant_truncated": (
+        "history_rewritten",
+        "an earlier assistant turn re-rendered without its first tokens",
+    ),
     "tool_args_reserialized": ("history_rewritten", "an earlier tool call's arguments re-serialised"),
     "documents_reranked": ("content_moved", "the same documents in another order"),
     "tools_reordered": ("content_moved", "the same tool definitions in another order"),
@@ -138,7 +141,7 @@ class Generator:
         short = self.shape.unit + 1 - len(reply) - len(user)
         if short > 0:
             user += self._tokens(short, short)
-        return replace(chat, turns=(*chat.turns, reply, user))
+        return not_whole(replace(chat, turns=(*chat.turns, reply, user)), self.shape.unit)
 
     def _budget(self) -> int:
         """The longest prompt a case sends: a third of the cache, so a case never evicts its own setup."""
@@ -158,7 +161,7 @@ class Generator:
             if len(longer.render()) > self._budget():
                 break
             chat = longer
-            out.append(Request(not_whole(chat.render(), self.shape.unit), "append_turn", "cold"))
+            out.append(Request(chat.render(), "append_turn", "cold"))
         return out
 
     def _change(self, kind: str, before: Chat, after: Chat, **extra) -> list[Request]:
@@ -173,7 +176,10 @@ class Generator:
 
     def _field_first(self, kind: str, low: int, high: int) -> list[Request]:
         chat = self._fit(self._chat())
-        first, second = replace(chat, front=self._tokens(low, high)), replace(chat, front=self._tokens(low, high))
+        first, second = (
+            replace(chat, front=self._tokens(low, high)),
+            replace(chat, front=self._tokens(low, high)),
+        )
         return self._change(kind, first, second)
 
     def _timestamp_first(self) -> list[Request]:
@@ -188,25 +194,29 @@ class Generator:
     def _field_after_system(self) -> list[Request]:
         chat = self._chat(turns=self.rng.randint(1, 2))
         chat = self._fit(replace(chat, documents=(self._sized(48, 256),)))
-        first, second = replace(chat, after_system=self._tokens(3, 16)), replace(chat, after_system=self._tokens(3, 16))
+        first, second = (
+            replace(chat, after_system=self._tokens(3, 16)),
+            replace(chat, after_system=self._tokens(3, 16)),
+        )
         return self._change("field_after_system", first, second)
 
     def _append_turn(self) -> list[Request]:
         """A new chat, then 1-3 append-only next turns (fewer when the budget runs out)."""
         chat = self._fit(self._chat())
-        out = [Request(not_whole(chat.render(), self.shape.unit), "append_turn", None)]
+        chat = not_whole(chat, self.shape.unit)
+        out = [Request(chat.render(), "append_turn", None)]
         while len(out) < 4:
             longer = self._next_turn(chat)
             if len(longer.render()) > self._budget():
                 break
             chat = longer
-            out.append(Request(not_whole(chat.render(), self.shape.unit), "append_turn", "cold"))
+            out.append(Request(chat.render(), "append_turn", "cold"))
             if self.rng.random() < 0.3:
                 break
         return out if len(out) > 1 else [*out, *self._exact_repeat()]
 
     def _exact_repeat(self) -> list[Request]:
-        prompt = not_whole(self._fit(self._chat()).render(), self.shape.unit)
+        prompt = not_whole(self._fit(self._chat()), self.shape.unit).render()
         return [Request(prompt, "exact_repeat", None), Request(prompt, "exact_repeat", "hit")]
 
     def _resent(self, kind: str, before: str) -> list[Request]:
@@ -252,7 +262,9 @@ class Generator:
     def _assistant_truncated(self) -> list[Request]:
         drop = self.rng.randint(1, 8)
         # a reasoning preamble the template strips from earlier turns: its first `drop` tokens
-        return self._rewritten("assistant_truncated", lambda turn: self._reply() if turn is None else turn[drop:])
+        return self._rewritten(
+            "assistant_truncated", lambda turn: self._reply() if turn is None else turn[drop:]
+        )
 
     def _tool_args_reserialized(self) -> list[Request]:
         def call(turn):
@@ -298,18 +310,37 @@ class Generator:
             Request((*shared, *rest()), "short_shared_prefix", "below_hit_unit"),
         ]
 
+    def _window_dropped(self) -> list[Request]:
+        """A prompt, then half a cache of others, then the prompt again. A hybrid model frees the
+        blocks a sliding window has left as it goes, ahead of the full-attention ones, so those go
+        first: the full part is held, its window part is not. (No backend here runs it yet.)"""
+        prompt = not_whole(self._fit(self._chat()), self.shape.unit).render()
+        fill = [Request(p, "window_dropped", None) for p in self._filler(0.5 * self.shape.capacity_tokens)]
+        return [
+            Request(prompt, "window_dropped", None),
+            *fill,
+            Request(prompt, "window_dropped", "window_expired"),
+        ]
+
     def _host_tier_load(self) -> list[Request]:
         """A prompt, then others until the GPU cache has turned over (the host tier, larger, keeps it),
         then the prompt again."""
-        prompt = not_whole(self._fit(self._chat()).render(), self.shape.unit)
+        prompt = not_whole(self._fit(self._chat()), self.shape.unit).render()
         fill = [Request(p, "host_tier_load", None) for p in self._filler(1.2 * self.shape.capacity_tokens)]
-        return [Request(prompt, "host_tier_load", None), *fill, Request(prompt, "host_tier_load", "tier_restored")]
+        return [
+            Request(prompt, "host_tier_load", None),
+            *fill,
+            Request(prompt, "host_tier_load", "tier_restored"),
+        ]
 
 
-def not_whole(prompt: tuple[int, ...], unit: int) -> tuple[int, ...]:
-    """The prompt, one token longer when it is whole units: vLLM recomputes the last unit of a fully
-    cached prompt (it needs the last token's logits), so only such a prompt can be all hit."""
-    return (*prompt, TOKEN_LOW) if len(prompt) % unit == 0 else prompt
+def not_whole(chat: Chat, unit: int) -> Chat:
+    """The chat, its last turn a token longer when its prompt is whole units: vLLM recomputes the last
+    unit of a fully cached prompt (it needs the last token's logits), so only such a prompt can be all
+    hit, and an append-only next turn is then a pure extension."""
+    if len(chat.render()) % unit:
+        return chat
+    return replace(chat, turns=(*chat.turns[:-1], (*chat.turns[-1], TOKEN_LOW)))
 
 
 def reserialized(call: tuple[int, ...]) -> tuple[int, ...]:
