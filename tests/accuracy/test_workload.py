@@ -1,5 +1,6 @@
 """The injected-cause generator: seeded, and every case carries the change its kind says, nothing else."""
 
+import itertools
 from collections import Counter
 from functools import cache
 
@@ -96,7 +97,7 @@ def test_append_turns_extend_the_previous_prompt_by_at_least_a_unit():
     turns = 0
     for found in cases().values():
         for case in found:
-            for previous, request in zip(case, case[1:], strict=False):
+            for previous, request in itertools.pairwise(case):
                 if request.kind == "append_turn" and request.expected:
                     turns += 1
                     assert request.prompt[: len(previous.prompt)] == previous.prompt

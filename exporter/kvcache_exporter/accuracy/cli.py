@@ -62,9 +62,11 @@ def real_vllm(args: argparse.Namespace) -> dict:
 
     if args.vllm_url:
         return measure(args.vllm_url, args.kv_events_endpoint)
-    with tempfile.TemporaryDirectory(prefix="accuracy-vllm-") as tmp:
-        with launch(Path(args.vllm_python), Path(args.model), Path(tmp)) as (url, endpoint):
-            return measure(url, endpoint)
+    with (
+        tempfile.TemporaryDirectory(prefix="accuracy-vllm-") as tmp,
+        launch(Path(args.vllm_python), Path(args.model), Path(tmp)) as (url, endpoint),
+    ):
+        return measure(url, endpoint)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -270,7 +270,7 @@ class Generator:
         def call(turn):
             if turn is None:  # name, then key/value pairs separated by a comma token
                 pairs = [(*self._tokens(1, 2), 5, *self._tokens(1, 6)) for _ in range(self.rng.randint(3, 6))]
-                return (*TOOL_CALL, *self._tokens(2, 4), 6, *sum((p + (7,) for p in pairs), ()), 8)
+                return (*TOOL_CALL, *self._tokens(2, 4), 6, *sum(((*p, 7) for p in pairs), ()), 8)
             return reserialized(turn)
 
         return self._rewritten("tool_args_reserialized", call)
@@ -346,8 +346,8 @@ def not_whole(chat: Chat, unit: int) -> Chat:
 def reserialized(call: tuple[int, ...]) -> tuple[int, ...]:
     """A tool call's key/value pairs (ended by 7) written again in reverse order: the same arguments."""
     head, _, body = _split(call)
-    pairs = [p for p in _pairs(body)]
-    return (*head, *sum((p + (7,) for p in reversed(pairs)), ()), 8)
+    pairs = list(_pairs(body))
+    return (*head, *sum(((*p, 7) for p in reversed(pairs)), ()), 8)
 
 
 def _split(call: tuple[int, ...]) -> tuple[tuple[int, ...], None, tuple[int, ...]]:
