@@ -13,6 +13,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from .harness import Table, run, tabulate
@@ -39,6 +40,14 @@ def simulated(cases_per_kind: int, seed: int) -> list[tuple[Table, str]]:
     return out
 
 
+def progress(cases: Iterator[list], every: int) -> Iterator[list]:
+    """The cases, a line on stderr every `every` x 10 of them (a full real-vLLM run takes a while)."""
+    for i, case in enumerate(cases):
+        if i and i % (every * 10) == 0:
+            print(f"{i} cases sent", file=sys.stderr, flush=True)
+        yield case
+
+
 def real_vllm(args: argparse.Namespace) -> dict:
     from .vllm import RealVllm, launch, llama_shape
 
@@ -48,7 +57,7 @@ def real_vllm(args: argparse.Namespace) -> dict:
             backend.warm_up()
             started = time.monotonic()
             cases = Generator(backend.shape, args.seed).cases(args.vllm_cases * len(backend.shape.kinds))
-            table = tabulate(backend.shape.name, run(backend, cases))
+            table = tabulate(backend.shape.name, run(backend, progress(cases, len(backend.shape.kinds))))
             took = time.monotonic() - started
         finally:
             backend.close()
