@@ -99,13 +99,7 @@ class RealVllm:
         status, body = http_get(self.base_url + "/metrics")
         if status != 200:
             raise StartError(f"vLLM /metrics answered {status}")
-        values = dict.fromkeys(COUNTERS, 0.0)
-        for line in body.decode().splitlines():  # two counters of a long page: no full parse
-            if line.startswith(COUNTERS):
-                name = line.split("{", 1)[0].split(" ", 1)[0]
-                if name in values:
-                    values[name] += float(line.rsplit(" ", 1)[1])
-        return Counters(*values.values())
+        return counters_from(body.decode())
 
     def _counted(self, before: Counters, prompt_tokens: int) -> Counters:
         """The counters once they include this request's lookup (queries grow by its prompt)."""
@@ -122,7 +116,7 @@ class RealVllm:
         while seen < stored_tokens and time.monotonic() < deadline:
             if self.socket.poll(100):
                 batches.append(decode_message(self.socket.recv_multipart(), with_tokens=True))
-                seen += _stored(batches[-1])
+                seen += stored_tokens(batches[-1])
         if seen < stored_tokens:
             self.late += 1
         while self.socket.poll(20):
@@ -130,7 +124,19 @@ class RealVllm:
         return batches
 
 
-def _stored(batch: Batch) -> int:
+def counters_from(text: str) -> Counters:
+    """vLLM's prefix-cache queries and hits, summed over engines, from its /metrics page."""
+    values = dict.fromkeys(COUNTERS, 0.0)
+    for line in text.splitlines():  # two counters of a long page: no full parse
+        if line.startswith(COUNTERS):
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in values:
+                values[name] += float(line.rsplit(" ", 1)[1])
+    return Counters(*values.values())
+
+
+def stored_tokens(batch: Batch) -> int:
+    """Tokens the batch's GPU stores hold (a CPU tier's stores are copies, not computed)."""
     return sum(
         len(e.block_hashes) * e.block_size
         for e in batch.events
