@@ -30,4 +30,6 @@ def test_attribution_accuracy_on_real_vllm(vllm_server) -> None:
     for kind in ("timestamp_first", "request_id_first", "uuid_first", "exact_repeat", "cache_reset"):
         assert table.right(kind) == table.scored(kind) == 2, (kind, table.counts[kind])
     assert table.scored("capacity_overflow") >= 6
-    assert table.right("capacity_overflow") == table.scored("capacity_overflow"), table.counts["capacity_overflow"]
+    assert table.right("capacity_overflow") == table.scored("capacity_overflow"), table.counts[
+        "capacity_overflow"
+    ]
