@@ -110,14 +110,14 @@ class RealVllm:
             time.sleep(0.01)
         return now
 
-    def _batches(self, stored_tokens: int) -> list[Batch]:
-        """Batches until their GPU stores reach `stored_tokens`, then any that follow within 20 ms."""
+    def _batches(self, want: int) -> list[Batch]:
+        """Batches until their GPU stores hold `want` tokens, then any that follow within 20 ms."""
         batches, seen, deadline = [], 0, time.monotonic() + EVENTS_TIMEOUT_S
-        while seen < stored_tokens and time.monotonic() < deadline:
+        while seen < want and time.monotonic() < deadline:
             if self.socket.poll(100):
                 batches.append(decode_message(self.socket.recv_multipart(), with_tokens=True))
                 seen += stored_tokens(batches[-1])
-        if seen < stored_tokens:
+        if seen < want:
             self.late += 1
         while self.socket.poll(20):
             batches.append(decode_message(self.socket.recv_multipart(), with_tokens=True))
