@@ -20,8 +20,9 @@ Does the sidecar name the cause a miss really had? A seeded workload of multi- a
 injected change, or none, and its truth. Each request is sent alone, its KV events go through the
 sidecar's own path as `serve` wires it (decoder, sequence cursor, group model, miss attribution), and
 the delta of `kvcache_prefix_cache_miss_tokens_total` by cause over that request is read. The cause
-with the most tokens is the one *named*; `hit` means the request added no miss tokens, `decode` that
-its stores were read as decode filling a block (not a prompt miss). A case's setup requests put the
+with the most tokens is the one *named* (a tie goes to the first by name, so `cold` beats
+`prefix_diverged`); `hit` means the request added no miss tokens, `decode` that its stores were
+read as decode filling a block (not a prompt miss). A case's setup requests put the
 cache in a known state just before its change and are not scored; fresh random content keeps cases
 apart. Causes are read from the attribution generically: a cause it learns shows up as a column.
 
