@@ -46,7 +46,11 @@ FOOTER = """
   last unit of a fully cached prompt (it needs the last token's logits), so only such a prompt can
   be all hit.
 
-Rerun: `make accuracy` (starts the tiny Llama on vLLM's CPU build; about 30 minutes on two cores).
+Rerun: `make accuracy` starts the tiny Llama on vLLM's CPU build and sends about 5,000 requests
+(the committed run: 39 minutes on two cores shared with other work, plus 2-6 minutes for vLLM to
+start); `make generate` reruns only the simulator part (seeded: the same tables on every machine) and
+renders the vLLM part from docs/accuracy-vllm.json, so `make check` catches a doc edited by hand or
+a simulator result that moved.
 """
 
 
