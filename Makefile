@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
 APT_PACKAGES := prometheus prometheus-alertmanager docker-compose chromium
 
-.PHONY: demo test lint generate check bench soak fuzz venv system-deps demo-deps container-deps image-test vllm-venv preflight clean
+.PHONY: demo test lint generate check bench soak fuzz accuracy venv system-deps demo-deps container-deps image-test vllm-venv preflight clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -60,7 +60,8 @@ lint: venv
 # Every generated file is committed; `make check` regenerates and fails on drift.
 # MIXIN_DATA: what `kvcache-exporter mixin` ships in the wheel, copies of the repository's sources.
 MIXIN_DATA := exporter/kvcache_exporter/mixin/data
-GENERATED := docs/metrics.md README.md docs/fleet.md alerts/rules docs/alerts.md dashboards/json deploy/kubernetes $(MIXIN_DATA)
+GENERATED := docs/metrics.md README.md docs/fleet.md alerts/rules docs/alerts.md dashboards/json deploy/kubernetes $(MIXIN_DATA) \
+  docs/accuracy.md
 
 generate: venv
 	$(PY) -m kvcache_exporter docs --output docs/metrics.md
@@ -73,6 +74,7 @@ generate: venv
 	cp alerts/config.yaml $(MIXIN_DATA)/config.yaml
 	cp -r deploy/alertmanager $(MIXIN_DATA)/alertmanager
 	cp dashboards/json/*.json $(MIXIN_DATA)/dashboards/
+	$(PY) -m kvcache_exporter.accuracy --output docs/accuracy.md --vllm-json docs/accuracy-vllm.json
 
 check: generate lint
 	git diff --exit-code -- $(GENERATED)
@@ -80,6 +82,12 @@ check: generate lint
 test: preflight venv system-deps vllm-venv lint
 	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/containers
 	$(MAKE) --no-print-directory image-test
+
+# The injected-cause suite at full size: the real vLLM part (tiny Llama on the CPU build, ~30 min on
+# two cores) into docs/accuracy-vllm.json, then docs/accuracy.md with the simulator part, which
+# `make generate` reruns (seeded) while it renders the vLLM part from that JSON.
+accuracy: venv vllm-venv
+	$(PY) -m kvcache_exporter.accuracy --vllm --output docs/accuracy.md --vllm-json docs/accuracy-vllm.json
 
 # Property tests at full strength: every test module named *fuzz* with 100,000 cases per property;
 # an input that breaks one is kept under tests/fixtures/fuzz/ and replayed by `make test` from then on.

@@ -14,6 +14,7 @@ TOOLS = (
     "kvcache_exporter.aggregator",
     "kvcache_exporter.mixin",
     "kvcache_exporter.tools",
+    "kvcache_exporter.accuracy",
 )
 
 # What `kvcache-exporter serve` imports: the CLI, parsing a serve command line, the server wiring.

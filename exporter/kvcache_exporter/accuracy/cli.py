@@ -1,0 +1,110 @@
+"""`python -m kvcache_exporter.accuracy`: docs/accuracy.md.
+
+Without `--vllm` (what `make generate` runs) the simulator part is run again and the real-vLLM part
+is rendered from the committed JSON of the last real run; `--vllm` (what `make accuracy` runs) runs
+that part on a real vLLM too (started here unless `--vllm-url` names a running one) and rewrites the
+JSON first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from .harness import Table, run, tabulate
+from .report import render
+from .simulated import SHAPES, Simulated
+from .workload import Generator
+
+SEED = 29
+NOTE_SIM = (
+    "The simulator in process ({layout} layout, {unit}-token hit unit, {tokens:,}-token GPU cache{tier})."
+)
+
+
+def simulated(cases_per_kind: int, seed: int) -> list[tuple[Table, str]]:
+    out = []
+    for spec in SHAPES:
+        backend = Simulated(spec)
+        cases = Generator(backend.shape, seed).cases(cases_per_kind * len(backend.shape.kinds))
+        tier = f", {spec.offload_blocks * spec.block_size:,}-token CPU tier" if spec.offload_blocks else ""
+        note = NOTE_SIM.format(
+            layout=spec.layout, unit=spec.block_size, tokens=backend.shape.capacity_tokens, tier=tier
+        )
+        out.append((tabulate(spec.name, run(backend, cases)), note))
+    return out
+
+
+def progress(cases: Iterator[list], every: int) -> Iterator[list]:
+    """The cases, a line on stderr every `every` x 10 of them (a full real-vLLM run takes a while)."""
+    for i, case in enumerate(cases):
+        if i and i % (every * 10) == 0:
+            print(f"{i} cases sent", file=sys.stderr, flush=True)
+        yield case
+
+
+def real_vllm(args: argparse.Namespace) -> dict:
+    from .vllm import RealVllm, launch, llama_shape
+
+    def measure(url: str, endpoint: str) -> dict:
+        backend = RealVllm(url, endpoint, llama_shape())
+        try:
+            backend.warm_up()
+            started = time.monotonic()
+            cases = Generator(backend.shape, args.seed).cases(args.vllm_cases * len(backend.shape.kinds))
+            table = tabulate(backend.shape.name, run(backend, progress(cases, len(backend.shape.kinds))))
+            took = time.monotonic() - started
+        finally:
+            backend.close()
+        note = (
+            f"A real vLLM 0.32 CPU server (tiny Llama, dummy weights, 32-token blocks, 64-block cache), "
+            f"requests one at a time; {args.vllm_cases} cases a kind, seed {args.seed}, "
+            f"{took / 60:.0f} minutes; {backend.late} requests whose events did not cover what vLLM "
+            f"computed within the wait."
+        )
+        return {**table.to_json(), "note": note}
+
+    if args.vllm_url:
+        return measure(args.vllm_url, args.kv_events_endpoint)
+    with (
+        tempfile.TemporaryDirectory(prefix="accuracy-vllm-") as tmp,
+        launch(Path(args.vllm_python), Path(args.model), Path(tmp)) as (url, endpoint),
+    ):
+        return measure(url, endpoint)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kvcache_exporter.accuracy", description=__doc__)
+    parser.add_argument("--output", default="docs/accuracy.md")
+    parser.add_argument("--vllm-json", default="docs/accuracy-vllm.json", help="the real-vLLM part's tables")
+    parser.add_argument("--cases", type=int, default=12, help="simulator cases per kind and shape")
+    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--vllm", action="store_true", help="run the real-vLLM part and rewrite --vllm-json")
+    parser.add_argument("--vllm-cases", type=int, default=150, help="real-vLLM cases per kind")
+    parser.add_argument("--vllm-url", help="a running vLLM's base URL (else one is started)")
+    parser.add_argument(
+        "--kv-events-endpoint", help="with --vllm-url: the endpoint its KV-event PUB connects to"
+    )
+    parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")
+    parser.add_argument("--model", default="tests/fixtures/tiny-llama")
+    args = parser.parse_args(argv)
+    if args.vllm_url and not args.kv_events_endpoint:
+        parser.error("--vllm-url needs --kv-events-endpoint")
+    vllm_json = Path(args.vllm_json)
+    if args.vllm:
+        vllm_json.write_text(json.dumps({"tables": [real_vllm(args)]}, indent=1, sort_keys=True) + "\n")
+    sections = []
+    if vllm_json.exists():
+        sections = [
+            (Table.from_json(t), t.get("note", "")) for t in json.loads(vllm_json.read_text())["tables"]
+        ]
+    else:
+        print(f"{vllm_json} is missing: the real-vLLM part is left out (make accuracy)", file=sys.stderr)
+    sections += simulated(args.cases, args.seed)
+    Path(args.output).write_text(render(sections))
+    return 0

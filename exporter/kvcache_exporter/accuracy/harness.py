@@ -1,0 +1,128 @@
+"""Runs cases through a backend and compares the sidecar's per-request attribution with the truth.
+
+The sidecar's path is `serve`'s own (server.py, derive/state.py): a poll state's KV-event part, whose
+sequence cursor, event view, group model (derive/units.py) and miss attribution (derive/attribution.py)
+take each decoded batch; `end_poll` hands the group model's hit unit to the attribution. After each
+request's batches the delta of `Attribution.totals.tokens` is that request's miss tokens by cause, read
+generically (a cause added to the attribution shows up here unasked); its largest cause is the named
+one, "hit" when it has none.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..derive.attribution import Attribution
+from ..derive.kv_events import EventState
+from ..derive.state import PollState
+from ..derive.units import UnitView
+from ..sources.kv_events_decode import Batch, KvEventDrain
+from .workload import FAULTS, KINDS, Request, Shape
+
+HIT, DECODE = "hit", "decode"
+
+
+class Backend(Protocol):
+    shape: Shape
+
+    def send(self, request: Request) -> list[Batch]:
+        """Do the request's `before` action, send it, return the KV-event batches it caused, decoded."""
+        ...
+
+
+class Sidecar:
+    """The attribution as `serve` wires it, fed batch by batch."""
+
+    def __init__(self) -> None:
+        self.state = PollState(retention=60.0)
+        self.part = self.state.add_kv_events(EventState(), attribution=Attribution(), units=UnitView())
+        self.attribution: Attribution = self.part.attribution
+        self.clock = 0.0
+
+    def feed(self, batches: Sequence[Batch]) -> dict[str, int]:
+        """Apply one request's batches as one poll; its miss tokens by cause (only those that moved)."""
+        before = dict(self.attribution.totals.tokens)
+        self.clock += 1.0
+        self.part.ingest(KvEventDrain(tuple(batches)), self.clock)
+        self.state.end_poll(self.clock)
+        after = self.attribution.totals.tokens
+        return {cause: n - before.get(cause, 0) for cause, n in after.items() if n != before.get(cause, 0)}
+
+    def decode_tokens(self) -> int:
+        return self.attribution.totals.decode_tokens
+
+
+def named(delta: dict[str, int], decode: int = 0) -> str:
+    """The cause with the most miss tokens (ties: the first by name); with none, "decode" when the
+    request's stores were read as decode filling a block (not a prompt miss), else "hit"."""
+    if not any(delta.values()):
+        return DECODE if decode else HIT
+    return max(sorted(delta), key=delta.__getitem__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str
+    expected: str
+    named: str
+    tokens: dict[str, int]
+
+
+@dataclass
+class Table:
+    """One shape's confusion matrix: kind -> named cause -> requests."""
+
+    shape: str
+    counts: dict[str, Counter[str]] = field(default_factory=dict)
+
+    def add(self, outcome: Outcome) -> None:
+        self.counts.setdefault(outcome.kind, Counter())[outcome.named] += 1
+
+    def scored(self, kind: str) -> int:
+        return sum(self.counts.get(kind, Counter()).values())
+
+    def right(self, kind: str) -> int:
+        return self.counts.get(kind, Counter())[KINDS[kind][0]]
+
+    def misnamed(self, kind: str) -> Counter[str]:
+        return Counter({c: n for c, n in self.counts.get(kind, Counter()).items() if c != KINDS[kind][0]})
+
+    @property
+    def injected_kinds(self) -> list[str]:
+        """Kinds that carry a change (not an append-only turn or an exact repeat)."""
+        return [k for k in KINDS if k in self.counts and KINDS[k][0] in FAULTS]
+
+    def faulted_appends(self) -> int:
+        """Append-only turns given a fault cause (a cause that tells on-call to fix something)."""
+        return sum(n for cause, n in self.counts.get("append_turn", Counter()).items() if cause in FAULTS)
+
+    def to_json(self) -> dict:
+        return {"shape": self.shape, "counts": {k: dict(sorted(v.items())) for k, v in self.counts.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Table:
+        return cls(data["shape"], {k: Counter(v) for k, v in data["counts"].items()})
+
+
+def run(backend: Backend, cases: Iterable[list[Request]], sidecar: Sidecar | None = None) -> list[Outcome]:
+    """Every case's requests in order through `backend`; the scored ones' outcomes."""
+    sidecar = sidecar or Sidecar()
+    outcomes = []
+    for case in cases:
+        for request in case:
+            decode = sidecar.decode_tokens()
+            delta = sidecar.feed(backend.send(request))
+            if request.expected is not None:
+                name = named(delta, sidecar.decode_tokens() - decode)
+                outcomes.append(Outcome(request.kind, request.expected, name, delta))
+    return outcomes
+
+
+def tabulate(shape: str, outcomes: Iterable[Outcome]) -> Table:
+    table = Table(shape)
+    for outcome in outcomes:
+        table.add(outcome)
+    return table

@@ -1,0 +1,58 @@
+"""docs/accuracy.md: the confusion matrix and totals of each shape, rendered from tables, and the
+committed doc is what its JSON and the seeded simulator run render (what `make check` diffs)."""
+
+import json
+from collections import Counter
+
+from kvcache_exporter.accuracy.harness import Table
+from kvcache_exporter.accuracy.report import columns, render, summary
+from tests.conftest import REPO
+
+TABLE = Table(
+    "shape",
+    {
+        "uuid_first": Counter({"prefix_diverged": 9, "cold": 1}),
+        "documents_reranked": Counter({"cold": 4, "content_moved": 2}),
+        "append_turn": Counter({"cold": 20, "prefix_diverged": 1, "decode": 1}),
+        "exact_repeat": Counter({"hit": 5}),
+    },
+)
+
+
+def test_totals_count_injected_changes_right_and_misnamed_and_faulted_appends():
+    assert summary(TABLE) == {
+        "kinds": 2,
+        "injected": 16,
+        "right": 11,
+        "appends": 22,
+        "faulted_appends": 1,
+        "repeats": 5,
+        "repeats_hit": 5,
+    }
+
+
+def test_columns_put_the_attributions_causes_first_then_new_ones_then_hit_and_decode():
+    assert columns([TABLE]) == ["prefix_diverged", "cold", "content_moved", "hit", "decode"]
+
+
+def test_a_shape_renders_as_a_confusion_matrix_with_its_totals():
+    text = render([(TABLE, "a note")])
+    assert "| uuid_first | prefix_diverged | 10 | 9 (90%) | 9 | 1 |  |  |  |" in text
+    assert "| documents_reranked | content_moved | 6 | 2 (33%) |  | 4 | 2 |  |  |" in text
+    assert "Injected changes: 16 over 2 kinds; named right 11 (68.8%); misnamed 5, as: cold 5." in text
+    assert "Append-only turns: 22, given a fault cause: 1." in text
+    assert "| shape | 16 | 2 | 11 (68.8%) | 22 | 1 |" in text
+
+
+def test_tables_survive_their_json():
+    assert Table.from_json(json.loads(json.dumps(TABLE.to_json()))) == TABLE
+
+
+def test_the_committed_doc_shows_the_committed_real_vllm_run():
+    doc = (REPO / "docs" / "accuracy.md").read_text()
+    for data in json.loads((REPO / "docs" / "accuracy-vllm.json").read_text())["tables"]:
+        table = Table.from_json(data)
+        s = summary(table)
+        assert f"## {table.shape}" in doc and data["note"] in doc
+        assert s["injected"] >= 2000 and s["kinds"] >= 10  # `make accuracy`'s full size
+        assert f"| {table.shape} | {s['injected']:,} | {s['kinds']} |" in doc
