@@ -1,0 +1,224 @@
+"""The fleet view on NATS JetStream (aggregator/nats_intake.py, fleet_publish.py) against a real
+nats-server: sidecars' publishers fed with the real decoded batches of a live simulated pool, shards
+reading their ranges through durable consumers, compared with the direct ZMQ fan-in."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from itertools import groupby
+from operator import itemgetter
+
+import pytest
+
+from kvcache_exporter import fleet_wire as wire
+from kvcache_exporter.aggregator.discovery import FileSd
+from kvcache_exporter.aggregator.fleet_residency import FleetResidency, HashRange
+from kvcache_exporter.aggregator.nats_intake import DeltaIntake, NatsIntake
+from kvcache_exporter.aggregator.pool import Aggregator, PoolSettings
+from kvcache_exporter.fleet_publish import FleetPublisher, NatsOptions
+from kvcache_exporter.simulator import EngineConfig, LatencyModel, SimulatorConfig
+from kvcache_exporter.simulator.fleet import SimulatorFleet
+from kvcache_exporter.sources.kv_events_decode import Batch, Event, KvEventDrain
+from tests.nats_server import NatsServer
+
+FAST = LatencyModel(base_s=0.002, per_prefill_token_s=0.00001, per_decode_seq_s=0.0001)
+REPLICAS = 4
+POOL = "llama"
+
+
+@pytest.fixture
+def nats_server(tmp_path):
+    server = NatsServer(tmp_path / "jetstream").start()
+    yield server
+    server.stop()
+
+
+def pool_config() -> SimulatorConfig:
+    return SimulatorConfig(
+        engine=EngineConfig(block_size=16, num_gpu_blocks=1024, max_model_len=4096, latency=FAST),
+        schedule="chat",
+        rate=100.0,
+        concurrency=16,
+        speed=10.0,
+        session_ids=True,
+    )
+
+
+def stored(hashes, session=None) -> Event:
+    return Event("BlockStored", tuple(hashes), session_id=session)
+
+
+def removed(hashes) -> Event:
+    return Event("BlockRemoved", tuple(hashes))
+
+
+def drain(*batches: Batch) -> KvEventDrain:
+    return KvEventDrain(tuple(batches))
+
+
+def spread(n: int, start: int = 0) -> list[int]:
+    """n hashes spread over the whole 64-bit space (every range), as vLLM's sha256 hashes are."""
+    return [((i + start) * 0x9E3779B97F4A7C15) % (1 << 64) for i in range(n)]
+
+
+def view(fleet: FleetResidency) -> dict:
+    """What a fleet view says, order aside: per replica and for the pool."""
+    replicas = {
+        name: (v.resident, v.stored, v.other_replica, v.removed, v.overflow)
+        for name, v in sorted(fleet.replicas.items())
+    }
+    return {"replicas": replicas, "distinct": fleet.distinct, "duplicates": fleet.duplicates}
+
+
+def summed(views: list[dict]) -> dict:
+    names = sorted({n for v in views for n in v["replicas"]})
+    replicas = {
+        n: tuple(sum(col) for col in zip(*(v["replicas"].get(n, (0,) * 5) for v in views), strict=True))
+        for n in names
+    }
+    return {
+        "replicas": replicas,
+        "distinct": sum(v["distinct"] for v in views),
+        "duplicates": sum(v["duplicates"] for v in views),
+    }
+
+
+def publisher(server: NatsServer, replica: str, **more) -> FleetPublisher:
+    return FleetPublisher(NatsOptions(server.url), POOL, replica, **more)
+
+
+def shard(server: NatsServer, k: int = 0, n: int = 1, sampling: float = 1.0) -> NatsIntake:
+    fleet = FleetResidency(HashRange(sampling, k, n))
+    return NatsIntake(NatsOptions(server.url), DeltaIntake(fleet, POOL), (k, n))
+
+
+async def until(check: Callable[[], bool], seconds: float = 15.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("not reached in time")
+        await asyncio.sleep(0.05)
+
+
+async def settled(intake: NatsIntake, seconds: float = 15.0) -> None:
+    """Until the shard has read everything the stream holds for it and applied nothing for a while."""
+    await until(lambda: intake.connected_once, seconds)
+    last, quiet = -1, 0
+    deadline = time.monotonic() + seconds
+    while quiet < 6 and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        count = intake.intake.applied + sum(intake.intake.dropped.values())
+        quiet = quiet + 1 if count == last and not any(intake.pending.values()) else 0
+        last = count
+
+
+@pytest.mark.timeout(60)
+def test_deltas_reach_the_shard_that_owns_their_range_and_only_it(nats_server):
+    async def run():
+        a, b = publisher(nats_server, "a"), publisher(nats_server, "b")
+        shards = [shard(nats_server, k, 2) for k in range(2)]
+        whole = FleetResidency()
+        for p in (a, b):
+            p.start()
+        batches = {
+            "a": [Batch(0, 1.0, (stored(spread(40)),)), Batch(1, 2.0, (removed(spread(10)),))],
+            "b": [Batch(7, 1.5, (stored(spread(30, 20), "s1"),))],
+        }
+        for name, p in (("a", a), ("b", b)):
+            p.offer(0, drain(*batches[name]))
+            assert await p.flush()
+            for each in batches[name]:
+                whole.apply(name, each)
+        for s in shards:
+            await s.start()
+        try:
+            for s in shards:
+                await settled(s)
+            halves = [view(s.intake.fleet) for s in shards]
+            assert summed(halves) == view(whole)
+            for s in shards:  # each shard holds only the hashes of its range
+                lo, hi = s.intake.fleet.hash_range.bounds
+                assert all(lo <= h < hi for h in s.intake.fleet._owners)
+                assert s.intake.dropped == {}
+            touched = [len(wire.split(spread(n), 1 << 64)) for n in (40, 10)]
+            assert a.published == sum(touched) and a.dropped == {}  # one delta per range touched
+        finally:
+            for each in (a, b, *shards):
+                await each.close()
+
+    asyncio.run(run())
+
+
+async def live_pool(
+    tmp_path, seconds: float = 3.0
+) -> tuple[Aggregator, list[tuple[str, Batch]], SimulatorFleet]:
+    """A 4-replica round-robin chat pool read by the direct ZMQ fan-in; every batch it applied, in
+    its order (the caller closes both)."""
+    path = str(tmp_path / "pool.json")
+    sim = await SimulatorFleet(pool_config(), REPLICAS, "round-robin", path).start(load=False)
+    direct = Aggregator(PoolSettings(windows=(600.0,), interval=0.5), [FileSd(path, None)])
+    applied: list[tuple[str, Batch]] = []
+    ingest = direct.ingest
+
+    def tee(name: str, batch: Batch) -> None:
+        ingest(name, batch)
+        applied.append((name, batch))
+
+    direct.ingest = tee
+    await direct.poll_once()  # subscribe to every replica, then send load
+    await asyncio.sleep(0.3)
+    sim.start_load()
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        await direct.poll_once()
+        await asyncio.sleep(0.4)
+    await sim.stop_load()
+    seen = None
+    for _ in range(20):  # until every stream has gone quiet
+        await asyncio.sleep(0.3)
+        await direct.poll_once()
+        if len(applied) == seen:
+            break
+        seen = len(applied)
+    return direct, applied, sim
+
+
+async def publish_in_order(publishers: dict[str, FleetPublisher], applied: list[tuple[str, Batch]]) -> None:
+    """The batches through each replica's publisher in the order the direct view applied them: a
+    run of one replica's batches, then its flush, so the stream holds them in that order."""
+    for name, run in groupby(applied, key=itemgetter(0)):
+        publishers[name].offer(0, KvEventDrain(tuple(batch for _, batch in run)))
+        assert await publishers[name].flush()
+
+
+@pytest.mark.timeout(120)
+def test_a_live_pool_reads_the_same_on_nats_as_direct_with_one_and_three_shards(nats_server, tmp_path):
+    async def run():
+        direct, applied, sim = await live_pool(tmp_path)
+        publishers = {name: publisher(nats_server, name) for name in direct.fleet.replicas}
+        one, three = shard(nats_server), [shard(nats_server, k, 3) for k in range(3)]
+        try:
+            for p in publishers.values():
+                p.start()
+            await publish_in_order(publishers, applied)
+            for s in (one, *three):
+                await s.start()
+            for s in (one, *three):
+                await settled(s)
+            expected = view(direct.fleet)
+            assert len(expected["replicas"]) == REPLICAS and expected["duplicates"] > 0
+            assert sum(r[2] for r in expected["replicas"].values()) > 0  # other_replica misses
+            assert view(one.intake.fleet) == expected
+            assert summed([view(s.intake.fleet) for s in three]) == expected
+            assert one.intake.fleet.sessions.counts() == direct.fleet.sessions.counts()
+            for s in (one, *three):
+                assert s.intake.dropped == {} and all(v.missed == 0 for v in s.intake.fleet.replicas.values())
+            assert all(p.dropped == {} for p in publishers.values())
+        finally:
+            for each in (*publishers.values(), one, *three, direct):
+                await each.close()
+            await sim.stop()
+
+    asyncio.run(run())
