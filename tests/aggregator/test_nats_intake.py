@@ -222,3 +222,187 @@ def test_a_live_pool_reads_the_same_on_nats_as_direct_with_one_and_three_shards(
             await sim.stop()
 
     asyncio.run(run())
+
+
+def batches_of(replica_seed: int, count: int, start_seq: int = 0) -> list[Batch]:
+    """Stores with a removal now and then; replicas share part of their hashes (duplicates)."""
+    out = []
+    for i in range(count):
+        seq = start_seq + i
+        if i % 5 == 4:
+            out.append(Batch(seq, float(seq), (removed(spread(3, 1000 * replica_seed + 7 * (i - 1))),)))
+        else:
+            shared = spread(4, 7 * i)  # the same on every replica
+            own = spread(6, 1000 * replica_seed + 7 * i)
+            out.append(Batch(seq, float(seq), (stored(shared + own),)))
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_a_restarted_shard_resumes_from_its_consumer_and_rebuilds_residency(nats_server):
+    """The shard stops after the first half of the stream; the second half is published meanwhile.
+    Restarted, it reads the acked part again for its residency only and counts only what it had not:
+    its residency is the whole stream's, its counts plus the first run's are the whole's."""
+
+    async def run():
+        pubs = {name: publisher(nats_server, name) for name in ("a", "b")}
+        whole = FleetResidency()
+        streams = {name: batches_of(i, 40) for i, name in enumerate(pubs)}
+        for p in pubs.values():
+            p.start()
+
+        async def publish(part: slice) -> None:
+            for name, p in pubs.items():
+                p.offer(0, drain(*streams[name][part]))
+                assert await p.flush()
+                for each in streams[name][part]:
+                    whole.apply(name, each)
+
+        first = shard(nats_server)
+        await first.start()
+        await publish(slice(0, 20))
+        await settled(first)
+        before = view(first.intake.fleet)
+        await first.close()
+        await publish(slice(20, 40))
+        second = shard(nats_server)
+        await second.start()
+        try:
+            await settled(second)
+            after = view(second.intake.fleet)
+            expected = view(whole)
+            assert second.rebuilt > 0 and after["distinct"] == expected["distinct"]
+            assert after["duplicates"] == expected["duplicates"]
+            for name, counts in expected["replicas"].items():
+                resident, *counted = counts
+                assert after["replicas"][name][0] == resident
+                assert [
+                    x + y
+                    for x, y in zip(before["replicas"][name][1:], after["replicas"][name][1:], strict=True)
+                ] == counted
+            assert all(v.missed == 0 and v.restarts == 0 for v in second.intake.fleet.replicas.values())
+        finally:
+            for each in (*pubs.values(), first, second):
+                await each.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.timeout(60)
+def test_a_replica_restart_clears_its_residency_on_every_shard(nats_server):
+    """vLLM restarts: its seq starts again at 0. The sidecar starts a new epoch; every shard forgets
+    the replica's blocks once, as the direct view does."""
+
+    async def run():
+        a, b = publisher(nats_server, "a"), publisher(nats_server, "b")
+        direct = FleetResidency()
+        shards = [shard(nats_server, k, 2) for k in range(2)]
+        for p in (a, b):
+            p.start()
+        sent = [("a", batches_of(0, 10)), ("b", batches_of(1, 10)), ("a", batches_of(2, 6, start_seq=0))]
+        for name, batches in sent:
+            p = a if name == "a" else b
+            p.offer(0, drain(*batches))
+            assert await p.flush()
+            for each in batches:
+                direct.apply(name, each)
+        for s in shards:
+            await s.start()
+        try:
+            for s in shards:
+                await settled(s)
+            assert summed([view(s.intake.fleet) for s in shards]) == view(direct)
+            assert direct.replicas["a"].restarts == 1
+            assert [s.intake.fleet.replicas["a"].restarts for s in shards] == [1, 1]
+        finally:
+            for each in (a, b, *shards):
+                await each.close()
+
+    asyncio.run(run())
+
+
+def in_range(r: int, n: int = 3) -> list[int]:
+    """n hashes of range r."""
+    return [h for h in spread(4000) if wire.range_of(h, 1 << 64) == r][:n]
+
+
+def raw_delta(replica="a", r=5, seq=0, epoch=1, pool=POOL, sampling=1.0, hashes=None) -> bytes:
+    change = wire.Change(True, in_range(r) if hashes is None else hashes)
+    return wire.encode(wire.Delta(wire.VERSION, pool, replica, 0, r, epoch, 0, seq, sampling, 1.0, [change]))
+
+
+@pytest.mark.timeout(60)
+def test_hostile_deltas_are_counted_and_dropped_and_the_rest_applied(nats_server):
+    import msgspec
+    import nats
+
+    from kvcache_exporter.fleet_publish import ensure_stream
+
+    subject = wire.delta_subject("kvcache", POOL, 5, "a")
+    sends = [
+        (subject, b"\xc1\xff\x00", "parse_error"),
+        (
+            subject,
+            msgspec.msgpack.encode([2, POOL, "a", 0, 5, 1, 0, 0, 1.0, 1.0, []]),
+            "parse_error",
+        ),  # version
+        (subject, msgspec.msgpack.encode([1, POOL, "a", 0, 5, 1, 0, -1, 1.0, 1.0, []]), "parse_error"),  # seq
+        (subject, raw_delta(replica="b"), "forged"),  # a sidecar naming another replica
+        (subject, raw_delta(pool="other"), "forged"),
+        (wire.delta_subject("kvcache", POOL, 6, "a"), raw_delta(r=5), "forged"),  # another range's subject
+        (subject, raw_delta(sampling=0.5), "sampling_mismatch"),
+        (subject, raw_delta(seq=0), None),
+        (subject, raw_delta(seq=0), "duplicate"),  # replayed
+        (subject, raw_delta(seq=3), None),  # seqs 1 and 2 lost: missed 2
+        (subject, raw_delta(seq=2), "duplicate"),  # late, out of order
+        (subject, raw_delta(seq=0, epoch=0), "stale"),  # an earlier epoch after a later one
+    ]
+
+    async def run():
+        nc = await nats.connect(nats_server.url)
+        js = nc.jetstream()
+        await ensure_stream(js, wire.stream_name("kvcache", POOL), f"kvcache.{POOL}.>", 3600, 1 << 30)
+        for each, payload, _ in sends:
+            await js.publish(each, payload)
+        with pytest.raises(nats.js.errors.NoStreamResponseError):  # outside the pool: no stream takes it
+            await js.publish(
+                wire.delta_subject("kvcache", "other", 5, "a"), raw_delta(pool="other"), timeout=1
+            )
+        with pytest.raises(nats.errors.MaxPayloadError):  # over NATS's 1 MiB: refused before sending
+            await js.publish(subject, b"\x00" * (wire.MAX_DELTA_BYTES + 1))
+        s = shard(nats_server)
+        await s.start()
+        try:
+            await settled(s)
+            want: dict[str, int] = {}
+            for _, _, reason in sends:
+                if reason:
+                    want[reason] = want.get(reason, 0) + 1
+            assert dict(s.intake.dropped) == want
+            a = s.intake.fleet.replicas["a"]
+            assert (a.resident, a.missed, s.intake.applied) == (3, 2, 2)
+            samples = {(x.name, tuple(x.labels.items())): x.value for x in s.samples()}
+            assert samples[("kvcache_fleet_deltas_dropped_total", (("reason", "forged"),))] == 3
+            assert samples[("kvcache_kv_events_missed_batches_total", (("replica", "a"),))] == 2
+        finally:
+            await s.close()
+            await nc.close()
+
+    asyncio.run(run())
+
+
+def test_oversized_and_malformed_counters_are_dropped_without_nats():
+    intake = DeltaIntake(FleetResidency(), POOL)
+    intake.delta(wire.delta_subject("kvcache", POOL, 5, "a"), b"\x00" * (wire.MAX_DELTA_BYTES + 1))
+    counters = wire.counters_subject("kvcache", POOL, "a")
+    intake.counters(counters, b"\x00" * (wire.MAX_COUNTERS_BYTES + 1))
+    intake.counters(counters, wire.encode(wire.Counters(wire.VERSION, POOL, "b", 1.0, 5.0, 1.0, 16)))
+    bad = [wire.VERSION, POOL, "a", 1.0, -5.0, 1.0, 16, None]  # a negative counter
+    import msgspec
+
+    intake.counters(counters, msgspec.msgpack.encode(bad))
+    intake.counters(counters, wire.encode(wire.Counters(wire.VERSION, POOL, "a", 2.0, 5.0, 1.0, 16)))
+    intake.counters(counters, wire.encode(wire.Counters(wire.VERSION, POOL, "a", 2.0, 6.0, 1.0, 16)))
+    assert dict(intake.dropped) == {"too_large": 2, "forged": 1, "parse_error": 1, "duplicate": 1}
+    assert intake.replicas["a"].counters == {"query_tokens": 5.0, "hit_tokens": 1.0}
+    assert intake.block_sizes() == {"a": 16}
