@@ -1,0 +1,114 @@
+"""fleet_publish.py: `serve --fleet.publish` against a real nats-server: what it publishes reaches a
+shard, NATS down costs counted drops in a bounded buffer and never the sidecar's /metrics, and the
+gap the drops leave is marked on the shard once NATS is back."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kvcache_exporter import fleet_wire as wire
+from kvcache_exporter.aggregator.fleet_residency import FleetResidency
+from kvcache_exporter.aggregator.nats_intake import DeltaIntake, NatsIntake
+from kvcache_exporter.fleet_publish import FleetPublisher, NatsOptions
+from kvcache_exporter.sources.kv_events_decode import Batch, Event, KvEventDrain
+from tests.conftest import free_port
+from tests.core.test_serve import scrape, start, until
+from tests.nats_server import NatsServer
+
+POOL = "llama"
+
+
+@pytest.fixture
+def processes(services):
+    return services  # every process stops (its whole group) after the test
+
+
+def every_range(seq: int) -> Batch:
+    """One batch storing a hash in each of the 64 ranges: 64 deltas."""
+    hashes = tuple((r << 58) + seq for r in range(wire.RANGES))
+    return Batch(seq, float(seq), (Event("BlockStored", hashes),))
+
+
+@pytest.mark.timeout(90)
+def test_nats_down_drops_are_counted_and_the_gap_is_marked_once_it_is_back(tmp_path):
+    server = NatsServer(tmp_path / "jetstream")  # its port chosen, nothing listening yet
+
+    async def run():
+        publisher = FleetPublisher(NatsOptions(server.url), POOL, "a", max_buffered=100)
+        publisher.start()
+        publisher.offer(0, KvEventDrain(tuple(every_range(seq) for seq in range(3))))  # 192 deltas
+        samples = {(s.name, tuple(s.labels.items())): s.value for s in publisher.samples()}
+        assert samples[("kvcache_fleet_publish_dropped_total", (("reason", "buffer_full"),))] == 92
+        assert samples[("kvcache_fleet_publish_buffered", ())] == 100
+        with pytest.raises(Exception, match="not connected"):
+            await publisher.collect()
+        server.start()
+        shard = NatsIntake(NatsOptions(server.url), DeltaIntake(FleetResidency(), POOL))
+        await shard.start()
+        try:
+            await until_async(lambda: publisher.published == 100)
+            publisher.offer(0, KvEventDrain((every_range(3),)))  # every range again: each gap shows
+            await until_async(lambda: shard.intake.applied == 164)
+            view = shard.intake.fleet.replicas["a"]
+            assert view.missed == 92 == publisher.dropped["buffer_full"]
+            assert view.resident == 164
+        finally:
+            await publisher.close()
+            await shard.close()
+            server.stop()
+
+    asyncio.run(run())
+
+
+async def until_async(check, seconds: float = 20.0) -> None:
+    for _ in range(int(seconds / 0.05)):
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("not reached in time")
+
+
+@pytest.mark.timeout(120)
+def test_serve_publishes_a_replica_to_a_shard_and_keeps_serving_while_nats_is_down(processes, tmp_path):
+    """serve starts before NATS: /metrics answers, says fleet_publish is failing and buffers; NATS
+    comes up: the simulator's residency and counters reach a shard."""
+    server = NatsServer(tmp_path / "jetstream")
+    sim_port, kv_port, port = free_port(), free_port(), free_port()
+    start(processes, "simulate", "--listen", f"127.0.0.1:{sim_port}", "--rate", "10",
+          "--kv-events-endpoint", f"tcp://127.0.0.1:{kv_port}")  # fmt: skip
+    start(processes, "serve", "--vllm.url", f"http://127.0.0.1:{sim_port}/metrics",
+          "--collect.interval", "0.5s", "--web.listen-address", f"127.0.0.1:{port}", "--gpu.source", "none",
+          "--kv-events.endpoint", f"tcp://127.0.0.1:{kv_port}",
+          "--fleet.publish", server.url, "--fleet.pool", POOL, "--fleet.replica", "r1")  # fmt: skip
+    metrics = f"http://127.0.0.1:{port}/metrics"
+    publish = ("kvcache_exporter_collector_success", (("collector", "fleet_publish"),))
+    down = until(
+        lambda: (s := scrape(metrics)).get(("kvcache_fleet_publish_buffered", ()), 0) > 0 and s, "buffering"
+    )
+    assert down[publish] == 0 and down[("kvcache_fleet_published_total", ())] == 0
+    assert down.get(("kvcache_kv_events_batches_total", ()), 0) > 0  # the sidecar's own view goes on
+
+    async def read_shard():
+        server.start()
+        shard = NatsIntake(NatsOptions(server.url), DeltaIntake(FleetResidency(), POOL))
+        await shard.start()
+        try:
+            for _ in range(600):
+                replica = shard.intake.replicas.get("r1")
+                view = shard.intake.fleet.replicas.get("r1")
+                if replica and replica.block_size and view and view.resident > 0:
+                    return replica, view
+                await asyncio.sleep(0.05)
+            raise AssertionError("the shard never saw r1's residency and counters")
+        finally:
+            await shard.close()
+
+    try:
+        replica, view = asyncio.run(read_shard())
+        assert replica.block_size == 16 and replica.counters["query_tokens"] > 0 and view.stored > 0
+        up = until(lambda: (s := scrape(metrics)).get(publish) == 1 and s, "publishing")
+        assert up[("kvcache_fleet_published_total", ())] > 0
+    finally:
+        server.stop()
