@@ -406,3 +406,73 @@ def test_oversized_and_malformed_counters_are_dropped_without_nats():
     assert dict(intake.dropped) == {"too_large": 2, "forged": 1, "parse_error": 1, "duplicate": 1}
     assert intake.replicas["a"].counters == {"query_tokens": 5.0, "hit_tokens": 1.0}
     assert intake.block_sizes() == {"a": 16}
+
+
+def read_all(replicas: dict, queries: float) -> bool:
+    return len(replicas) == 2 and all(r.counters["query_tokens"] == queries for r in replicas.values())
+
+
+@pytest.mark.timeout(60)
+def test_aggregate_on_nats_serves_the_pool_from_published_deltas_and_counters(nats_server):
+    """`aggregate --fleet.source` as cli.build makes it (no replica to poll): residency from the
+    deltas, the pool's hit ratios from the sidecars' published counters, ready once connected."""
+    from kvcache_exporter.aggregator import cli as aggregate_cli
+    from kvcache_exporter.cli import build_parser
+    from kvcache_exporter.sources.vllm_snapshot import EngineSample, VllmSnapshot
+
+    polled: dict[str, VllmSnapshot] = {}
+
+    def snapshot(queries: float, hits: float) -> VllmSnapshot:
+        engines = {("m", "0"): EngineSample({"query_tokens": queries, "hit_tokens": hits})}
+        return VllmSnapshot(engines, {"0": {"block_size": "16"}}, "v1", "vllm:", (), ())
+
+    async def run():
+        argv = [
+            "aggregate",
+            "--fleet.source",
+            nats_server.url,
+            "--fleet.pool",
+            POOL,
+            "--collect.windows",
+            "10m",
+        ]
+        args = build_parser("aggregate").parse_args(argv)
+        flags = {o.key: getattr(args, o.attr) for o in aggregate_cli.AGGREGATE_OPTIONS}
+        aggregator = aggregate_cli.build(aggregate_cli.resolve_aggregate(flags, {}, None))
+        pubs = {name: publisher(nats_server, name, counters=lambda n=name: polled.get(n)) for name in "ab"}
+        for p in pubs.values():
+            p.start()
+        for name, batch in (
+            ("a", Batch(0, 1.0, (stored(spread(50)),))),
+            ("b", Batch(0, 1.0, (stored(spread(40, 25)),))),
+        ):
+            pubs[name].offer(0, drain(batch))  # b stores 25 of a's blocks after a: other_replica
+            assert await pubs[name].flush()
+        stop = asyncio.Event()
+        loop = asyncio.ensure_future(aggregator.run(stop))
+        try:
+            await until(lambda: len(aggregator.fleet.replicas) == 2)  # the deltas read: a window needs both
+            for queries, hits in ((1000.0, 200.0), (3000.0, 600.0)):
+                for name, p in pubs.items():
+                    polled[name] = snapshot(queries, hits)
+                    await until(lambda p=p: p.connected)
+                    await p.collect()
+                    assert await p.flush()
+                await until(lambda q=queries: read_all(aggregator.intake.intake.replicas, q))
+                await aggregator.poll_once()
+                await asyncio.sleep(0.01)  # the counters' next timestamp
+            samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in aggregator.latest}
+            assert aggregator.ready and aggregator.members == {}
+            assert samples[("kvcache_fleet_replicas", ())] == 2
+            assert samples[("kvcache_fleet_hit_ratio", (("window", "10m"),))] == pytest.approx(0.2)
+            other = ("kvcache_prefix_cache_miss_tokens_total", (("cause", "other_replica"), ("replica", "b")))
+            assert samples[other] == 25 * 16
+            assert samples[("kvcache_fleet_query_tokens_total", (("replica", "a"),))] == 3000
+        finally:
+            stop.set()
+            await loop
+            for each in pubs.values():
+                await each.close()
+            await aggregator.close()
+
+    asyncio.run(run())
