@@ -34,6 +34,7 @@ MAX_BUFFERED = 65_536  # deltas: at ~2 a batch, minutes of a busy replica's stre
 MAX_BUFFERED_BYTES = 64 * 1024 * 1024
 PUBLISH_TIMEOUT = 2.0  # one JetStream ack; past it the delta is dropped (publish_error)
 IDLE_SECONDS = 0.05
+FLUSH_HASHES = 16_384  # a range's delta is sent at this many hashes: 32-byte hashes stay under 1 MiB
 STREAM_MAX_AGE = 6 * 3600.0  # the pool's stream when a sidecar creates it: `aggregate` sets its own
 STREAM_MAX_BYTES = 8 * 1024**3
 DROP_REASONS = ("buffer_full", "publish_error", "not_connected", "internal_error")
@@ -131,18 +132,26 @@ class FleetPublisher:
     # --- the poll's side (any thread) -------------------------------------------------------
 
     def offer(self, engine: int, drain: KvEventDrain | None) -> None:
-        """One engine's drained batches as deltas on the queue; never blocks."""
+        """One engine's drained batches as deltas on the queue, one per hash range they touch (a
+        poll's worth in one message per range: per-message costs stay off the per-block path);
+        never blocks."""
         if drain is None:
             return
         cursor = self._cursors.setdefault(engine, SeqCursor())
+        pending: dict[int, list[tuple[tuple, list]]] = {}  # range -> [(change key, hashes)]
+        ts = 0.0
         for item in drain.items:
             if isinstance(item, Dropped):  # lost upstream: serve's own kv_events series count it
                 if cursor.skip(item.seq, item.count).restart:
+                    self._enqueue(engine, ts, pending)
                     self._new_epoch("restart")
                 continue
             if cursor.advance(item.seq).restart:
+                self._enqueue(engine, ts, pending)
                 self._new_epoch("restart")
-            self._offer_batch(engine, item)
+            ts = item.ts
+            self._collect(engine, item, pending)
+        self._enqueue(engine, ts, pending)
 
     def tee(self, engine: int, into: Callable[[KvEventDrain | None, float], None]):
         """`into` (the poll state's ingest) with this engine's batches offered first."""
@@ -157,31 +166,40 @@ class FleetPublisher:
 
         return ingest
 
-    def _offer_batch(self, engine: int, batch: Batch) -> None:
-        by_range: dict[int, list[wire.Change]] = {}
+    def _collect(self, engine: int, batch: Batch, pending: dict[int, list[tuple[tuple, list]]]) -> None:
+        """A batch's changes onto each range's pending delta, in order; a change like the range's
+        last one (same kind, group, adapter, session) extends it."""
         for event in batch.events:
             if event.type == "AllBlocksCleared":
-                self._enqueue(engine, batch.ts, by_range)
-                by_range = {}
+                self._enqueue(engine, batch.ts, pending)
                 self._new_epoch("cleared")
             elif event.type in ("BlockStored", "BlockRemoved"):
                 stored = event.type == "BlockStored"
-                adapter = getattr(event, "lora_name", None)
-                session = getattr(event, "session_id", None) if stored else None
-                group = getattr(event, "group", None)
+                key = (
+                    stored,
+                    getattr(event, "group", None),
+                    getattr(event, "lora_name", None),
+                    getattr(event, "session_id", None) if stored else None,
+                )
                 for r, hashes in wire.split(event.block_hashes, self.kept).items():
-                    by_range.setdefault(r, []).append(wire.Change(stored, hashes, group, adapter, session))
-        self._enqueue(engine, batch.ts, by_range)
+                    changes = pending.setdefault(r, [])
+                    if changes and changes[-1][0] == key:
+                        changes[-1][1].extend(hashes)
+                    else:
+                        changes.append((key, hashes))
+                    if sum(len(h) for _, h in changes) >= FLUSH_HASHES:
+                        self._enqueue(engine, batch.ts, {r: pending.pop(r)})
 
     def _new_epoch(self, cause: str) -> None:
         with self.lock:
             self.epoch, self.cause = max(self.epoch + 1, time.time_ns()), cause
             self._seqs.clear()
 
-    def _enqueue(self, engine: int, ts: float, by_range: dict[int, list[wire.Change]]) -> None:
+    def _enqueue(self, engine: int, ts: float, pending: dict[int, list[tuple[tuple, list]]]) -> None:
+        """Each range's pending changes as one delta on the queue (`pending` is emptied)."""
         now = time.monotonic()
         with self.lock:
-            for r, changes in by_range.items():
+            for r, changes in pending.items():
                 seq = self._seqs.get((engine, r), 0)
                 self._seqs[(engine, r)] = seq + 1  # taken even when dropped: the consumer sees the gap
                 delta = wire.Delta(
@@ -195,11 +213,11 @@ class FleetPublisher:
                     seq,
                     self.sampling,
                     ts,
-                    changes,
+                    [_change(key, hashes) for key, hashes in changes],
                 )
-                payload = wire.encode(delta)
                 subject = wire.delta_subject(self.prefix, self.pool, r, self.replica)
-                self._put(subject, payload, now)
+                self._put(subject, wire.encode(delta), now)
+        pending.clear()
         self._wake_sender()
 
     def _put(self, subject: str, payload: bytes, now: float) -> None:
@@ -335,6 +353,11 @@ class FleetPublisher:
             with contextlib.suppress(Exception):
                 await self._nc.close()
             self._nc = None
+
+
+def _change(key: tuple, hashes: list) -> wire.Change:
+    stored, group, adapter, session = key
+    return wire.Change(stored, hashes, group, adapter, session)
 
 
 class PublishPoll(Poll):

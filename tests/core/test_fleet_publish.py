@@ -38,7 +38,8 @@ def test_nats_down_drops_are_counted_and_the_gap_is_marked_once_it_is_back(tmp_p
     async def run():
         publisher = FleetPublisher(NatsOptions(server.url), POOL, "a", max_buffered=100)
         publisher.start()
-        publisher.offer(0, KvEventDrain(tuple(every_range(seq) for seq in range(3))))  # 192 deltas
+        for seq in range(3):  # three polls' drains: 192 deltas
+            publisher.offer(0, KvEventDrain((every_range(seq),)))
         samples = {(s.name, tuple(s.labels.items())): s.value for s in publisher.samples()}
         assert samples[("kvcache_fleet_publish_dropped_total", (("reason", "buffer_full"),))] == 92
         assert samples[("kvcache_fleet_publish_buffered", ())] == 100

@@ -66,7 +66,7 @@ class DeltaIntake:
         self.fleet, self.pool, self.prefix = fleet, pool, prefix
         self.max_replicas, self.retention = max_replicas, retention
         self.epochs: dict[str, int] = {}
-        self._next: dict[tuple[str, int, int], int] = {}  # (replica, engine, range) -> next seq
+        self._next: dict[str, dict[tuple[int, int], int]] = {}  # replica -> (engine, range) -> next seq
         self._from_start: dict[str, bool] = {}
         self.replicas: dict[str, ReplicaCounters] = {}
         self.applied = 0
@@ -101,19 +101,19 @@ class DeltaIntake:
             return None
         if delta.epoch != known:
             self.epochs[name] = delta.epoch
-            self._next = {k: v for k, v in self._next.items() if k[0] != name}
+            self._next[name] = {}
             self._from_start[name] = known is not None  # saw the epoch begin: each range counts from 0
             if known is not None:  # the replica's cache started empty: forget what it held
                 if wire.CAUSES[delta.cause] == "cleared":
                     self.fleet.clear(name)
                 else:
                     self.fleet.restart(name)
-        key = (name, delta.engine, delta.range)
-        expected = self._next.get(key, 0 if self._from_start[name] else None)
+        following, key = self._next[name], (delta.engine, delta.range)
+        expected = following.get(key, 0 if self._from_start[name] else None)
         if expected is not None and delta.seq < expected:
             self.dropped["duplicate"] += 1
             return None
-        self._next[key] = delta.seq + 1
+        following[key] = delta.seq + 1
         return Mark(delta.seq - expected if expected is not None else 0, False)
 
     def counters(self, subject: str, data: bytes) -> None:
@@ -311,7 +311,7 @@ class NatsIntake:
                     msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_TIMEOUT)
                 except NatsTimeout:
                     return  # nothing more retained
-                for msg in msgs:
+                for msg in msgs or ():
                     if msg.metadata.sequence.stream > floor:
                         return
                     self.intake.delta(msg.subject, msg.data)
@@ -336,6 +336,8 @@ class NatsIntake:
             except Exception as err:  # NATS down: the client reconnects; ask again after a pause
                 log.debug("fetch on %s failed: %s", name, err)
                 await asyncio.sleep(RETRY_SECONDS)
+                continue
+            if not msgs:
                 continue
             for msg in msgs:
                 if msg.metadata.num_delivered > 1:
