@@ -19,6 +19,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from . import catalog as c
 from . import fleet_wire as wire
@@ -50,6 +51,12 @@ class NatsOptions:
     nkey_seed_file: str | None = None
     tls_ca_file: str | None = None
 
+    @property
+    def where(self) -> str:
+        """The URL without its user and password, for logs and errors."""
+        parts = urlsplit(self.url)
+        return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+
     def connect_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"servers": [self.url], "max_reconnect_attempts": -1, "connect_timeout": 2}
         if self.credentials_file:
@@ -63,12 +70,22 @@ class NatsOptions:
         return kwargs
 
 
+_logged: set[str] = set()
+
+
+def log_once(message: str) -> None:
+    """A warning the first time it is seen: NATS down retries every second, not a line a second."""
+    if message not in _logged and len(_logged) < 1000:
+        _logged.add(message)
+        log.warning("%s (logged once)", message)
+
+
 async def connect(options: NatsOptions, name: str) -> Any:
     """A NATS connection that reconnects forever and logs its state changes once each."""
     import nats  # here: serve without --fleet.publish never loads it
 
     async def error_cb(err: Exception) -> None:
-        log.warning("NATS %s: %s", options.url, err, extra={"collector": name})
+        log_once(f"NATS {options.where}: {err!r}")
 
     return await nats.connect(name=name, error_cb=error_cb, **options.connect_kwargs())
 
@@ -259,7 +276,7 @@ class FleetPublisher:
                 except Exception as err:  # no permission: the aggregator or the operator makes it
                     log.info("NATS stream %s not checked: %s", stream, err)
             except Exception as err:  # NATS down at start: keep counting, try again
-                log.warning("NATS %s: not connected (%s); retrying", self.options.url, err)
+                log_once(f"NATS {self.options.where}: not connected ({err}); retrying every second")
                 await asyncio.sleep(1.0)
         while True:
             item = self._next()
@@ -308,7 +325,7 @@ class FleetPublisher:
         """Once a poll: the replica's prefix-cache counters (from the last /metrics poll) on NATS;
         SourceError while NATS is not reachable (collector_success{collector="fleet_publish"} 0)."""
         if not self.connected:
-            raise SourceError("nats_error", f"NATS {self.options.url}: not connected")
+            raise SourceError("nats_error", f"NATS {self.options.where}: not connected")
         snapshot = self.counters()
         if snapshot is None:
             return

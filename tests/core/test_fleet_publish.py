@@ -113,3 +113,29 @@ def test_serve_publishes_a_replica_to_a_shard_and_keeps_serving_while_nats_is_do
         assert up[("kvcache_fleet_published_total", ())] > 0
     finally:
         server.stop()
+
+
+@pytest.mark.timeout(60)
+def test_wrong_credentials_never_connect_and_right_ones_publish(tmp_path, caplog):
+    server = NatsServer(tmp_path / "jetstream", user="sidecar", password="s3cret").start()
+
+    async def run():
+        wrong = FleetPublisher(NatsOptions(server.url.replace("s3cret", "guess")), POOL, "a", max_buffered=10)
+        right = FleetPublisher(NatsOptions(server.url), POOL, "b")
+        for p in (wrong, right):
+            p.start()
+            p.offer(0, KvEventDrain((every_range(0),)))  # 64 deltas
+        try:
+            await until_async(lambda: right.published == 64)
+            assert not wrong.connected and wrong.published == 0
+            assert wrong.dropped["buffer_full"] == 54  # waiting, bounded, counted
+            with pytest.raises(Exception, match="not connected") as err:
+                await wrong.collect()
+            assert "not connected" in caplog.text  # logged once, without the password:
+            assert "guess" not in str(err.value) and "guess" not in caplog.text
+        finally:
+            for p in (wrong, right):
+                await p.close()
+            server.stop()
+
+    asyncio.run(run())

@@ -25,7 +25,7 @@ from typing import Any
 from .. import catalog as c
 from .. import fleet_wire as wire
 from ..derive.windows import SeriesHistory
-from ..fleet_publish import STREAM_MAX_AGE, STREAM_MAX_BYTES, NatsOptions, connect, ensure_stream
+from ..fleet_publish import STREAM_MAX_AGE, STREAM_MAX_BYTES, NatsOptions, connect, ensure_stream, log_once
 from ..samples import Sample
 from ..sources.kv_events_decode import Event, Mark
 from ..sources.vllm_snapshot import EngineSample
@@ -245,7 +245,7 @@ class NatsIntake:
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # NATS down at start, no stream yet: try again
-                log.warning("NATS %s: %s; retrying", self.options.url, err)
+                log_once(f"NATS {self.options.where}: {err!r}; retrying every second")
                 await self._close_connection()
                 await asyncio.sleep(RETRY_SECONDS)
 
