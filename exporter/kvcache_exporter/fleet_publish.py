@@ -279,6 +279,9 @@ class FleetPublisher:
                 log_once(f"NATS {self.options.where}: not connected ({err}); retrying every second")
                 await asyncio.sleep(1.0)
         while True:
+            if not self.connected:  # reconnecting: the buffer holds (and bounds) what waits
+                await asyncio.sleep(IDLE_SECONDS)
+                continue
             item = self._next()
             if item is None:
                 self._wake.clear()
