@@ -86,7 +86,9 @@ def test_serve_publishes_a_replica_to_a_shard_and_keeps_serving_while_nats_is_do
     metrics = f"http://127.0.0.1:{port}/metrics"
     publish = ("kvcache_exporter_collector_success", (("collector", "fleet_publish"),))
     down = until(
-        lambda: (s := scrape(metrics)).get(("kvcache_fleet_publish_buffered", ()), 0) > 0 and s, "buffering"
+        lambda: (s := scrape(metrics)).get(("kvcache_fleet_publish_buffered", ()), 0) > 0 and s,
+        "buffering",
+        timeout=60,
     )
     assert down[publish] == 0 and down[("kvcache_fleet_published_total", ())] == 0
     assert down.get(("kvcache_kv_events_batches_total", ()), 0) > 0  # the sidecar's own view goes on
