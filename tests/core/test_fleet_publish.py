@@ -141,3 +141,31 @@ def test_wrong_credentials_never_connect_and_right_ones_publish(tmp_path, caplog
             server.stop()
 
     asyncio.run(run())
+
+
+def queued(publisher: FleetPublisher) -> list[tuple[str, bytes]]:
+    """What the publisher would send, taken off its buffer (no NATS needed)."""
+    out = []
+    while (item := publisher._next()) is not None:
+        publisher._sending = False
+        out.append(item[:2])
+    return out
+
+
+def test_a_cleared_cache_and_a_restarted_sidecar_start_new_epochs_that_forget_the_replica():
+    fleet = FleetResidency()
+    intake = DeltaIntake(fleet, POOL)
+    first = FleetPublisher(NatsOptions("nats://127.0.0.1:1"), POOL, "a")
+    cleared = Batch(1, 1.0, (Event("AllBlocksCleared"), Event("BlockStored", (7 << 58,))))
+    first.offer(0, KvEventDrain((every_range(0), cleared)))
+    old = queued(first)
+    for subject, payload in old:
+        intake.delta(subject, payload)
+    view = fleet.replicas["a"]
+    assert (view.resident, view.cleared, view.restarts) == (1, 1, 0)  # only the block after the clear
+    second = FleetPublisher(NatsOptions("nats://127.0.0.1:1"), POOL, "a")  # the sidecar restarted
+    second.offer(0, KvEventDrain((Batch(0, 2.0, (Event("BlockStored", (3 << 58, 4 << 58)),)),)))
+    for subject, payload in [*queued(second), old[-1]]:  # then a late delta of the old epoch
+        intake.delta(subject, payload)
+    assert (view.resident, view.cleared, view.restarts) == (2, 1, 1)
+    assert intake.dropped == {"stale": 1} and view.missed == 0
