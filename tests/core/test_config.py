@@ -103,3 +103,26 @@ def test_help_shows_durations_and_sizes_as_the_readme_writes_them():
     assert "KVCACHE_EXPORTER_GPU_DCGM_TIMEOUT; default 5s)" in flat
     assert "KVCACHE_EXPORTER_COLLECT_WINDOWS; default 1m,5m,15m,1h)" in flat
     assert "8388608" not in flat and "5.0" not in flat
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ({"fleet.publish": "http://nats:4222", "kv_events.endpoint": "tcp://h:5557"}, "nats:// or tls://"),
+        ({"fleet.publish": "nats://nats:4222"}, "--kv-events.endpoint"),
+        ({"fleet.publish": "nats://nats:4222", "kv_events.endpoint": "tcp://h:5557"}, "--fleet.replica"),
+        ({"fleet.pool": "llama.70b"}, "letters, digits"),  # a dot would be a subject token
+        ({"fleet.replica": "*"}, "letters, digits"),
+        ({"fleet.hash_sampling": "0"}, "keeps no hash"),
+    ],
+)
+def test_fleet_publishing_options_are_checked(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve(flags, {}, None)
+
+
+def test_fleet_replica_defaults_to_the_pod_name_when_it_is_a_subject_token():
+    flags = {"fleet.publish": "tls://nats:4222", "kv_events.endpoint": "tcp://h:5557"}
+    assert resolve(flags, {"POD_NAME": "vllm-0"}, None).fleet_replica == "vllm-0"
+    with pytest.raises(ConfigError, match=r"--fleet\.replica"):
+        resolve(flags, {"POD_NAME": "vllm.0"}, None)
