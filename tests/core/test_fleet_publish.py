@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from kvcache_exporter import fleet_wire as wire
-from kvcache_exporter.aggregator.fleet_residency import FleetResidency
+from kvcache_exporter.aggregator.fleet_residency import FleetResidency, HashRange
 from kvcache_exporter.aggregator.nats_intake import DeltaIntake, NatsIntake
 from kvcache_exporter.fleet_publish import FleetPublisher, NatsOptions
 from kvcache_exporter.sources.kv_events_decode import Batch, Event, KvEventDrain
@@ -169,3 +169,17 @@ def test_a_cleared_cache_and_a_restarted_sidecar_start_new_epochs_that_forget_th
         intake.delta(subject, payload)
     assert (view.resident, view.cleared, view.restarts) == (2, 1, 1)
     assert intake.dropped == {"stale": 1} and view.missed == 0
+
+
+def test_hash_sampling_applies_before_publishing_and_shards_of_another_sampling_drop_it():
+    half = FleetPublisher(NatsOptions("nats://127.0.0.1:1"), POOL, "a", sampling=0.5)
+    half.offer(0, KvEventDrain((every_range(0),)))  # 64 hashes, one per 1/64 of the space
+    deltas = queued(half)
+    assert len(deltas) == 32  # the lower half only, now spread over all 64 ranges of the sample
+    sampled = DeltaIntake(FleetResidency(HashRange(0.5)), POOL)
+    whole = DeltaIntake(FleetResidency(), POOL)
+    for subject, payload in deltas:
+        sampled.delta(subject, payload)
+        whole.delta(subject, payload)
+    assert sampled.fleet.replicas["a"].resident == 32 and sampled.dropped == {}
+    assert whole.dropped == {"sampling_mismatch": 32} and "a" not in whole.fleet.replicas
