@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
-APT_PACKAGES := prometheus prometheus-alertmanager docker-compose chromium
+APT_PACKAGES := prometheus prometheus-alertmanager docker-compose chromium nats-server
 
 .PHONY: demo test lint generate check bench soak fuzz accuracy venv system-deps demo-deps container-deps image-test vllm-venv preflight clean
 
@@ -15,11 +15,12 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 venv: $(VENV)/.installed
 
-# Debian's Prometheus, Alertmanager, docker-compose and chromium: promtool, the end-to-end tests,
-# `docker-compose config`, the analyzer's HTML page rendered headless.
+# Debian's Prometheus, Alertmanager, docker-compose, chromium and nats-server: promtool, the end-to-end
+# tests, `docker-compose config`, the analyzer's HTML page rendered headless, the fleet view on JetStream.
 system-deps:
 	@if ! command -v promtool >/dev/null || ! command -v prometheus-alertmanager >/dev/null \
-	   || ! command -v docker-compose >/dev/null || ! command -v chromium >/dev/null; then \
+	   || ! command -v docker-compose >/dev/null || ! command -v chromium >/dev/null \
+	   || ! command -v nats-server >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \
 	  else echo "install as root: apt-get install $(APT_PACKAGES)"; exit 1; fi; \

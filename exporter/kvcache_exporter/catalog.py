@@ -163,6 +163,14 @@ FLEET_SESSIONS_SPLIT = "kvcache_fleet_sessions_split"
 FLEET_SESSIONS_SPLIT_RATIO = "kvcache_fleet_sessions_split_ratio"
 FLEET_REPLICAS = "kvcache_fleet_replicas"
 FLEET_REPLICAS_LEFT_OUT = "kvcache_fleet_replicas_left_out"
+FLEET_PUBLISHED_TOTAL = "kvcache_fleet_published_total"
+FLEET_PUBLISH_DROPPED_TOTAL = "kvcache_fleet_publish_dropped_total"
+FLEET_PUBLISH_BUFFERED = "kvcache_fleet_publish_buffered"
+FLEET_PUBLISH_LAG_SECONDS = "kvcache_fleet_publish_lag_seconds"
+FLEET_DELTAS_TOTAL = "kvcache_fleet_deltas_total"
+FLEET_DELTAS_DROPPED_TOTAL = "kvcache_fleet_deltas_dropped_total"
+FLEET_CONSUMER_PENDING = "kvcache_fleet_consumer_pending"
+FLEET_CONSUMER_REDELIVERED_TOTAL = "kvcache_fleet_consumer_redelivered_total"
 
 
 CATALOG: tuple[Metric, ...] = (
@@ -878,6 +886,85 @@ CATALOG: tuple[Metric, ...] = (
         "",
         "fleet",
         "discovery",
+    ),
+    # --- the fleet view on NATS JetStream (serve --fleet.publish, aggregate --fleet.source) -----
+    _m(
+        FLEET_PUBLISHED_TOTAL,
+        "counter",
+        "Messages (residency deltas, counters) the sidecar published to NATS JetStream and JetStream acked.",
+        (),
+        "messages",
+        "fleet",
+        "serve --fleet.publish",
+    ),
+    _m(
+        FLEET_PUBLISH_DROPPED_TOTAL,
+        "counter",
+        "Messages the sidecar did not publish: buffer_full (NATS slower than the stream, or down, and the "
+        "bounded buffer full), publish_error (no JetStream ack in time), not_connected. The shards "
+        "count the lost deltas as kvcache_kv_events_missed_batches_total.",
+        ("reason",),
+        "messages",
+        "fleet",
+        "serve --fleet.publish",
+    ),
+    _m(
+        FLEET_PUBLISH_BUFFERED,
+        "gauge",
+        "Messages waiting in the sidecar's bounded buffer for NATS.",
+        (),
+        "messages",
+        "fleet",
+        "serve --fleet.publish",
+    ),
+    _m(
+        FLEET_PUBLISH_LAG_SECONDS,
+        "gauge",
+        "How long the oldest message in the sidecar's buffer has waited for NATS (0 when empty): "
+        "publisher lag.",
+        (),
+        "seconds",
+        "fleet",
+        "serve --fleet.publish",
+    ),
+    _m(
+        FLEET_DELTAS_TOTAL,
+        "counter",
+        "Residency deltas and counters an aggregator shard read from NATS JetStream and applied.",
+        (),
+        "messages",
+        "fleet",
+        "aggregate --fleet.source",
+    ),
+    _m(
+        FLEET_DELTAS_DROPPED_TOTAL,
+        "counter",
+        "Messages an aggregator shard read from NATS and dropped: parse_error, too_large, forged (pool, "
+        "range or replica differs from the subject's), sampling_mismatch (published with another "
+        "--fleet.hash-sampling), stale (an earlier epoch of the replica), duplicate (a redelivery or "
+        "replay of a delta already applied), too_many_replicas (beyond --replica.max).",
+        ("reason",),
+        "messages",
+        "fleet",
+        "aggregate --fleet.source",
+    ),
+    _m(
+        FLEET_CONSUMER_PENDING,
+        "gauge",
+        "Messages JetStream holds for the shard's durable consumer and has not delivered yet: consumer lag.",
+        ("consumer",),
+        "messages",
+        "fleet",
+        "JetStream consumer info (num_pending)",
+    ),
+    _m(
+        FLEET_CONSUMER_REDELIVERED_TOTAL,
+        "counter",
+        "Messages JetStream delivered to the shard more than once (not acked in time, or a restart).",
+        (),
+        "messages",
+        "fleet",
+        "JetStream message metadata (num_delivered > 1)",
     ),
     # --- KV offloading (vLLM 0.33 /metrics, derive/offload.py) --------------------------------------
     _m(

@@ -145,6 +145,33 @@ def choice(*allowed: str) -> Callable[[Any], str]:
     return parse
 
 
+def sampling(text: Any) -> float:
+    value = ratio(text)
+    if value == 0:
+        raise ValueError("0 keeps no hash at all: use a fraction above 0")
+    return value
+
+
+def nats_url(text: Any) -> str:
+    parts = urlsplit(str(text))
+    if parts.scheme not in ("nats", "tls") or not parts.hostname:
+        raise ValueError(f'"{text}" is not a nats:// or tls:// URL')
+    return str(text)
+
+
+def subject_token(text: Any) -> str:
+    """A name that goes into NATS subjects: one token, no wildcard."""
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", str(text)):
+        raise ValueError(f'"{text}" is not a name of 1-64 letters, digits, _ or -')
+    return str(text)
+
+
+def subject_prefix(text: Any) -> str:
+    if not all(re.fullmatch(r"[A-Za-z0-9_-]{1,64}", part) for part in str(text).split(".")):
+        raise ValueError(f'"{text}" is not dot-separated names of letters, digits, _ or -')
+    return str(text)
+
+
 @dataclass(frozen=True)
 class Option:
     key: str  # section.name, as in the YAML file
@@ -295,6 +322,14 @@ OPTIONS: tuple[Option, ...] = (
         0.9,
         "highest gpu_memory_utilization that passes the audit on a GPU shared with other processes",
     ),
+    Option("fleet.publish", nats_url, None, "NATS JetStream URL to publish this replica's residency to"),
+    Option("fleet.pool", subject_token, "default", "the model pool's name in NATS subjects"),
+    Option("fleet.replica", subject_token, None, "this replica's name in NATS subjects (default: $POD_NAME)"),
+    Option("fleet.hash_sampling", sampling, 1.0, "fraction of block hashes published (0 < f <= 1)"),
+    Option("fleet.subject_prefix", subject_prefix, "kvcache", "first tokens of the pool's NATS subjects"),
+    Option("fleet.credentials_file", str, None, "NATS credentials file (JWT and NKey seed, .creds)"),
+    Option("fleet.nkey_seed_file", str, None, "NATS NKey seed file"),
+    Option("fleet.tls_ca_file", str, None, "CA certificate(s) to verify the NATS server with"),
 )
 BY_KEY = {o.key: o for o in OPTIONS}
 AGGREGATE_ENV_PREFIX = "KVCACHE_AGGREGATE_"
@@ -305,13 +340,6 @@ def port(text: Any) -> int:
     value = at_least(0)(text)
     if value > 65535:
         raise ValueError(f"{value} is not a port (0-65535)")
-    return value
-
-
-def sampling(text: Any) -> float:
-    value = ratio(text)
-    if value == 0:
-        raise ValueError("0 keeps no hash at all: use a fraction above 0")
     return value
 
 
@@ -332,6 +360,11 @@ def _shared(attr: str) -> Option:
     option = next(o for o in OPTIONS if o.attr == attr)
     default = _AGGREGATE_DEFAULTS.get(option.key, option.default)
     return replace(option, env_prefix=AGGREGATE_ENV_PREFIX, default=default)
+
+
+def _twin(key: str) -> Option:
+    """One of serve's fleet options, as it is for `aggregate`."""
+    return replace(BY_KEY[key], env_prefix=AGGREGATE_ENV_PREFIX)
 
 
 def _aggregate(key: str, parse: Callable[[Any], Any], default: Any, help: str, **more: Any) -> Option:
@@ -356,6 +389,11 @@ AGGREGATE_OPTIONS: tuple[Option, ...] = (
     _aggregate("replica.max_blocks", at_least(1), 131_072, "block hashes remembered per replica"),
     _aggregate("fleet.hash_sampling", sampling, 1.0, "fraction of block hashes kept (0 < f <= 1)"),
     _aggregate("fleet.shard", shard, "0/1", "K/N: keep the K-th of N hash ranges"),
+    _aggregate("fleet.source", nats_url, None, "NATS JetStream URL to read the pool's residency from"),
+    *(_twin(key) for key in ("fleet.pool", "fleet.subject_prefix")),
+    _aggregate("fleet.retention", duration, 6 * 3600.0, "how long the pool's stream keeps deltas"),
+    _aggregate("fleet.max_bytes", size, 8 * 1024**3, "the pool's stream size at most"),
+    *(_twin(key) for key in ("fleet.credentials_file", "fleet.nkey_seed_file", "fleet.tls_ca_file")),
     *(_shared(f.name) for f in fields(ServiceSettings)),
 )
 
@@ -463,12 +501,20 @@ def _settle(problems: list[str], checks: list[tuple[str, str]], failed_flags: se
         raise ConfigError(*problems)
 
 
+def _pod_name(environ: dict[str, str]) -> str | None:
+    try:
+        return subject_token(environ.get("POD_NAME", ""))
+    except ValueError:
+        return None
+
+
 def resolve(flags: dict[str, Any], environ: dict[str, str], config_file: str | None) -> Settings:
     """`serve`'s settings: defaults, file, environment and flags merged (`flags` maps keys to raw
     strings or lists); ConfigError lists every problem at once."""
     values, problems, failed = _resolve(OPTIONS, flags, environ, config_file)
     values["gpu.pod"] = values["gpu.pod"] or environ.get("POD_NAME")
     values["gpu.namespace"] = values["gpu.namespace"] or environ.get("POD_NAMESPACE")
+    values["fleet.replica"] = values["fleet.replica"] or _pod_name(environ)
     settings = Settings(**{BY_KEY[k].attr: v for k, v in values.items()})
     _settle(problems, checks(settings), {BY_KEY[k].flag for k in failed})
     return settings
@@ -532,13 +578,22 @@ def checks(s: Settings) -> list[tuple[str, str]]:
             load_tokenizer(s.fields_tokenizer, "pip install tokenizers")
         except ValueError as err:
             out.append(("--fields.tokenizer", str(err)))
+    if s.fleet_publish and not s.fleet_replica:
+        out.append(("--fleet.replica", "--fleet.publish needs this replica's name (or $POD_NAME)"))
+    if s.fleet_publish and not s.kv_events_endpoint:
+        out.append(("--fleet.publish", "publishes the KV events: set --kv-events.endpoint"))
     return out
 
 
 def aggregate_checks(s: AggregateSettings) -> list[tuple[str, str]]:
     out = []
-    if not (s.replica_targets or s.discovery_file_sd or s.discovery_dns):
-        out.append(("--replica", "name the replicas: --replica, --discovery.file-sd or --discovery.dns"))
+    if not (s.replica_targets or s.discovery_file_sd or s.discovery_dns or s.fleet_source):
+        out.append(
+            (
+                "--replica",
+                "name the replicas (--replica, --discovery.file-sd, --discovery.dns) or --fleet.source",
+            )
+        )
     return out + _common_checks(s)
 
 

@@ -53,6 +53,7 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
         log.info("GPU telemetry off: %s", off)
     else:
         polls.append(Poll(gpu, state.add_gpu().ingest))
+    publisher = fleet_publisher(s, state) if s.fleet_publish else None
     if s.kv_events_endpoint:
         from .sources.kv_events import KvEventSubscriber, rank_endpoint  # here: pyzmq is ~1.2 MiB unused
 
@@ -84,7 +85,12 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
                 units=UnitView(s.kv_events_max_tracked_blocks),
                 budget=KV_EVENTS_APPLY_SHARE * s.collect_interval,
             )
-            polls.append(Poll(subscriber, events.ingest, labels, offload=True))  # up to 100k batches a poll
+            into = events.ingest if publisher is None else publisher.tee(rank, events.ingest)
+            polls.append(Poll(subscriber, into, labels, offload=True))  # up to 100k batches a poll
+    if publisher is not None:
+        from .fleet_publish import PublishPoll
+
+        polls.append(PublishPoll(publisher, lambda _snapshot, _ts: None))
     options = DeriveOptions(
         windows=tuple(sorted(s.collect_windows)),
         quantiles=tuple(s.collect_quantiles),
@@ -109,6 +115,26 @@ def field_decoder(s: Settings) -> Callable[[list[int]], str] | None:
     except ValueError as err:
         raise ConfigError(f"--fields.tokenizer: {err}") from None
     return safe_decoder(tokenizer, MAX_FRONT_TOKENS)
+
+
+def fleet_publisher(s: Settings, state: PollState):
+    """`--fleet.publish`: this replica's residency deltas and counters to NATS (fleet_publish.py)."""
+    from .fleet_publish import FleetPublisher, NatsOptions  # here: nats-py only when publishing
+
+    assert s.fleet_publish is not None and s.fleet_replica is not None  # config.checks
+    options = NatsOptions(
+        s.fleet_publish, s.fleet_credentials_file, s.fleet_nkey_seed_file, s.fleet_tls_ca_file
+    )
+    publisher = FleetPublisher(
+        options,
+        s.fleet_pool,
+        s.fleet_replica,
+        s.fleet_subject_prefix,
+        s.fleet_hash_sampling,
+        counters=lambda: state.targets[0].snapshot if state.targets else None,
+    )
+    publisher.start()  # needs the running event loop, as the KV-event subscribers
+    return publisher
 
 
 def pricing_from(settings: Settings) -> Pricing:

@@ -59,6 +59,14 @@ class Settings(ServiceSettings):
     fields_max_per_second: int
     fields_debug_endpoint: bool
     audit_gpu_memory_utilization_ceiling: float
+    fleet_publish: str | None
+    fleet_pool: str
+    fleet_replica: str | None
+    fleet_hash_sampling: float
+    fleet_subject_prefix: str
+    fleet_credentials_file: str | None
+    fleet_nkey_seed_file: str | None
+    fleet_tls_ca_file: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,3 +80,11 @@ class AggregateSettings(ServiceSettings):
     replica_max_blocks: int
     fleet_hash_sampling: float
     fleet_shard: str
+    fleet_source: str | None
+    fleet_pool: str
+    fleet_subject_prefix: str
+    fleet_retention: float
+    fleet_max_bytes: int
+    fleet_credentials_file: str | None
+    fleet_nkey_seed_file: str | None
+    fleet_tls_ca_file: str | None

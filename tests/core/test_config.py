@@ -157,3 +157,26 @@ def test_field_patterns_from_flags_and_yaml_keep_their_commas(tmp_path):
         resolve({}, {}, None).fields_debug_endpoint is False
         and resolve({}, {}, None).fields_tokenizer is None
     )
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ({"fleet.publish": "http://nats:4222", "kv_events.endpoint": "tcp://h:5557"}, "nats:// or tls://"),
+        ({"fleet.publish": "nats://nats:4222"}, "--kv-events.endpoint"),
+        ({"fleet.publish": "nats://nats:4222", "kv_events.endpoint": "tcp://h:5557"}, "--fleet.replica"),
+        ({"fleet.pool": "llama.70b"}, "letters, digits"),  # a dot would be a subject token
+        ({"fleet.replica": "*"}, "letters, digits"),
+        ({"fleet.hash_sampling": "0"}, "keeps no hash"),
+    ],
+)
+def test_fleet_publishing_options_are_checked(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve(flags, {}, None)
+
+
+def test_fleet_replica_defaults_to_the_pod_name_when_it_is_a_subject_token():
+    flags = {"fleet.publish": "tls://nats:4222", "kv_events.endpoint": "tcp://h:5557"}
+    assert resolve(flags, {"POD_NAME": "vllm-0"}, None).fleet_replica == "vllm-0"
+    with pytest.raises(ConfigError, match=r"--fleet\.replica"):
+        resolve(flags, {"POD_NAME": "vllm.0"}, None)

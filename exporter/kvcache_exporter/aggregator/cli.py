@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 from functools import partial
 
 from .. import service
 from ..config import AGGREGATE_OPTIONS, ConfigError, add_options, resolve_aggregate
+from ..fleet_publish import NatsOptions
 from ..settings import AggregateSettings
 from .descriptors import raise_open_file_limit
 from .discovery import DnsSd, FileSd, StaticSd, parse_flag
-from .fleet_residency import HashRange
+from .fleet_residency import FleetResidency, HashRange
+from .nats_intake import DeltaIntake, NatsIntake
 from .pool import Aggregator, PoolSettings
 
 log = logging.getLogger("kvcache_exporter.aggregate")
@@ -83,4 +86,22 @@ def discoveries_from(s: AggregateSettings) -> list:
 def build(s: AggregateSettings) -> Aggregator:
     limit = raise_open_file_limit()
     log.info("open-file limit %d (KV events: a descriptor a replica, two where replicas share an IP)", limit)
-    return Aggregator(pool_settings(s), discoveries_from(s))
+    return Aggregator(
+        pool_settings(s), discoveries_from(s), intake=nats_intake(s) if s.fleet_source else None
+    )
+
+
+def nats_intake(s: AggregateSettings) -> Callable[[FleetResidency], NatsIntake]:
+    """`--fleet.source`: the shard's part of the pool from NATS JetStream, into the fleet view."""
+    assert s.fleet_source is not None
+    options = NatsOptions(
+        s.fleet_source, s.fleet_credentials_file, s.fleet_nkey_seed_file, s.fleet_tls_ca_file
+    )
+    index, _, count = s.fleet_shard.partition("/")
+    retention = max(s.collect_windows) + 2 * s.collect_interval
+
+    def make(fleet: FleetResidency) -> NatsIntake:
+        intake = DeltaIntake(fleet, s.fleet_pool, s.fleet_subject_prefix, s.replica_max, retention)
+        return NatsIntake(options, intake, (int(index), int(count)), s.fleet_retention, s.fleet_max_bytes)
+
+    return make

@@ -14,33 +14,13 @@ from dataclasses import dataclass
 
 from .. import catalog as c
 from ..derive.cache import hit_ratio
-from ..derive.cache_config import config_number
 from ..derive.windows import Delta
+from ..fleet_wire import block_size as block_size  # the aggregator reads them here
+from ..fleet_wire import replica_counters as replica_counters
 from ..samples import Sample
-from ..sources.vllm_snapshot import EngineSample, VllmSnapshot
+from ..sources.vllm_snapshot import EngineSample
 from .fleet_residency import FleetResidency, ReplicaView
 from .fleet_sessions import split_ratio
-
-VLLM_COUNTERS = ("query_tokens", "hit_tokens")
-
-
-def replica_counters(snapshot: VllmSnapshot) -> EngineSample:
-    """A replica's prefix-cache counters summed over its engines (start_time: the earliest engine's)."""
-    counters = {name: 0.0 for name in VLLM_COUNTERS}
-    starts = []
-    for sample in snapshot.engines.values():
-        for name in VLLM_COUNTERS:
-            counters[name] += sample.counters.get(name, 0.0)
-        if sample.start_time is not None:
-            starts.append(sample.start_time)
-    return EngineSample(counters=counters, start_time=min(starts) if starts else None)
-
-
-def block_size(snapshot: VllmSnapshot) -> int | None:
-    """The replica's block size (every engine of one vLLM shares it); None if not exposed."""
-    sizes = {config_number(c, "block_size") for c in snapshot.cache_configs.values()} - {None}
-    size = min(sizes) if sizes else None
-    return int(size) if size and size > 0 else None
 
 
 def fleet_counters(view: ReplicaView, scale: float) -> EngineSample:

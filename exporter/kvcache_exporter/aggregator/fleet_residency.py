@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from ..sources.kv_events_decode import Batch, Mark, SeqCursor, gap
+from ..sources.kv_events_decode import IN_ORDER, Batch, Event, Mark, SeqCursor, gap
 from .fleet_sessions import SessionSpread
 
 SPACE = 1 << 64
@@ -130,10 +130,16 @@ class FleetResidency:
 
     def apply(self, name: str, batch: Batch) -> None:
         view = self.add_replica(name)
-        self._mark(view, view.cursor.advance(batch.seq))
+        self.apply_marked(name, batch.events, view.cursor.advance(batch.seq))
+
+    def apply_marked(self, name: str, events: Sequence[Event], mark: Mark = IN_ORDER) -> None:
+        """Events whose place in the replica's stream its intake read (the NATS intake reads one
+        sequence per hash range): `mark` says what was lost before them."""
+        view = self.add_replica(name)
+        self._mark(view, mark)
         view.batches += 1
         keep = self.hash_range.keep
-        for event in batch.events:
+        for event in events:
             if event.type == "BlockStored":
                 self._store(view, keep(event.block_hashes))
                 if event.session_id is not None:
@@ -150,6 +156,16 @@ class FleetResidency:
         view = self.replicas.get(name)
         if view is not None:
             self._mark(view, view.cursor.skip(seq, count))
+
+    def restart(self, name: str) -> None:
+        """The replica's publisher started again, said by its intake: its cache starts empty."""
+        self._mark(self.add_replica(name), Mark(0, True))
+
+    def clear(self, name: str) -> None:
+        """The replica's cache starts empty (AllBlocksCleared), said by its intake."""
+        view = self.add_replica(name)
+        view.cleared += 1
+        self._forget(view)
 
     def _mark(self, view: ReplicaView, mark: Mark) -> None:
         """Back to a lower seq (or an absurd jump) is a new publisher whose cache starts empty."""

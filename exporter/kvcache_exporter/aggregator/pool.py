@@ -33,6 +33,7 @@ from .discovery import DiscoveryError, Replica, bounded
 from .events import FleetEvents
 from .fleet_residency import FleetResidency, HashRange
 from .fleet_sessions import SessionSpread
+from .nats_intake import NatsIntake
 
 log = logging.getLogger("kvcache_exporter.aggregate")
 DRAIN_SECONDS = 0.25
@@ -93,11 +94,13 @@ class Aggregator:
         discoveries: list,
         clock: Callable[[], float] = time.time,
         fd_limit: int | None = None,
+        intake: Callable[[FleetResidency], NatsIntake] | None = None,
     ):
         self.settings, self.discoveries, self.clock = settings, discoveries, clock
         self.deadline = max(2 * settings.interval, settings.timeout + 1, 10.0)  # as serve's
         sessions = SessionSpread(retention=max(settings.windows))
         self.fleet = FleetResidency(settings.hash_range, settings.max_blocks_per_replica, sessions)
+        self.intake = intake(self.fleet) if intake is not None else None  # --fleet.source: NATS
         self.events = FleetEvents(settings.topic, settings.max_batches_per_second, PENDING_HASHES)
         self.members: dict[str, Member] = {}
         self.discovery_health = {d.name: Health() for d in discoveries}
@@ -253,6 +256,9 @@ class Aggregator:
         now = self.clock()
         self.fleet.sessions.age(now)
         sizes = {name: member.block_size for name, member in self.members.items()}
+        if self.intake is not None:
+            self.intake.intake.record(now)
+            sizes |= self.intake.intake.block_sizes()
         for name, member in self.members.items():
             view = self.fleet.replicas.get(name)
             if view is not None:
@@ -260,6 +266,7 @@ class Aggregator:
         residency = fleet_pool.residency_samples(self.fleet, sizes)
         residency += fleet_pool.session_samples(*self.fleet.sessions.counts())
         self.ready = self.ready or any(m.up for m in self.members.values())
+        self.ready = self.ready or (self.intake is not None and self.intake.connected_once)
         samples = self.guard.filter(residency + self._pool_samples() + self._health_samples())
         self.latest = samples + self._own_errors()
 
@@ -279,12 +286,17 @@ class Aggregator:
                 (m.vllm_history.window(seconds), m.fleet_history.window(seconds), m.block_size)
                 for m in self.members.values()
             ]
+            if self.intake is not None:
+                windows += self.intake.intake.windows(seconds)
             pool = fleet_pool.pool_window(windows, slice_scale)
             out += fleet_pool.window_samples(window_label(seconds), pool)
         return out
 
     def _health_samples(self) -> list[Sample]:
-        out = [Sample(c.FLEET_REPLICAS, {}, float(len(self.members)))]
+        watched = len(self.members) if self.intake is None else len(self.fleet.replicas)
+        out = [Sample(c.FLEET_REPLICAS, {}, float(watched))]
+        if self.intake is not None:
+            out += self.intake.samples()
         out.append(Sample(c.FLEET_REPLICAS_LEFT_OUT, {}, float(self.left_out)))
         for name, health in self.discovery_health.items():
             out += health.samples({"collector": name})
@@ -331,6 +343,8 @@ class Aggregator:
     async def run(self, stop: asyncio.Event) -> None:
         """Poll every `interval`; between polls, drain the subscribers every DRAIN_SECONDS so that a
         busy pool's events are applied in small slices, never as one long pause of the event loop."""
+        if self.intake is not None:
+            await self.intake.start()
         while not stop.is_set():
             started = time.monotonic()
             try:
@@ -359,3 +373,5 @@ class Aggregator:
 
         await asyncio.gather(*(drop(name) for name in list(self.members)))
         await self.events.close()
+        if self.intake is not None:
+            await self.intake.close()

@@ -250,6 +250,47 @@ def aggregator_health(g) -> list[dict]:
     )
 
 
+# --- the fleet view on NATS JetStream: sidecars publishing, shards consuming (docs/fleet.md) ----
+def fleet_nats(g) -> list[dict]:
+    where = "{{ $labels.instance }}" + WHERE
+    w = g.cfg["fleet"]["nats_window"]
+    return (
+        g.alert(
+            "KVCacheFleetPublishDropping",
+            f"sum without(reason) (increase(kvcache_fleet_publish_dropped_total[{w}])) > 0",
+            "A sidecar drops residency deltas instead of publishing them to NATS.",
+            f'{where} dropped {{{{ $value | printf "%.0f" }}}} messages for NATS over the last {w} '
+            "(kvcache_fleet_publish_dropped_total by reason): the aggregator shards count the gap as "
+            "missed and their residency of this replica is off until it stores its blocks again.",
+        )
+        + g.alert(
+            "KVCacheFleetPublishLagging",
+            "kvcache_fleet_publish_lag_seconds > <threshold>",
+            "A sidecar's deltas wait for NATS longer than the fleet view can use them.",
+            f"The oldest message in the publish buffer of {where} has waited "
+            "{{ $value | humanizeDuration }} (over <threshold>s): NATS is down, unreachable or slower "
+            "than the replica's event stream; the buffer drops once full.",
+        )
+        + g.alert(
+            "KVCacheFleetConsumerLagging",
+            "kvcache_fleet_consumer_pending > <threshold>",
+            "An aggregator shard falls behind its part of the NATS stream.",
+            "The consumer {{ $labels.consumer }} of {{ $labels.instance }} has "
+            '{{ $value | printf "%.0f" }} messages it has not read yet (over <threshold>): its fleet '
+            "view lags the pool, and lags more the longer it stays; past the stream's retention, "
+            "deltas are lost.",
+        )
+        + g.alert(
+            "KVCacheFleetRedeliveries",
+            f"rate(kvcache_fleet_consumer_redelivered_total[{w}]) > <threshold>",
+            "NATS delivers deltas to an aggregator shard more than once.",
+            "{{ $labels.instance }} receives {{ $value | humanize }} redelivered messages a second "
+            f"over {w} (over <threshold>): it acks too late (overloaded, or restarting over and over); "
+            "duplicates are dropped, so the numbers hold, but the shard is not keeping up.",
+        )
+    )
+
+
 def fleet(g) -> list[dict]:
     w, tps = g.cfg["fleet"]["window"], g.cfg["fleet"]["min_stored_tokens_per_second"]
     share, stored = (
@@ -362,5 +403,6 @@ ALERT_GROUPS = (
     ("kvcache-health.alerts", health),
     ("kvcache-aggregator.alerts", aggregator_health),
     ("kvcache-fleet.alerts", fleet),
+    ("kvcache-fleet-nats.alerts", fleet_nats),
     ("kvcache-attribution.alerts", attribution),
 )

@@ -1,0 +1,389 @@
+"""`serve --fleet.publish nats://...`: this replica's KV residency deltas and prefix-cache counters
+on NATS JetStream, for `aggregate --fleet.source` (docs/fleet.md, "On NATS"; fleet_wire.py).
+
+`offer` (called from the poll's KV-event ingest, in a worker thread) turns each decoded batch into
+one delta per hash range it touches and queues them, bounded in messages and bytes: past the bound
+a delta is dropped and counted (`buffer_full`), and its seq stays used, so the aggregator sees the
+gap. One asyncio task sends the queue. Nothing here ever waits on NATS in the poll or a scrape:
+with NATS down the sidecar counts drops and serves /metrics as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from . import catalog as c
+from . import fleet_wire as wire
+from .collector import Poll
+from .samples import Sample
+from .sources.base import SourceError
+from .sources.kv_events_decode import Batch, Dropped, KvEventDrain, SeqCursor
+from .sources.vllm_snapshot import VllmSnapshot
+
+log = logging.getLogger("kvcache_exporter.fleet")
+
+MAX_BUFFERED = 65_536  # deltas: at ~2 a batch, minutes of a busy replica's stream
+MAX_BUFFERED_BYTES = 64 * 1024 * 1024
+PUBLISH_TIMEOUT = 2.0  # one JetStream ack; past it the delta is dropped (publish_error)
+IDLE_SECONDS = 0.05
+FLUSH_HASHES = 16_384  # a range's delta is sent at this many hashes: 32-byte hashes stay under 1 MiB
+STREAM_MAX_AGE = 6 * 3600.0  # the pool's stream when a sidecar creates it: `aggregate` sets its own
+STREAM_MAX_BYTES = 8 * 1024**3
+DROP_REASONS = ("buffer_full", "publish_error", "not_connected", "internal_error")
+
+
+@dataclass(frozen=True)
+class NatsOptions:
+    """How to reach NATS: the URL (nats:// or tls://; user:password@ is read from it by nats-py),
+    a credentials file (JWT + NKey seed, .creds) or an NKey seed file, a CA file for TLS."""
+
+    url: str
+    credentials_file: str | None = None
+    nkey_seed_file: str | None = None
+    tls_ca_file: str | None = None
+
+    @property
+    def where(self) -> str:
+        """The URL without its user and password, for logs and errors."""
+        parts = urlsplit(self.url)
+        return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"servers": [self.url], "max_reconnect_attempts": -1, "connect_timeout": 2}
+        if self.credentials_file:
+            kwargs["user_credentials"] = self.credentials_file
+        if self.nkey_seed_file:
+            kwargs["nkeys_seed"] = self.nkey_seed_file
+        if self.tls_ca_file or self.url.startswith("tls://"):
+            import ssl
+
+            kwargs["tls"] = ssl.create_default_context(cafile=self.tls_ca_file)
+        return kwargs
+
+
+_logged: set[str] = set()
+
+
+def log_once(message: str) -> None:
+    """A warning the first time it is seen: NATS down retries every second, not a line a second."""
+    if message not in _logged and len(_logged) < 1000:
+        _logged.add(message)
+        log.warning("%s (logged once)", message)
+
+
+async def connect(options: NatsOptions, name: str) -> Any:
+    """A NATS connection that reconnects forever and logs its state changes once each."""
+    import nats  # here: serve without --fleet.publish never loads it
+
+    async def error_cb(err: Exception) -> None:
+        log_once(f"NATS {options.where}: {err!r}")
+
+    return await nats.connect(name=name, error_cb=error_cb, **options.connect_kwargs())
+
+
+async def ensure_stream(js: Any, name: str, subjects: str, max_age: float, max_bytes: int) -> None:
+    """The pool's stream, created if absent: file storage, limits retention, the oldest discarded."""
+    from nats.js import api
+    from nats.js.errors import NotFoundError
+
+    config = api.StreamConfig(
+        name=name,
+        subjects=[subjects],
+        retention=api.RetentionPolicy.LIMITS,
+        discard=api.DiscardPolicy.OLD,
+        max_age=max_age,
+        max_bytes=max_bytes,
+        max_msg_size=wire.MAX_DELTA_BYTES,
+        storage=api.StorageType.FILE,
+    )
+    try:
+        await js.stream_info(name)
+    except NotFoundError:
+        await js.add_stream(config)
+
+
+class FleetPublisher:
+    """One sidecar's publisher; a Source (collect publishes the counters) for serve's poll loop."""
+
+    name = "fleet_publish"
+
+    def __init__(
+        self,
+        options: NatsOptions,
+        pool: str,
+        replica: str,
+        prefix: str = "kvcache",
+        sampling: float = 1.0,
+        counters: Callable[[], VllmSnapshot | None] = lambda: None,
+        max_buffered: int = MAX_BUFFERED,
+        max_buffered_bytes: int = MAX_BUFFERED_BYTES,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.options, self.pool, self.replica, self.prefix = options, pool, replica, prefix
+        self.sampling, self.kept = sampling, wire.kept_space(sampling)
+        self.counters, self.clock = counters, clock
+        self.max_buffered, self.max_buffered_bytes = max_buffered, max_buffered_bytes
+        self.lock = threading.Lock()  # offer runs in the poll's worker thread, the sender in the loop
+        self._queue: deque[tuple[str, bytes, float]] = deque()  # subject, payload, monotonic enqueue time
+        self._bytes = 0
+        self._sending = False
+        self.published = 0
+        self.dropped: Counter[str] = Counter()
+        self.epoch, self.cause = time.time_ns(), "start"
+        self._cursors: dict[int, SeqCursor] = {}  # vLLM's seq per engine: its restarts
+        self._seqs: dict[tuple[int, int], int] = {}  # (engine, range) -> next delta seq in this epoch
+        self._nc: Any = None
+        self._js: Any = None
+        self._task: asyncio.Task | None = None
+        self._wake = asyncio.Event()
+
+    # --- the poll's side (any thread) -------------------------------------------------------
+
+    def offer(self, engine: int, drain: KvEventDrain | None) -> None:
+        """One engine's drained batches as deltas on the queue, one per hash range they touch (a
+        poll's worth in one message per range: per-message costs stay off the per-block path);
+        never blocks."""
+        if drain is None:
+            return
+        cursor = self._cursors.setdefault(engine, SeqCursor())
+        pending: dict[int, list[tuple[tuple, list]]] = {}  # range -> [(change key, hashes)]
+        ts = 0.0
+        for item in drain.items:
+            if isinstance(item, Dropped):  # lost upstream: serve's own kv_events series count it
+                if cursor.skip(item.seq, item.count).restart:
+                    self._enqueue(engine, ts, pending)
+                    self._new_epoch("restart")
+                continue
+            if cursor.advance(item.seq).restart:
+                self._enqueue(engine, ts, pending)
+                self._new_epoch("restart")
+            ts = item.ts
+            self._collect(engine, item, pending)
+        self._enqueue(engine, ts, pending)
+
+    def tee(self, engine: int, into: Callable[[KvEventDrain | None, float], None]):
+        """`into` (the poll state's ingest) with this engine's batches offered first."""
+
+        def ingest(drain: KvEventDrain | None, ts: float) -> None:
+            try:
+                self.offer(engine, drain)
+            except Exception:  # a bug here must not cost the sidecar its own view of the events
+                self.dropped["internal_error"] += 1
+                log.exception("publishing KV events failed")
+            into(drain, ts)
+
+        return ingest
+
+    def _collect(self, engine: int, batch: Batch, pending: dict[int, list[tuple[tuple, list]]]) -> None:
+        """A batch's changes onto each range's pending delta, in order; a change like the range's
+        last one (same kind, group, adapter, session) extends it."""
+        for event in batch.events:
+            if event.type == "AllBlocksCleared":
+                self._enqueue(engine, batch.ts, pending)
+                self._new_epoch("cleared")
+            elif event.type in ("BlockStored", "BlockRemoved"):
+                stored = event.type == "BlockStored"
+                key = (
+                    stored,
+                    getattr(event, "group", None),
+                    getattr(event, "lora_name", None),
+                    getattr(event, "session_id", None) if stored else None,
+                )
+                for r, hashes in wire.split(event.block_hashes, self.kept).items():
+                    changes = pending.setdefault(r, [])
+                    if changes and changes[-1][0] == key:
+                        changes[-1][1].extend(hashes)
+                    else:
+                        changes.append((key, hashes))
+                    if sum(len(h) for _, h in changes) >= FLUSH_HASHES:
+                        self._enqueue(engine, batch.ts, {r: pending.pop(r)})
+
+    def _new_epoch(self, cause: str) -> None:
+        with self.lock:
+            self.epoch, self.cause = max(self.epoch + 1, time.time_ns()), cause
+            self._seqs.clear()
+
+    def _enqueue(self, engine: int, ts: float, pending: dict[int, list[tuple[tuple, list]]]) -> None:
+        """Each range's pending changes as one delta on the queue (`pending` is emptied)."""
+        now = time.monotonic()
+        with self.lock:
+            for r, changes in pending.items():
+                seq = self._seqs.get((engine, r), 0)
+                self._seqs[(engine, r)] = seq + 1  # taken even when dropped: the consumer sees the gap
+                delta = wire.Delta(
+                    wire.VERSION,
+                    self.pool,
+                    self.replica,
+                    engine,
+                    r,
+                    self.epoch,
+                    wire.CAUSES.index(self.cause),
+                    seq,
+                    self.sampling,
+                    ts,
+                    [_change(key, hashes) for key, hashes in changes],
+                )
+                subject = wire.delta_subject(self.prefix, self.pool, r, self.replica)
+                self._put(subject, wire.encode(delta), now)
+        pending.clear()
+        self._wake_sender()
+
+    def _put(self, subject: str, payload: bytes, now: float) -> None:
+        if len(self._queue) >= self.max_buffered or self._bytes + len(payload) > self.max_buffered_bytes:
+            self.dropped["buffer_full"] += 1
+            return
+        self._queue.append((subject, payload, now))
+        self._bytes += len(payload)
+
+    def _wake_sender(self) -> None:
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: shutting down
+                loop.call_soon_threadsafe(self._wake.set)
+
+    # --- the event loop's side --------------------------------------------------------------
+
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        """Connect and send in the background (needs the running loop); NATS may be down."""
+        if self._task is None:
+            self._loop = asyncio.get_running_loop()
+            self._task = asyncio.ensure_future(self._run())
+
+    @property
+    def connected(self) -> bool:
+        return self._nc is not None and self._nc.is_connected
+
+    async def _run(self) -> None:
+        while self._nc is None:
+            try:
+                self._nc = await connect(self.options, f"kvcache-publish-{self.pool}-{self.replica}")
+                self._js = self._nc.jetstream()
+                stream = wire.stream_name(self.prefix, self.pool)
+                subjects = f"{self.prefix}.{self.pool}.>"
+                try:
+                    await ensure_stream(self._js, stream, subjects, STREAM_MAX_AGE, STREAM_MAX_BYTES)
+                except Exception as err:  # no permission: the aggregator or the operator makes it
+                    log.info("NATS stream %s not checked: %s", stream, err)
+            except Exception as err:  # NATS down at start: keep counting, try again
+                log_once(f"NATS {self.options.where}: not connected ({err}); retrying every second")
+                await asyncio.sleep(1.0)
+        while True:
+            if not self.connected:  # reconnecting: the buffer holds (and bounds) what waits
+                await asyncio.sleep(IDLE_SECONDS)
+                continue
+            item = self._next()
+            if item is None:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), IDLE_SECONDS * 20)
+                continue
+            subject, payload, _ = item
+            try:
+                await self._js.publish(subject, payload, timeout=PUBLISH_TIMEOUT)
+                self.published += 1
+            except Exception as err:  # no ack in time, no stream, NATS down: this delta is lost
+                self.dropped["publish_error" if self.connected else "not_connected"] += 1
+                log.debug("publishing %s failed: %s", subject, err)
+                if not self.connected:
+                    await asyncio.sleep(IDLE_SECONDS)
+            finally:
+                self._sending = False
+
+    def _next(self) -> tuple[str, bytes, float] | None:
+        with self.lock:
+            if not self._queue:
+                return None
+            item = self._queue.popleft()
+            self._bytes -= len(item[1])
+            self._sending = True
+            return item
+
+    async def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until everything queued was sent (acked or dropped); False if `timeout` came first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if not self._queue and not self._sending:
+                    return True
+            await asyncio.sleep(0.002)
+        return False
+
+    def lag(self) -> float:
+        """Seconds the oldest queued delta has waited: 0 when the queue is empty."""
+        with self.lock:
+            return time.monotonic() - self._queue[0][2] if self._queue else 0.0
+
+    async def collect(self) -> None:
+        """Once a poll: the replica's prefix-cache counters (from the last /metrics poll) on NATS;
+        SourceError while NATS is not reachable (collector_success{collector="fleet_publish"} 0)."""
+        if not self.connected:
+            raise SourceError("nats_error", f"NATS {self.options.where}: not connected")
+        snapshot = self.counters()
+        if snapshot is None:
+            return
+        summed = wire.replica_counters(snapshot)
+        counters = wire.Counters(
+            wire.VERSION,
+            self.pool,
+            self.replica,
+            self.clock(),
+            summed.counters["query_tokens"],
+            summed.counters["hit_tokens"],
+            wire.block_size(snapshot),
+            summed.start_time,
+        )
+        subject = wire.counters_subject(self.prefix, self.pool, self.replica)
+        with self.lock:
+            self._put(subject, wire.encode(counters), time.monotonic())
+        self._wake_sender()
+
+    def samples(self) -> list[Sample]:
+        with self.lock:
+            buffered = len(self._queue)
+            dropped = dict(self.dropped)
+        out = [
+            Sample(c.FLEET_PUBLISHED_TOTAL, {}, float(self.published)),
+            Sample(c.FLEET_PUBLISH_BUFFERED, {}, float(buffered)),
+            Sample(c.FLEET_PUBLISH_LAG_SECONDS, {}, self.lag()),
+        ]
+        out += [
+            Sample(c.FLEET_PUBLISH_DROPPED_TOTAL, {"reason": r}, float(dropped.get(r, 0)))
+            for r in DROP_REASONS
+        ]
+        return out
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.close()
+            self._nc = None
+
+
+def _change(key: tuple, hashes: list) -> wire.Change:
+    stored, group, adapter, session = key
+    return wire.Change(stored, hashes, group, adapter, session)
+
+
+class PublishPoll(Poll):
+    """The publisher in serve's loop: its health series, plus what it sent, dropped and buffers."""
+
+    source: FleetPublisher
+
+    def samples(self) -> list[Sample]:
+        return super().samples() + self.source.samples()

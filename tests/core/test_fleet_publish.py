@@ -1,0 +1,185 @@
+"""fleet_publish.py: `serve --fleet.publish` against a real nats-server: what it publishes reaches a
+shard, NATS down costs counted drops in a bounded buffer and never the sidecar's /metrics, and the
+gap the drops leave is marked on the shard once NATS is back."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kvcache_exporter import fleet_wire as wire
+from kvcache_exporter.aggregator.fleet_residency import FleetResidency, HashRange
+from kvcache_exporter.aggregator.nats_intake import DeltaIntake, NatsIntake
+from kvcache_exporter.fleet_publish import FleetPublisher, NatsOptions
+from kvcache_exporter.sources.kv_events_decode import Batch, Event, KvEventDrain
+from tests.conftest import free_port
+from tests.core.test_serve import scrape, start, until
+from tests.nats_server import NatsServer
+
+POOL = "llama"
+
+
+@pytest.fixture
+def processes(services):
+    return services  # every process stops (its whole group) after the test
+
+
+def every_range(seq: int) -> Batch:
+    """One batch storing a hash in each of the 64 ranges: 64 deltas."""
+    hashes = tuple((r << 58) + seq for r in range(wire.RANGES))
+    return Batch(seq, float(seq), (Event("BlockStored", hashes),))
+
+
+@pytest.mark.timeout(90)
+def test_nats_down_drops_are_counted_and_the_gap_is_marked_once_it_is_back(tmp_path):
+    server = NatsServer(tmp_path / "jetstream")  # its port chosen, nothing listening yet
+
+    async def run():
+        publisher = FleetPublisher(NatsOptions(server.url), POOL, "a", max_buffered=100)
+        publisher.start()
+        for seq in range(3):  # three polls' drains: 192 deltas
+            publisher.offer(0, KvEventDrain((every_range(seq),)))
+        samples = {(s.name, tuple(s.labels.items())): s.value for s in publisher.samples()}
+        assert samples[("kvcache_fleet_publish_dropped_total", (("reason", "buffer_full"),))] == 92
+        assert samples[("kvcache_fleet_publish_buffered", ())] == 100
+        with pytest.raises(Exception, match="not connected"):
+            await publisher.collect()
+        server.start()
+        shard = NatsIntake(NatsOptions(server.url), DeltaIntake(FleetResidency(), POOL))
+        await shard.start()
+        try:
+            await until_async(lambda: publisher.published == 100)
+            publisher.offer(0, KvEventDrain((every_range(3),)))  # every range again: each gap shows
+            await until_async(lambda: shard.intake.applied == 164)
+            view = shard.intake.fleet.replicas["a"]
+            assert view.missed == 92 == publisher.dropped["buffer_full"]
+            assert view.resident == 164
+        finally:
+            await publisher.close()
+            await shard.close()
+            server.stop()
+
+    asyncio.run(run())
+
+
+async def until_async(check, seconds: float = 20.0) -> None:
+    for _ in range(int(seconds / 0.05)):
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("not reached in time")
+
+
+@pytest.mark.timeout(240)
+def test_serve_publishes_a_replica_to_a_shard_and_keeps_serving_while_nats_is_down(processes, tmp_path):
+    """serve starts before NATS: /metrics answers, says fleet_publish is failing and buffers; NATS
+    comes up: the simulator's residency and counters reach a shard."""
+    server = NatsServer(tmp_path / "jetstream")
+    sim_port, kv_port, port = free_port(), free_port(), free_port()
+    start(processes, "simulate", "--listen", f"127.0.0.1:{sim_port}", "--rate", "10",
+          "--kv-events-endpoint", f"tcp://127.0.0.1:{kv_port}")  # fmt: skip
+    start(processes, "serve", "--vllm.url", f"http://127.0.0.1:{sim_port}/metrics",
+          "--collect.interval", "0.5s", "--web.listen-address", f"127.0.0.1:{port}", "--gpu.source", "none",
+          "--kv-events.endpoint", f"tcp://127.0.0.1:{kv_port}",
+          "--fleet.publish", server.url, "--fleet.pool", POOL, "--fleet.replica", "r1")  # fmt: skip
+    metrics = f"http://127.0.0.1:{port}/metrics"
+    publish = ("kvcache_exporter_collector_success", (("collector", "fleet_publish"),))
+    down = until(
+        lambda: (s := scrape(metrics)).get(("kvcache_fleet_publish_buffered", ()), 0) > 0 and s,
+        "buffering",
+        timeout=60,
+    )
+    assert down[publish] == 0 and down[("kvcache_fleet_published_total", ())] == 0
+    assert down.get(("kvcache_kv_events_batches_total", ()), 0) > 0  # the sidecar's own view goes on
+
+    async def read_shard():
+        server.start()
+        shard = NatsIntake(NatsOptions(server.url), DeltaIntake(FleetResidency(), POOL))
+        await shard.start()
+        try:
+            for _ in range(1200):  # 60 s: this VM's 2 cores are shared
+                replica = shard.intake.replicas.get("r1")
+                view = shard.intake.fleet.replicas.get("r1")
+                if replica and replica.block_size and view and view.resident > 0:
+                    return replica, view
+                await asyncio.sleep(0.05)
+            raise AssertionError("the shard never saw r1's residency and counters")
+        finally:
+            await shard.close()
+
+    try:
+        replica, view = asyncio.run(read_shard())
+        assert replica.block_size == 16 and replica.counters["query_tokens"] > 0 and view.stored > 0
+        up = until(lambda: (s := scrape(metrics)).get(publish) == 1 and s, "publishing", timeout=60)
+        assert up[("kvcache_fleet_published_total", ())] > 0
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(60)
+def test_wrong_credentials_never_connect_and_right_ones_publish(tmp_path, caplog):
+    server = NatsServer(tmp_path / "jetstream", user="sidecar", password="s3cret").start()
+
+    async def run():
+        wrong = FleetPublisher(NatsOptions(server.url.replace("s3cret", "guess")), POOL, "a", max_buffered=10)
+        right = FleetPublisher(NatsOptions(server.url), POOL, "b")
+        for p in (wrong, right):
+            p.start()
+            p.offer(0, KvEventDrain((every_range(0),)))  # 64 deltas
+        try:
+            await until_async(lambda: right.published == 64)
+            assert not wrong.connected and wrong.published == 0
+            assert wrong.dropped["buffer_full"] == 54  # waiting, bounded, counted
+            with pytest.raises(Exception, match="not connected") as err:
+                await wrong.collect()
+            assert "Authorization Violation" in caplog.text  # logged once, without the password:
+            assert "guess" not in str(err.value) and "guess" not in caplog.text
+        finally:
+            for p in (wrong, right):
+                await p.close()
+            server.stop()
+
+    asyncio.run(run())
+
+
+def queued(publisher: FleetPublisher) -> list[tuple[str, bytes]]:
+    """What the publisher would send, taken off its buffer (no NATS needed)."""
+    out = []
+    while (item := publisher._next()) is not None:
+        publisher._sending = False
+        out.append(item[:2])
+    return out
+
+
+def test_a_cleared_cache_and_a_restarted_sidecar_start_new_epochs_that_forget_the_replica():
+    fleet = FleetResidency()
+    intake = DeltaIntake(fleet, POOL)
+    first = FleetPublisher(NatsOptions("nats://127.0.0.1:1"), POOL, "a")
+    cleared = Batch(1, 1.0, (Event("AllBlocksCleared"), Event("BlockStored", (7 << 58,))))
+    first.offer(0, KvEventDrain((every_range(0), cleared)))
+    old = queued(first)
+    for subject, payload in old:
+        intake.delta(subject, payload)
+    view = fleet.replicas["a"]
+    assert (view.resident, view.cleared, view.restarts) == (1, 1, 0)  # only the block after the clear
+    second = FleetPublisher(NatsOptions("nats://127.0.0.1:1"), POOL, "a")  # the sidecar restarted
+    second.offer(0, KvEventDrain((Batch(0, 2.0, (Event("BlockStored", (3 << 58, 4 << 58)),)),)))
+    for subject, payload in [*queued(second), old[-1]]:  # then a late delta of the old epoch
+        intake.delta(subject, payload)
+    assert (view.resident, view.cleared, view.restarts) == (2, 1, 1)
+    assert intake.dropped == {"stale": 1} and view.missed == 0
+
+
+def test_hash_sampling_applies_before_publishing_and_shards_of_another_sampling_drop_it():
+    half = FleetPublisher(NatsOptions("nats://127.0.0.1:1"), POOL, "a", sampling=0.5)
+    half.offer(0, KvEventDrain((every_range(0),)))  # 64 hashes, one per 1/64 of the space
+    deltas = queued(half)
+    assert len(deltas) == 32  # the lower half only, now spread over all 64 ranges of the sample
+    sampled = DeltaIntake(FleetResidency(HashRange(0.5)), POOL)
+    whole = DeltaIntake(FleetResidency(), POOL)
+    for subject, payload in deltas:
+        sampled.delta(subject, payload)
+        whole.delta(subject, payload)
+    assert sampled.fleet.replicas["a"].resident == 32 and sampled.dropped == {}
+    assert whole.dropped == {"sampling_mismatch": 32} and "a" not in whole.fleet.replicas
