@@ -201,7 +201,18 @@ OPTIONS: tuple[Option, ...] = (
     Option("cost.currency", str, "USD", "currency of the prices"),
     Option("cost.energy_price_per_kwh", price, None, "price of a kWh, for energy cost per token"),
     Option("cost.hit_ratio_floor", ratio, 0.6, "hit ratio used to price the cost of a cache collapse"),
-    Option("kv_events.endpoint", str, None, "vLLM KV-event ZMQ endpoint, e.g. tcp://127.0.0.1:5557"),
+    Option(
+        "kv_events.endpoint",
+        str,
+        None,
+        "vLLM KV-event ZMQ endpoint, e.g. tcp://127.0.0.1:5557 (default: where vLLM says it publishes)",
+    ),
+    Option(
+        "kv_events.discovery",
+        choice("on", "off"),
+        "on",
+        "without --kv-events.endpoint, ask vLLM's /kv_event_sources where every rank publishes (on, off)",
+    ),
     Option(
         "kv_events.mode",
         choice("bind", "connect"),

@@ -8,21 +8,17 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from .collector import Exporter, Poll, target_polls
-from .derive.attribution import Attribution
 from .derive.cost import Pricing
-from .derive.kv_events import EventState
 from .derive.registry import DeriveOptions
 from .derive.state import PollState
-from .derive.units import UnitView
+from .kv_event_streams import DiscoveredKvEvents, DiscoveryPoll, kv_events_poll, rank_endpoint
 from .settings import Settings
 from .sources.base import SourceUnavailable
 from .sources.gpu_factory import make_gpu_source
+from .sources.kv_event_sources import KvEventDiscovery, Stream
 from .sources.vllm import VllmSource
 
 log = logging.getLogger("kvcache_exporter")
-# Of each poll interval, the time the KV events it drained may take to apply (the rest are dropped,
-# budget_exceeded): vLLM's series are published when the poll ends, never a whole interval late.
-KV_EVENTS_APPLY_SHARE = 0.25
 
 
 def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Exporter:
@@ -48,31 +44,23 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
         log.info("GPU telemetry off: %s", off)
     else:
         polls.append(Poll(gpu, state.add_gpu().ingest))
-    if s.kv_events_endpoint:
-        from .sources.kv_events import KvEventSubscriber, rank_endpoint  # here: pyzmq is ~1.2 MiB unused
-
-        ranks = s.kv_events_data_parallel_size
-        state.host_tier_bytes = s.whatif_host_tier_bytes
-        for rank in range(ranks):  # one publisher per data-parallel rank, each its own sequence
-            replay = s.kv_events_replay_endpoint
-            subscriber = KvEventSubscriber(
+    state.host_tier_bytes = s.whatif_host_tier_bytes
+    if s.kv_events_endpoint:  # the flags win over what vLLM says
+        for rank in range(s.kv_events_data_parallel_size):  # one publisher per rank, each its own seq
+            stream = Stream(
+                rank,
                 rank_endpoint(s.kv_events_endpoint, rank),
-                mode=s.kv_events_mode,
-                topic=s.kv_events_topic,
-                replay_endpoint=replay and rank_endpoint(replay, rank),
-                max_batches_per_second=s.kv_events_max_batches_per_second,
-                with_tokens=True,
+                s.kv_events_mode,
+                s.kv_events_topic,
+                s.kv_events_replay_endpoint and rank_endpoint(s.kv_events_replay_endpoint, rank),
             )
-            subscriber.start()  # needs the running event loop: build_exporter is called from serve()
-            labels = {"engine": str(rank)} if ranks > 1 else {}
-            events = state.add_kv_events(
-                EventState(s.kv_events_max_tracked_blocks),
-                labels,
-                attribution=Attribution(s.kv_events_max_tracked_blocks, s.kv_events_max_fingerprints),
-                units=UnitView(s.kv_events_max_tracked_blocks),
-                budget=KV_EVENTS_APPLY_SHARE * s.collect_interval,
-            )
-            polls.append(Poll(subscriber, events.ingest, labels, offload=True))  # up to 100k batches a poll
+            labels = {"engine": str(rank)} if s.kv_events_data_parallel_size > 1 else {}
+            polls.append(kv_events_poll(s, state, stream, labels))
+    discovered = None
+    if not s.kv_events_endpoint and s.kv_events_discovery == "on":
+        discovered = DiscoveredKvEvents(s, state)
+        source = KvEventDiscovery(s.vllm_url[0], s.vllm_timeout)  # the first vLLM: one set, as the flags
+        polls.append(DiscoveryPoll(source, discovered.into, view=discovered))
     options = DeriveOptions(
         windows=tuple(sorted(s.collect_windows)),
         quantiles=tuple(s.collect_quantiles),
@@ -82,7 +70,10 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
     )
     # past every source's own timeout
     deadline = max(2 * s.collect_interval, s.vllm_timeout + 1, s.gpu_dcgm_timeout + 1, 10.0)
-    return Exporter(polls, state, options, interval=s.collect_interval, clock=clock, deadline=deadline)
+    exporter = Exporter(polls, state, options, interval=s.collect_interval, clock=clock, deadline=deadline)
+    if discovered is not None:
+        discovered.polls = exporter.polls  # a rank found later is polled from the next poll on
+    return exporter
 
 
 def pricing_from(settings: Settings) -> Pricing:
