@@ -25,6 +25,7 @@ MAX_BODY_BYTES = 64 * 1024  # vLLM answers ~250 bytes a rank
 MAX_RANKS = 64  # one subscriber socket and thread each
 MAX_FIELD_CHARS = 256  # an endpoint or a topic
 WILDCARDS = ("*", "0.0.0.0", "::", "")
+LOGGED_RANKS = 8  # the rest of a large answer is counted in the log line, not listed
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,9 @@ class Found:
         if self.state == "none_published":
             parts = ["vLLM publishes no KV events (start it with --kv-events-config, docs/kv-events.md)"]
         else:
-            parts = [f"rank {s.rank} {s.endpoint} ({s.mode})" for s in self.streams]
+            parts = [f"rank {s.rank} {s.endpoint} ({s.mode})" for s in self.streams[:LOGGED_RANKS]]
+            if len(self.streams) > LOGGED_RANKS:
+                parts[-1] += f" and {len(self.streams) - LOGGED_RANKS} more"
         if self.other_host:
             parts.append(f"host of rank {', '.join(map(str, self.other_host))} replaced by the polled one")
         if self.rejected:
