@@ -5,7 +5,6 @@ answer changes (a restart on other ports). See docs/kv-events.md, "Discovery".""
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +17,7 @@ from .derive.units import UnitView
 from .samples import Sample
 from .settings import Settings
 from .sources.base import SourceError
-from .sources.kv_event_sources import Found, Stream
+from .sources.kv_event_sources import Found, Settled, Stream
 
 log = logging.getLogger("kvcache_exporter")
 # Of each poll interval, the time the KV events it drained may take to apply (the rest are dropped,
@@ -96,32 +95,21 @@ def kv_events_poll(s: Settings, state: PollState, stream: Stream | None, labels:
 
 @dataclass
 class DiscoveredKvEvents:
-    """Follows vLLM's answer: a rank seen for the first time gets its poll (from the next poll on), a
-    rank whose stream moved is re-pointed, a rank no longer announced is let go. A changed answer is
-    applied once two answers in a row agree, so an answer that changes every poll moves nothing."""
+    """Follows vLLM's answer (once settled): a rank seen for the first time gets its poll (from the
+    next poll on), a rank whose stream moved is re-pointed, a rank no longer announced is let go."""
 
     settings: Settings
     state: PollState
     polls: list[Poll] = field(default_factory=list)  # the exporter's own list, set once it exists
     ranks: dict[int, RankStream] = field(default_factory=dict)
-    found: Found | None = None
-    pending: Found | None = None
-    changes: int = 0
+    answer: Settled = field(default_factory=Settled)
     engine_labels: bool | None = None  # decided by the first answer with streams, then kept
 
     def into(self, found: Found | None, ts: float) -> None:
         """The discovery poll's answer (None: it failed, the last answer stands)."""
-        if found is None or found == self.found:
-            self.pending = None
-            return
-        if self.found is not None and found != self.pending:
-            self.pending = found
-            return
-        if self.found is not None:
-            self.changes += 1
-        self.found, self.pending = found, None
-        self._apply(found)
-        log.info("KV events from vLLM's /kv_event_sources: %s", found.describe())
+        if found is not None and self.answer.offer(found):
+            self._apply(found)
+            log.info("KV events from vLLM's /kv_event_sources: %s", found.describe())
 
     def _apply(self, found: Found) -> None:
         wanted = {stream.rank: stream for stream in found.streams}
@@ -141,14 +129,15 @@ class DiscoveredKvEvents:
         return {"engine": str(rank)} if self.engine_labels or rank > 0 else {}
 
     def samples(self) -> list[Sample]:
-        state = self.found.state if self.found is not None else "unknown"
-        streams = self.found.streams if self.found is not None else ()
-        rejected = self.found.rejected if self.found is not None else Counter()
+        found = self.answer.found or Found(state="unknown")
         return [
-            Sample(c.KV_EVENTS_DISCOVERED_ENDPOINTS, {}, float(len(streams))),
-            *(Sample(c.KV_EVENTS_DISCOVERY_STATE, {"state": s}, float(s == state)) for s in STATES),
-            *(Sample(c.KV_EVENTS_DISCOVERY_REJECTED, {"reason": r}, float(n)) for r, n in rejected.items()),
-            Sample(c.KV_EVENTS_DISCOVERY_CHANGES_TOTAL, {}, float(self.changes)),
+            Sample(c.KV_EVENTS_DISCOVERED_ENDPOINTS, {}, float(len(found.streams))),
+            *(Sample(c.KV_EVENTS_DISCOVERY_STATE, {"state": s}, float(s == found.state)) for s in STATES),
+            *(
+                Sample(c.KV_EVENTS_DISCOVERY_REJECTED, {"reason": r}, float(n))
+                for r, n in found.rejected.items()
+            ),
+            Sample(c.KV_EVENTS_DISCOVERY_CHANGES_TOTAL, {}, float(self.answer.changes)),
         ]
 
 

@@ -76,6 +76,28 @@ class Found:
         return "; ".join(parts)
 
 
+@dataclass
+class Settled:
+    """The answer in force: the first as it comes, a change once two answers in a row agree (an
+    answer that changes every poll moves nothing); a failed ask (None) leaves it standing."""
+
+    found: Found | None = None
+    pending: Found | None = None
+    changes: int = 0
+
+    def offer(self, found: Found | None) -> bool:
+        """True when `found` is now in force."""
+        if found is None or found == self.found:
+            self.pending = None
+            return False
+        if self.found is not None and found != self.pending:
+            self.pending = found
+            return False
+        self.changes += self.found is not None
+        self.found, self.pending = found, None
+        return True
+
+
 class Rejected(ValueError):
     def __init__(self, reason: str):
         super().__init__(reason)
