@@ -17,7 +17,7 @@ import resource
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .. import catalog as c
 from ..collector import Health, Poll
@@ -26,6 +26,7 @@ from ..durations import window_label
 from ..guard import Guard
 from ..samples import Sample
 from ..sources.base import SourceError
+from ..sources.kv_event_sources import Found, KvEventDiscovery, Settled
 from ..sources.kv_events_decode import Batch, Dropped, weight
 from ..sources.vllm import VllmSnapshot, VllmSource
 from . import fleet_pool
@@ -98,6 +99,28 @@ class PoolSettings:
     timeout: float = 5.0
     max_body_bytes: int = 8 * 1024 * 1024
     max_batches_per_second: float = 20000
+    kv_events_discovery: bool = True  # ask each replica's /kv_event_sources where it publishes
+    kv_sources_every: float = 30.0  # ask again this often, and every poll while it is down
+
+
+@dataclass
+class KvSources:
+    """What one replica's vLLM says about its KV events: the asker, the answer in force, when to ask."""
+
+    discovery: KvEventDiscovery
+    answer: Settled = field(default_factory=Settled)
+    due: float = 0.0
+
+
+def fleet_endpoint(replica: Replica, found: Found | None) -> Replica:
+    """The replica with its KV-event endpoint as vLLM says (rank 0: the fleet view is one stream a
+    replica); as it was when vLLM has no route or nothing was asked; none when vLLM publishes
+    nothing, or connects out itself (the aggregator only connects: vLLM must bind tcp://*:PORT)."""
+    if replica.kv_events_named or found is None or found.state == "no_route":
+        return replica
+    stream = next((s for s in found.streams if s.rank == 0), None)
+    endpoint = stream.endpoint if stream is not None and stream.mode == "connect" else None
+    return replace(replica, kv_events_endpoint=endpoint)
 
 
 @dataclass
@@ -122,6 +145,7 @@ class Aggregator:
         self.fleet = FleetResidency(settings.hash_range, settings.max_blocks_per_replica, sessions)
         self.events = FleetEvents(settings.topic, settings.max_batches_per_second, PENDING_HASHES)
         self.members: dict[str, Member] = {}
+        self.kv_sources: dict[str, KvSources] = {}
         self.discovery_health = {d.name: Health() for d in discoveries}
         self.left_out = 0
         self.ready = False
@@ -145,7 +169,47 @@ class Aggregator:
         kept, self.left_out = bounded(found, self.settings.max_replicas)
         if self.left_out:
             log.warning("more replicas than --replica.max: %d left out", self.left_out)
-        return kept
+        if not self.settings.kv_events_discovery:
+            return kept
+        await self.ask_kv_sources(kept)
+        return [fleet_endpoint(r, self._answer(r.name)) for r in kept]
+
+    def _answer(self, name: str) -> Found | None:
+        sources = self.kv_sources.get(name)
+        return sources.answer.found if sources is not None else None
+
+    async def ask_kv_sources(self, replicas: list[Replica]) -> None:
+        """Each replica's /kv_event_sources when due: first seen, down at the last poll (a restart may
+        move its ports), or every kv_sources_every; a failed ask keeps the last answer."""
+        now = self.clock()
+        for name in set(self.kv_sources) - {r.name for r in replicas}:
+            await self.kv_sources.pop(name).discovery.close()
+        due = []
+        for replica in replicas:
+            if replica.kv_events_named:
+                continue
+            sources = self.kv_sources.get(replica.name)
+            if sources is None:
+                discovery = KvEventDiscovery(replica.metrics_url, self.settings.timeout, keep_alive=False)
+                sources = self.kv_sources[replica.name] = KvSources(discovery)
+            member = self.members.get(replica.name)
+            if now >= sources.due or member is None or not member.up or sources.answer.pending:
+                due.append((replica.name, sources))
+        slots = asyncio.Semaphore(poll_slots(len(self.members)))
+
+        async def ask(name: str, sources: KvSources) -> None:
+            async with slots:
+                try:
+                    found = await sources.discovery.collect()
+                except SourceError:
+                    return  # its /metrics poll says whether it is down
+                sources.due = now + self.settings.kv_sources_every
+                if sources.answer.offer(found):
+                    log.info(
+                        "KV events from /kv_event_sources: %s", found.describe(), extra={"replica": name}
+                    )
+
+        await asyncio.gather(*(ask(name, sources) for name, sources in due))
 
     async def reconcile(self, replicas: list[Replica]) -> None:
         wanted = {r.name: r for r in replicas}
@@ -262,6 +326,10 @@ class Aggregator:
 
     def _health_samples(self) -> list[Sample]:
         out = [Sample(c.FLEET_REPLICAS, {}, float(len(self.members)))]
+        for name in self.members:
+            found = self._answer(name)
+            count = sum(s.rank == 0 and s.mode == "connect" for s in found.streams) if found else 0
+            out.append(Sample(c.KV_EVENTS_DISCOVERED_ENDPOINTS, {"replica": name}, float(count)))
         out.append(Sample(c.FLEET_REPLICAS_LEFT_OUT, {}, float(self.left_out)))
         for name, health in self.discovery_health.items():
             out += health.samples({"collector": name})
@@ -324,4 +392,6 @@ class Aggregator:
     async def close(self) -> None:
         for name in list(self.members):
             await self._drop(name, forget=True)
+        for sources in self.kv_sources.values():
+            await sources.discovery.close()
         await self.events.close()
