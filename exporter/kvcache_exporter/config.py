@@ -211,7 +211,7 @@ OPTIONS: tuple[Option, ...] = (
         "kv_events.discovery",
         choice("on", "off"),
         "on",
-        "without --kv-events.endpoint, ask vLLM's /kv_event_sources where every rank publishes (on, off)",
+        "ask vLLM's /kv_event_sources where each rank publishes, unless an endpoint is named (on, off)",
     ),
     Option(
         "kv_events.mode",
