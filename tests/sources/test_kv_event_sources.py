@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -27,6 +28,7 @@ from kvcache_exporter.sources.kv_event_sources import (
 from tests.loopback import serve
 
 VLLM = ENGINES["vllm"]
+CAPTURED = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-kv-event-sources"
 
 
 def config(endpoint: str, topic: str = "kv", replay: str | None = None) -> dict:
@@ -45,6 +47,12 @@ def config(endpoint: str, topic: str = "kv", replay: str | None = None) -> dict:
 
 def read(answer, host: str = "10.0.0.7"):
     return read_answer(json.dumps(answer).encode(), VLLM, host)
+
+
+def test_real_vllm_032_answer():
+    found = read_answer((CAPTURED / "one-engine.json").read_bytes(), VLLM, "127.0.0.1")
+    assert found.streams == (Stream(0, "tcp://127.0.0.1:45579", "bind", "kv"),)
+    assert found.state == "found" and not found.rejected and not found.other_host
 
 
 def test_vllm_032_answer_keyed_by_rank():
