@@ -59,7 +59,8 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
     discovered = None
     if not s.kv_events_endpoint and s.kv_events_discovery == "on":
         discovered = DiscoveredKvEvents(s, state)
-        source = KvEventDiscovery(s.vllm_url[0], s.vllm_timeout)  # the first vLLM: one set, as the flags
+        first = next(iter(vllm.values()))  # the first vLLM: one set of streams, as with the flags
+        source = KvEventDiscovery(first.url, s.vllm_timeout, headers=first.headers)
         polls.append(DiscoveryPoll(source, discovered.into, view=discovered))
     options = DeriveOptions(
         windows=tuple(sorted(s.collect_windows)),

@@ -40,8 +40,9 @@ def config(endpoint: str) -> dict:
 class Vllm:
     """vLLM's /metrics (a real capture) and a /kv_event_sources whose answer the test sets."""
 
-    def __init__(self):
+    def __init__(self, token: str | None = None):
         self.answer: object = {}
+        self.token = token
 
     async def start(self) -> str:
         app = web.Application()
@@ -53,7 +54,9 @@ class Vllm:
     async def metrics(self, _: web.Request) -> web.Response:
         return web.Response(text=METRICS.read_text())
 
-    async def sources(self, _: web.Request) -> web.Response:
+    async def sources(self, request: web.Request) -> web.Response:
+        if self.token and request.headers.get("Authorization") != f"Bearer {self.token}":
+            raise web.HTTPUnauthorized()
         return web.json_response(self.answer)
 
 
@@ -226,3 +229,22 @@ def test_a_vllm_without_the_route_falls_back_with_one_log_line(caplog):
         f"{FOUND}: no /kv_event_sources route (vLLM before 0.32?): give --kv-events.endpoint"
     ]
     assert sample(exporter, "kvcache_vllm_up") == 1  # the vLLM side goes on as before
+
+
+def test_the_ask_carries_the_bearer_token_vllm_is_polled_with(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+
+    async def scenario():
+        vllm = Vllm(token="s3cret")
+        vllm.answer = {"0": config("tcp://*:5001")}
+        exporter = exporter_for(await vllm.start(), **{"vllm.bearer_token_file": str(token)})
+        try:
+            await exporter.poll_once()
+            return exporter
+        finally:
+            await exporter.close()
+            await vllm.runner.cleanup()
+
+    exporter = asyncio.run(scenario())
+    assert sample(exporter, "kvcache_kv_events_discovery_state", state="found") == 1

@@ -233,10 +233,17 @@ class KvEventDiscovery:
 
     name = "kv_event_discovery"
 
-    def __init__(self, metrics_url: str, timeout: float = 5.0, engine: str = "vllm", keep_alive: bool = True):
+    def __init__(
+        self,
+        metrics_url: str,
+        timeout: float = 5.0,
+        engine: str = "vllm",
+        keep_alive: bool = True,
+        headers: Callable[[], dict[str, str]] = dict,  # e.g. the bearer token /metrics is polled with
+    ):
         self.engine = ENGINES[engine]
         self.url, self.host = sources_url(metrics_url, self.engine.path)
-        self.timeout, self.keep_alive = timeout, keep_alive
+        self.timeout, self.keep_alive, self.headers = timeout, keep_alive, headers
         self._session: Session | None = None
 
     async def collect(self) -> Found:
@@ -244,7 +251,8 @@ class KvEventDiscovery:
             self._session = new_session(self.keep_alive)
         try:
             async with asyncio.timeout(self.timeout):
-                body = await self._session.get(self.url, {"Accept": "application/json"}, MAX_BODY_BYTES)
+                headers = {"Accept": "application/json", **self.headers()}
+                body = await self._session.get(self.url, headers, MAX_BODY_BYTES)
         except HttpStatusError as err:
             if err.status == 404:
                 return Found(state="no_route")
