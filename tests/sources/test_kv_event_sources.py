@@ -108,6 +108,7 @@ def test_ipv6_hosts_are_bracketed_and_wildcards_recognized():
         ("tcp://*:99999999999", "bad_port"),
         ("tcp://*", "bad_port"),
         ("tcp://*:-1", "bad_port"),
+        ("tcp://*:\u0665\u0665\u0665\u0667", "bad_port"),  # Arabic-Indic digits: int() would read them
     ],
 )
 def test_unusable_endpoints_are_left_out_by_reason(endpoint, reason):

@@ -93,7 +93,8 @@ class Settled:
         if self.found is not None and found != self.pending:
             self.pending = found
             return False
-        self.changes += self.found is not None
+        if self.found is not None:
+            self.changes += 1
         self.found, self.pending = found, None
         return True
 
@@ -105,7 +106,7 @@ class Rejected(ValueError):
 
 
 def _rank(value: Any) -> int:
-    if isinstance(value, str) and value.isdigit() and len(value) <= 6:
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 6:
         value = int(value)
     if type(value) is not int:
         raise Rejected("bad_rank")
@@ -186,7 +187,7 @@ def on_host(endpoint: str, host: str) -> tuple[str, bool, bool]:
     if not sep or scheme != "tcp":
         raise Rejected("not_tcp")
     named, colon, port = rest.rpartition(":")
-    if not colon or not port.isdigit() or len(port) > 5:
+    if not colon or not (port.isascii() and port.isdigit()) or len(port) > 5:
         raise Rejected("bad_port")
     if int(port) == 0:
         raise Rejected("port_not_bound")  # `tcp://*:0` before the engine reported the port it got
