@@ -248,3 +248,34 @@ def test_the_ask_carries_the_bearer_token_vllm_is_polled_with(tmp_path):
 
     exporter = asyncio.run(scenario())
     assert sample(exporter, "kvcache_kv_events_discovery_state", state="found") == 1
+
+
+def test_the_flags_path_still_streams_events(kv_frames):
+    async def scenario():
+        vllm = Vllm()
+        vllm.answer = {"0": config("tcp://*:5001")}  # ignored: the flag names the endpoint
+        url = await vllm.start()
+        exporter = exporter_for(url, **{"kv_events.endpoint": f"tcp://127.0.0.1:{free_port()}"})
+        try:
+            (stream,) = streams(exporter)
+            ctx = zmq.Context()
+            pub = ctx.socket(zmq.XPUB)
+            pub.connect(stream.current.last_endpoint)  # vLLM's PUB connects to the bound address
+            assert await asyncio.to_thread(pub.poll, 10_000), "the exporter's SUB never subscribed"
+            pub.recv()
+            for message in kv_frames:
+                pub.send_multipart(message)
+            for _ in range(100):
+                if stream.current.queued >= len(kv_frames):
+                    break
+                await asyncio.sleep(0.05)
+            pub.close(linger=0)
+            ctx.term()
+            await exporter.poll_once()
+            return exporter
+        finally:
+            await exporter.close()
+            await vllm.runner.cleanup()
+
+    exporter = asyncio.run(scenario())
+    assert sample(exporter, "kvcache_kv_events_batches_total") == len(kv_frames)
