@@ -85,7 +85,7 @@ def test_another_host_is_replaced_and_a_bind_vllm_cannot_be_followed():
         endpoints_after(Replica({"0": config("tcp://[::]:5600"), "1": config("tcp://*:5601")}))
     )
     assert seen == ["tcp://127.0.0.1:5600"]  # rank 0: the fleet view is one stream a replica
-    seen, _ = asyncio.run(endpoints_after(Replica({"0": config("tcp://192.0.2.1:5600")})))
+    seen, _ = asyncio.run(endpoints_after(Replica({"0": config(f"tcp://192.0.2.1:{free_port()}")})))
     assert seen == [None]  # vLLM connects out to an address: only a subscriber there could bind it
 
 

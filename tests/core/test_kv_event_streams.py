@@ -78,39 +78,37 @@ def found_lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.getMessage().startswith(FOUND)]
 
 
-async def publish_until_received(exporter, frames: list[list[bytes]], port: int) -> None:
-    """vLLM's side of a wildcard bind: a PUB bound on `port`; the frames once our SUB subscribed."""
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.XPUB)
-    pub.bind(f"tcp://127.0.0.1:{port}")
-    try:
-        assert await asyncio.to_thread(pub.poll, 10_000), "the exporter never subscribed"
-        pub.recv()
-        for message in frames:
-            pub.send_multipart(message)
-        (stream,) = streams(exporter)
-        for _ in range(100):
-            if stream.current.queued >= len(frames):
-                return
-            await asyncio.sleep(0.05)
-        pytest.fail("the frames never arrived")
-    finally:
-        pub.close(linger=0)
-        ctx.term()
+async def publish_until_received(exporter, frames: list[list[bytes]], pub: zmq.Socket) -> None:
+    """The frames on vLLM's bound PUB once our SUB subscribed, until the subscriber queued them."""
+    assert await asyncio.to_thread(pub.poll, 10_000), "the exporter never subscribed"
+    pub.recv()
+    for message in frames:
+        pub.send_multipart(message)
+    (stream,) = streams(exporter)
+    for _ in range(100):
+        if stream.current.queued >= len(frames):
+            return
+        await asyncio.sleep(0.05)
+    pytest.fail("the frames never arrived")
 
 
-def test_a_wildcard_bind_is_found_on_the_polled_host_and_its_events_applied(caplog, kv_frames):
+@pytest.mark.parametrize("host", ["*", "127.0.0.1"], ids=["wildcard", "bound-port-0"])
+def test_a_bound_publisher_is_found_on_the_polled_host_and_its_events_applied(caplog, kv_frames, host):
+    """`tcp://*:PORT` as configured, or the node's address vLLM reports after binding `tcp://*:0`."""
     caplog.set_level(logging.INFO, logger="kvcache_exporter")
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.XPUB)  # vLLM's PUB, bound before vLLM answers /kv_event_sources
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
 
     async def scenario():
-        vllm, port = Vllm(), free_port()
-        vllm.answer = {"0": config(f"tcp://*:{port}")}
+        vllm = Vllm()
+        vllm.answer = {"0": config(f"tcp://{host}:{port}")}
         exporter = exporter_for(await vllm.start())
         try:
             await exporter.poll_once()  # discovery: the rank's poll exists from the next poll on
             (stream,) = streams(exporter)
             assert (stream.stream.endpoint, stream.stream.mode) == (f"tcp://127.0.0.1:{port}", "connect")
-            await publish_until_received(exporter, kv_frames, port)
+            await publish_until_received(exporter, kv_frames, pub)
             for _ in range(3):
                 await exporter.poll_once()
             return exporter, port
@@ -118,7 +116,11 @@ def test_a_wildcard_bind_is_found_on_the_polled_host_and_its_events_applied(capl
             await exporter.close()
             await vllm.runner.cleanup()
 
-    exporter, port = asyncio.run(scenario())
+    try:
+        exporter, port = asyncio.run(scenario())
+    finally:
+        pub.close(linger=0)
+        ctx.term()
     assert sample(exporter, "kvcache_kv_events_batches_total") == 20
     assert sample(exporter, "kvcache_kv_events_discovered_endpoints") == 1
     assert sample(exporter, "kvcache_kv_events_discovery_state", state="found") == 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from kvcache_exporter.sources.kv_event_sources import (
     read_answer,
     sources_url,
 )
+from kvcache_exporter.tools.harness import free_port
 from tests.loopback import serve
 
 VLLM = ENGINES["vllm"]
@@ -187,11 +189,13 @@ def answering(handler) -> web.Application:
 
 
 def test_over_http_the_host_is_the_one_polled():
+    port = free_port()  # nothing listens there: vLLM would connect to it
+
     async def sources(_):
-        return web.json_response({"0": config("tcp://192.0.2.1:5557")})
+        return web.json_response({"0": config(f"tcp://192.0.2.1:{port}")})
 
     found = asyncio.run(ask(answering(sources)))
-    assert found.streams == (Stream(0, "tcp://127.0.0.1:5557", "bind", "kv"),) and found.other_host == (0,)
+    assert found.streams == (Stream(0, f"tcp://127.0.0.1:{port}", "bind", "kv"),) and found.other_host == (0,)
 
 
 def test_a_server_without_the_route_is_an_answer_no_route():
@@ -226,3 +230,23 @@ def test_a_hung_server_costs_the_timeout():
     with pytest.raises(SourceError) as err:
         asyncio.run(ask(answering(sources), timeout=0.2))
     assert err.value.reason == "timeout"
+
+
+def test_a_concrete_address_already_listening_is_vllms_own_bind_so_we_connect():
+    """vLLM binds `tcp://*:0` on the node's address and reports that address: a listener there."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    bound, free = listener.getsockname()[1], free_port()
+
+    async def sources(_):
+        return web.json_response(
+            {"0": config(f"tcp://127.0.0.1:{bound}"), "1": config(f"tcp://127.0.0.1:{free}")}
+        )
+
+    try:
+        found = asyncio.run(ask(answering(sources)))
+    finally:
+        listener.close()
+    assert [(s.endpoint, s.mode) for s in found.streams] == [
+        (f"tcp://127.0.0.1:{bound}", "connect"),
+        (f"tcp://127.0.0.1:{free}", "bind"),  # nothing listens: vLLM connects to it, we bind
+    ]

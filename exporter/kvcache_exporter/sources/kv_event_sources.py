@@ -14,7 +14,7 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -25,6 +25,7 @@ MAX_BODY_BYTES = 64 * 1024  # vLLM answers ~250 bytes a rank
 MAX_RANKS = 64  # one subscriber socket and thread each
 MAX_FIELD_CHARS = 256  # an endpoint or a topic
 WILDCARDS = ("*", "0.0.0.0", "::", "")
+PROBE_SECONDS = 1.0  # is a concrete endpoint already listening (vLLM bound it)?
 LOGGED_RANKS = 8  # the rest of a large answer is counted in the log line, not listed
 
 
@@ -246,6 +247,7 @@ class KvEventDiscovery:
         self.url, self.host = sources_url(metrics_url, self.engine.path)
         self.timeout, self.keep_alive, self.headers = timeout, keep_alive, headers
         self._session: Session | None = None
+        self._modes: dict[str, str] = {}  # a concrete endpoint -> our side's mode, decided once
 
     async def collect(self) -> Found:
         if self._session is None:
@@ -262,12 +264,40 @@ class KvEventDiscovery:
             raise SourceError("timeout", f"{self.url}: no whole answer within {self.timeout:g}s") from err
         except OSError as err:
             raise SourceError("connection", f"{self.url}: {err}") from err
-        return read_answer(body, self.engine, self.host, self.url)
+        return await self.settle_modes(read_answer(body, self.engine, self.host, self.url))
+
+    async def settle_modes(self, found: Found) -> Found:
+        """A concrete address is where vLLM connects (we bind), unless it is the one vLLM bound itself:
+        vLLM 0.32 binds `tcp://*:0` on the node's IP and reports that address. So something already
+        listening there, on the polled host, is vLLM's PUB: we connect. Decided once per endpoint
+        (later, our own bind would answer), all endpoints probed at once within the timeout."""
+        unknown = {s.endpoint for s in found.streams if s.mode == "bind" and s.endpoint not in self._modes}
+        if len(self._modes) + len(unknown) > 4 * MAX_RANKS:  # an answer that changes every poll
+            self._modes.clear()
+        ports = {e: int(e.rpartition(":")[2]) for e in unknown}
+        probe_timeout = min(self.timeout, PROBE_SECONDS)
+        listening = await asyncio.gather(
+            *(accepts(self.host, port, probe_timeout) for port in ports.values())
+        )
+        self._modes.update({e: "connect" if up else "bind" for e, up in zip(ports, listening, strict=True)})
+        streams = tuple(replace(s, mode=self._modes.get(s.endpoint, s.mode)) for s in found.streams)
+        return replace(found, streams=streams)
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+async def accepts(host: str, port: int, timeout: float) -> bool:
+    """Whether `host:port` accepts a TCP connection (closed at once, nothing sent)."""
+    try:
+        async with asyncio.timeout(timeout):
+            _, writer = await asyncio.open_connection(host, port)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return True
 
 
 def read_answer(body: bytes, engine: Engine, host: str, url: str = "the answer") -> Found:
