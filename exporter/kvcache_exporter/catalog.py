@@ -99,6 +99,10 @@ KV_EVENTS_MISSED_BATCHES_TOTAL = "kvcache_kv_events_missed_batches_total"
 KV_EVENTS_PUBLISHER_RESTARTS_TOTAL = "kvcache_kv_events_publisher_restarts_total"
 KV_EVENTS_DROPPED_TOTAL = "kvcache_kv_events_dropped_total"
 KV_EVENTS_CACHED_BLOCKS = "kvcache_kv_events_cached_blocks"
+KV_EVENTS_DISCOVERED_ENDPOINTS = "kvcache_kv_events_discovered_endpoints"
+KV_EVENTS_DISCOVERY_STATE = "kvcache_kv_events_discovery_state"
+KV_EVENTS_DISCOVERY_REJECTED = "kvcache_kv_events_discovery_rejected"
+KV_EVENTS_DISCOVERY_CHANGES_TOTAL = "kvcache_kv_events_discovery_changes_total"
 KV_EVENTS_GROUP_INFO = "kvcache_kv_events_group_info"
 OFFLOAD_BYTES_PER_SECOND = "kvcache_offload_bytes_per_second"
 OFFLOAD_BUSY_RATIO = "kvcache_offload_busy_ratio"
@@ -717,6 +721,48 @@ CATALOG: tuple[Metric, ...] = (
         "blocks",
         "events",
         "BlockStored, BlockRemoved, AllBlocksCleared",
+    ),
+    _m(
+        KV_EVENTS_DISCOVERED_ENDPOINTS,
+        "gauge",
+        "KV-event publishers (one per data-parallel rank) found at the first vLLM's /kv_event_sources "
+        "and subscribed to (only without --kv-events.endpoint).",
+        (),
+        "",
+        "events",
+        "vLLM GET /kv_event_sources",
+    ),
+    _m(
+        KV_EVENTS_DISCOVERY_STATE,
+        "gauge",
+        "1 for the state of KV-event discovery, 0 for the others: unknown (no answer yet), found, "
+        "none_published (vLLM runs without --kv-events-config), no_route (a vLLM without "
+        "/kv_event_sources: give --kv-events.endpoint).",
+        ("state",),
+        "",
+        "events",
+        "vLLM GET /kv_event_sources",
+    ),
+    _m(
+        KV_EVENTS_DISCOVERY_REJECTED,
+        "gauge",
+        "Entries of vLLM's current /kv_event_sources answer left out, by reason: not_tcp, bad_port, "
+        "port_not_bound, bad_rank, rank_out_of_range, too_many_ranks, duplicate_rank, bad_entry, "
+        "bad_field, replay_<reason> (only the replay endpoint left out).",
+        ("reason",),
+        "",
+        "events",
+        "vLLM GET /kv_event_sources",
+    ),
+    _m(
+        KV_EVENTS_DISCOVERY_CHANGES_TOTAL,
+        "counter",
+        "Times vLLM's answer changed (two answers in a row agreeing) and the subscribers were re-pointed: "
+        "a vLLM restart on other ports.",
+        (),
+        "",
+        "events",
+        "vLLM GET /kv_event_sources",
     ),
     # --- fleet view (`kvcache-exporter aggregate`) -----------------------------------------
     _m(

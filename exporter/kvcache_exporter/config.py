@@ -254,7 +254,18 @@ OPTIONS: tuple[Option, ...] = (
     Option("cost.currency", str, "USD", "currency of the prices"),
     Option("cost.energy_price_per_kwh", price, None, "price of a kWh, for energy cost per token"),
     Option("cost.hit_ratio_floor", ratio, 0.6, "hit ratio used to price the cost of a cache collapse"),
-    Option("kv_events.endpoint", str, None, "vLLM KV-event ZMQ endpoint, e.g. tcp://127.0.0.1:5557"),
+    Option(
+        "kv_events.endpoint",
+        str,
+        None,
+        "vLLM KV-event ZMQ endpoint, e.g. tcp://127.0.0.1:5557 (default: where vLLM says it publishes)",
+    ),
+    Option(
+        "kv_events.discovery",
+        choice("on", "off"),
+        "on",
+        "ask vLLM's /kv_event_sources where each rank publishes, unless an endpoint is named (on, off)",
+    ),
     Option(
         "kv_events.mode",
         choice("bind", "connect"),
@@ -383,8 +394,18 @@ AGGREGATE_OPTIONS: tuple[Option, ...] = (
     ),
     _aggregate("discovery.file_sd", str, None, "Prometheus file_sd JSON/YAML file, re-read on change"),
     _aggregate("discovery.dns", str, None, "NAME:PORT of a headless Service (A/AAAA records)"),
-    _aggregate("discovery.refresh_interval", duration, 30.0, "how often --discovery.dns is resolved again"),
-    _aggregate("replica.kv_events_port", port, 5557, "KV-event port of a replica without one (0: none)"),
+    _aggregate(
+        "discovery.refresh_interval",
+        duration,
+        30.0,
+        "how often --discovery.dns is resolved, and each replica's /kv_event_sources asked, again",
+    ),
+    _aggregate(
+        "replica.kv_events_port",
+        port,
+        5557,
+        "KV-event port of a replica that names none, where its vLLM does not say (0: none)",
+    ),
     _aggregate("replica.max", at_least(1), 64, "replicas watched at most; the rest are counted left out"),
     _aggregate("replica.max_blocks", at_least(1), 131_072, "block hashes remembered per replica"),
     _aggregate("fleet.hash_sampling", sampling, 1.0, "fraction of block hashes kept (0 < f <= 1)"),
@@ -569,8 +590,8 @@ def checks(s: Settings) -> list[tuple[str, str]]:
         out.append(("--gpu.pod", "the dcgm GPU source needs this pod's name ($POD_NAME) or --gpu.uuids"))
     if s.fields_debug_endpoint and not s.fields_tokenizer:
         out.append(("--fields.debug-endpoint", "needs --fields.tokenizer (it shows the fields that names)"))
-    if s.fields_tokenizer and not s.kv_events_endpoint:
-        out.append(("--fields.tokenizer", "needs --kv-events.endpoint (the fronts come from KV events)"))
+    if s.fields_tokenizer and not s.kv_events_endpoint and s.kv_events_discovery != "on":
+        out.append(("--fields.tokenizer", "needs KV events: --kv-events.endpoint or discovery on"))
     elif s.fields_tokenizer:
         from .model_tokenizer import load_tokenizer
 
@@ -580,8 +601,8 @@ def checks(s: Settings) -> list[tuple[str, str]]:
             out.append(("--fields.tokenizer", str(err)))
     if s.fleet_publish and not s.fleet_replica:
         out.append(("--fleet.replica", "--fleet.publish needs this replica's name (or $POD_NAME)"))
-    if s.fleet_publish and not s.kv_events_endpoint:
-        out.append(("--fleet.publish", "publishes the KV events: set --kv-events.endpoint"))
+    if s.fleet_publish and not s.kv_events_endpoint and s.kv_events_discovery != "on":
+        out.append(("--fleet.publish", "publishes KV events: --kv-events.endpoint or discovery on"))
     return out
 
 

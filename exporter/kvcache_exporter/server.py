@@ -9,24 +9,20 @@ from urllib.parse import urlsplit
 
 from .collector import Exporter, Poll, target_polls
 from .config import ConfigError
-from .derive.attribution import Attribution
 from .derive.cost import Pricing
 from .derive.fields import Rules
-from .derive.front_fields import MAX_FRONT_TOKENS, FrontFields
-from .derive.kv_events import EventState
+from .derive.front_fields import MAX_FRONT_TOKENS
 from .derive.registry import DeriveOptions
 from .derive.state import PollState
-from .derive.units import UnitView
+from .kv_event_streams import DiscoveredKvEvents, DiscoveryPoll, RankWiring, kv_events_poll, rank_endpoint
 from .model_tokenizer import load_tokenizer, safe_decoder
 from .settings import Settings
 from .sources.base import SourceUnavailable
 from .sources.gpu_factory import make_gpu_source
+from .sources.kv_event_sources import KvEventDiscovery, Stream
 from .sources.vllm import VllmSource
 
 log = logging.getLogger("kvcache_exporter")
-# Of each poll interval, the time the KV events it drained may take to apply (the rest are dropped,
-# budget_exceeded): vLLM's series are published when the poll ends, never a whole interval late.
-KV_EVENTS_APPLY_SHARE = 0.25
 
 
 def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Exporter:
@@ -37,7 +33,6 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
         for url in s.vllm_url
     }
     polls = target_polls(state, vllm)
-    debug_fields: dict[str, FrontFields] = {}
     try:
         gpu = make_gpu_source(
             s.gpu_source,
@@ -53,44 +48,34 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
         log.info("GPU telemetry off: %s", off)
     else:
         polls.append(Poll(gpu, state.add_gpu().ingest))
-    publisher = fleet_publisher(s, state) if s.fleet_publish else None
-    if s.kv_events_endpoint:
-        from .sources.kv_events import KvEventSubscriber, rank_endpoint  # here: pyzmq is ~1.2 MiB unused
-
-        ranks = s.kv_events_data_parallel_size
-        decode = field_decoder(s)
-        state.host_tier_bytes = s.whatif_host_tier_bytes
-        for rank in range(ranks):  # one publisher per data-parallel rank, each its own sequence
-            replay = s.kv_events_replay_endpoint
-            subscriber = KvEventSubscriber(
+    state.host_tier_bytes = s.whatif_host_tier_bytes
+    decode = field_decoder(s)
+    wiring = RankWiring(
+        decode,
+        Rules.with_patterns(s.fields_patterns) if decode is not None else None,  # vetted by config
+        fleet_publisher(s, state) if s.fleet_publish else None,
+    )
+    if s.kv_events_endpoint:  # the flags win over what vLLM says
+        for rank in range(s.kv_events_data_parallel_size):  # one publisher per rank, each its own seq
+            stream = Stream(
+                rank,
                 rank_endpoint(s.kv_events_endpoint, rank),
-                mode=s.kv_events_mode,
-                topic=s.kv_events_topic,
-                replay_endpoint=replay and rank_endpoint(replay, rank),
-                max_batches_per_second=s.kv_events_max_batches_per_second,
-                with_tokens=True,
+                s.kv_events_mode,
+                s.kv_events_topic,
+                s.kv_events_replay_endpoint and rank_endpoint(s.kv_events_replay_endpoint, rank),
             )
-            subscriber.start()  # needs the running event loop: build_exporter is called from serve()
-            labels = {"engine": str(rank)} if ranks > 1 else {}
-            attribution = Attribution(s.kv_events_max_tracked_blocks, s.kv_events_max_fingerprints)
-            if decode is not None:  # the rules were vetted by config
-                rules = Rules.with_patterns(s.fields_patterns)
-                attribution.fields = debug_fields[str(rank)] = FrontFields(
-                    decode, rules, s.fields_max_per_second
-                )
-            events = state.add_kv_events(
-                EventState(s.kv_events_max_tracked_blocks),
-                labels,
-                attribution=attribution,
-                units=UnitView(s.kv_events_max_tracked_blocks),
-                budget=KV_EVENTS_APPLY_SHARE * s.collect_interval,
-            )
-            into = events.ingest if publisher is None else publisher.tee(rank, events.ingest)
-            polls.append(Poll(subscriber, into, labels, offload=True))  # up to 100k batches a poll
-    if publisher is not None:
+            labels = {"engine": str(rank)} if s.kv_events_data_parallel_size > 1 else {}
+            polls.append(kv_events_poll(s, state, rank, stream, labels, wiring))
+    discovered = None
+    if not s.kv_events_endpoint and s.kv_events_discovery == "on":
+        discovered = DiscoveredKvEvents(s, state, wiring)
+        first = next(iter(vllm.values()))  # the first vLLM: one set of streams, as with the flags
+        source = KvEventDiscovery(first.url, s.vllm_timeout, headers=first.headers)
+        polls.append(DiscoveryPoll(source, discovered.into, view=discovered))
+    if wiring.publisher is not None:
         from .fleet_publish import PublishPoll
 
-        polls.append(PublishPoll(publisher, lambda _snapshot, _ts: None))
+        polls.append(PublishPoll(wiring.publisher, lambda _snapshot, _ts: None))
     options = DeriveOptions(
         windows=tuple(sorted(s.collect_windows)),
         quantiles=tuple(s.collect_quantiles),
@@ -101,8 +86,11 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
     # past every source's own timeout
     deadline = max(2 * s.collect_interval, s.vllm_timeout + 1, s.gpu_dcgm_timeout + 1, 10.0)
     exporter = Exporter(polls, state, options, interval=s.collect_interval, clock=clock, deadline=deadline)
-    if s.fields_debug_endpoint and debug_fields:
-        exporter.debug_pages = {"/debug/fields": lambda: {e: f.report() for e, f in debug_fields.items()}}
+    if discovered is not None:
+        discovered.polls = exporter.polls  # a rank found later is polled from the next poll on
+    if s.fields_debug_endpoint and decode is not None:
+        fronts = wiring.fronts
+        exporter.debug_pages = {"/debug/fields": lambda: {e: f.report() for e, f in fronts.items()}}
     return exporter
 
 

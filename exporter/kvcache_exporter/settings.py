@@ -14,6 +14,7 @@ class ServiceSettings:
 
     kv_events_topic: str
     kv_events_max_batches_per_second: int
+    kv_events_discovery: str
     vllm_timeout: float
     vllm_max_body_bytes: int
     collect_interval: float

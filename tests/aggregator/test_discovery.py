@@ -20,7 +20,7 @@ def test_flags_take_host_port_or_urls_and_an_optional_kv_endpoint():
     assert parse_flag("10.0.0.7:8000", 5557) == Replica(
         "10.0.0.7:8000", "http://10.0.0.7:8000/metrics", "tcp://10.0.0.7:5557"
     )
-    assert parse_flag("https://a:9/m,tcp://b:1", 5557) == Replica("a:9", "https://a:9/m", "tcp://b:1")
+    assert parse_flag("https://a:9/m,tcp://b:1", 5557) == Replica("a:9", "https://a:9/m", "tcp://b:1", True)
     assert parse_flag("[::1]:8000", 5557).kv_events_endpoint == "tcp://[::1]:5557"
     assert parse_flag("a:8000", None).kv_events_endpoint is None
     for bad in ("a", "ftp://a:1", "http://:8"):
@@ -40,7 +40,7 @@ SD = [
 def test_file_sd_groups_name_replicas_from_their_labels():
     replicas = parse_file_sd(json.dumps(SD), 5557)
     assert replicas == [
-        Replica("vllm-0", "http://10.0.0.1:8000/metrics", "tcp://10.0.0.1:7"),
+        Replica("vllm-0", "http://10.0.0.1:8000/metrics", "tcp://10.0.0.1:7", kv_events_named=True),
         Replica("10.0.0.2:8000", "http://10.0.0.2:8000/m", "tcp://10.0.0.2:5557"),
         Replica("10.0.0.3:8000", "http://10.0.0.3:8000/m", "tcp://10.0.0.3:5557"),
     ]

@@ -10,10 +10,11 @@ over ZMQ to the exporter's bound SUB socket, then the real frames of three deplo
 Gemma-2 hybrid: two KV-cache groups; LoRA adapters; session ids, cache salts and reuse reports), each
 a new publisher (seq from 0), and an offload tier's events in vLLM 0.33's layout (CPU offload cannot
 run on vLLM's CPU build, so they are written here, as are the 0.33 offload counters added to the
-seed's expositions). Diverged fronts are named with the tiny-llama tokenizer (the seed's prompts are
-random token ids: what they decode to is noise, the wiring is what is shown). Polls run on a virtual
-clock 10 s apart and the upstreams' random ports are replaced by names, so the output is the same on
-every run.
+seed's expositions). The KV-event endpoint is found at the seed server's /kv_event_sources (no flag
+names it). Diverged fronts are named with the tiny-llama tokenizer (the seed's prompts are random
+token ids: what they decode to is noise, the wiring is what is shown). Polls run on a virtual clock
+10 s apart and the upstreams' random ports are replaced by names, so the output is the same on every
+run.
 """
 
 from __future__ import annotations
@@ -67,9 +68,16 @@ proc.100.name /usr/bin/python3
 """
 
 
-async def upstream(texts: list[str]) -> tuple[web.AppRunner, str]:
-    """vLLM's /metrics answering with the next capture on every GET; the DCGM capture beside it."""
+async def upstream(texts: list[str], kv_port: int | None = None) -> tuple[web.AppRunner, str]:
+    """vLLM's /metrics answering with the next capture on every GET; the DCGM capture beside it; with
+    `kv_port`, /kv_event_sources as vLLM 0.32 answers it, plus a rank no subscriber may follow."""
     served = iter(texts)
+
+    async def sources(_: web.Request) -> web.Response:
+        config = {"enable_kv_cache_events": True, "publisher": "zmq", "replay_endpoint": None, "topic": "kv"}
+        ranks = {"0": {**config, "endpoint": f"tcp://127.0.0.1:{kv_port}"}}
+        ranks["1"] = {**config, "endpoint": "ipc:///tmp/kv"}  # left out: not_tcp
+        return web.json_response(ranks)
 
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(text=next(served, texts[-1]))
@@ -80,6 +88,8 @@ async def upstream(texts: list[str]) -> tuple[web.AppRunner, str]:
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/dcgm/metrics", dcgm)
+    if kv_port is not None:
+        app.router.add_get("/kv_event_sources", sources)
     runner = web.AppRunner(app)
     await runner.setup()
     port = free_port()
@@ -135,15 +145,13 @@ def offload_counters(poll: int) -> str:
     return "".join(f"# TYPE {n} counter\n{n}_total{{{labels}}} {v}\n" for n, v in values.items())
 
 
-def settings(gpu: str, vllm_urls: list[str], kv_endpoint: str):
+def settings(gpu: str, vllm_urls: list[str]):
     vllm_url = vllm_urls[0]
     flags = {
         "vllm.url": [f"{url}/metrics" for url in vllm_urls],
         "collect.interval": "10s",
         "collect.windows": ["1m", "5m"],
         "collect.quantiles": ["0.5", "0.99"],
-        "kv_events.endpoint": kv_endpoint,
-        "kv_events.topic": "kv",
         "whatif.host_tier_bytes": "64MiB",  # the host-tier what-if: 2,048 of the seed's 32 KiB blocks
         "fields.tokenizer": str(REPO / "tests" / "fixtures" / "tiny-llama"),  # the seed model's kind
         "fields.max_per_second": "1000000",  # every diverged front named: the same output on every run
@@ -174,11 +182,14 @@ async def run(gpu: str) -> bytes:
         r"^(ray_vllm:gpu_prefix_cache_hit_rate\{.*\}) -1\.0$", r"\g<1> 0.42", V0_RAY.read_text(), flags=re.M
     )
     v0 = v0.removesuffix("\n") + "\n"  # stored without the final line feed every server sends
-    upstreams = [await upstream(seed), await upstream([IN_FLIGHT.read_text()]), await upstream([v0])]
+    seed_upstream = await upstream(seed, kv_port=free_port())
+    upstreams = [seed_upstream, await upstream([IN_FLIGHT.read_text()]), await upstream([v0])]
     urls = [url for _, url in upstreams]
     now = [1_800_000_000.0]
-    exporter = build_exporter(settings(gpu, urls, f"tcp://127.0.0.1:{free_port()}"), clock=lambda: now[0])
-    subscriber = next(p.source for p in exporter.polls if p.source.name == "kv_events")
+    exporter = build_exporter(settings(gpu, urls), clock=lambda: now[0])
+    discovery = next(p for p in exporter.polls if p.collector == "kv_event_discovery")
+    await discovery.run(lambda: now[0], 10.0)  # the KV-event endpoint as vLLM says: no flag for it
+    subscriber = next(p.source for p in exporter.polls if p.source.name == "kv_events").current
     exporter.state.kv_events[0].attribution.fields.timer = lambda: 0.0  # no CPU budget: every front named
     await asyncio.to_thread(publish, subscriber.last_endpoint, frames)
     deadline = time.monotonic() + 30

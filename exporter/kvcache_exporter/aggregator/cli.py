@@ -59,6 +59,8 @@ def pool_settings(s: AggregateSettings) -> PoolSettings:
         timeout=s.vllm_timeout,
         max_body_bytes=s.vllm_max_body_bytes,
         max_batches_per_second=s.kv_events_max_batches_per_second,
+        kv_events_discovery=s.kv_events_discovery == "on",
+        kv_sources_every=s.discovery_refresh_interval,
     )
 
 

@@ -30,6 +30,7 @@ class Replica:
     name: str
     metrics_url: str
     kv_events_endpoint: str | None = None
+    kv_events_named: bool = False  # by --replica or a file_sd label: wins over what vLLM says
 
 
 class DiscoveryError(SourceError):
@@ -53,9 +54,10 @@ def replica_for(target: str, kv_port: int | None, name: str = "", kv_endpoint: s
         raise ValueError(f"{target!r}: want host:port or http(s)://host:port[/path]")
     if not parts.path:
         url += "/metrics"
+    named = bool(kv_endpoint)
     if not kv_endpoint and kv_port:
         kv_endpoint = f"tcp://{_endpoint_host(parts.hostname)}:{kv_port}"
-    return Replica(name or parts.netloc, url, kv_endpoint or None)
+    return Replica(name or parts.netloc, url, kv_endpoint or None, named)
 
 
 def parse_flag(value: str, kv_port: int | None) -> Replica:

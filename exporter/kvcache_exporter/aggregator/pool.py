@@ -16,7 +16,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .. import catalog as c
 from ..collector import Health, Poll
@@ -25,6 +25,7 @@ from ..durations import window_label
 from ..guard import Guard
 from ..samples import Sample
 from ..sources.base import SourceError
+from ..sources.kv_event_sources import Found, KvEventDiscovery, Settled
 from ..sources.kv_events_decode import Batch, Dropped, weight
 from ..sources.vllm import VllmSnapshot, VllmSource
 from . import fleet_pool
@@ -71,6 +72,28 @@ class PoolSettings:
     timeout: float = 5.0
     max_body_bytes: int = 8 * 1024 * 1024
     max_batches_per_second: float = 20000
+    kv_events_discovery: bool = True  # ask each replica's /kv_event_sources where it publishes
+    kv_sources_every: float = 30.0  # ask again this often, and every poll while it is down
+
+
+@dataclass
+class KvSources:
+    """What one replica's vLLM says about its KV events: the asker, the answer in force, when to ask."""
+
+    discovery: KvEventDiscovery
+    answer: Settled = field(default_factory=Settled)
+    due: float = 0.0
+
+
+def fleet_endpoint(replica: Replica, found: Found | None) -> Replica:
+    """The replica with its KV-event endpoint as vLLM says (rank 0: the fleet view is one stream a
+    replica); as it was when vLLM has no route or nothing was asked; none when vLLM publishes
+    nothing, or connects out itself (the aggregator only connects: vLLM must bind tcp://*:PORT)."""
+    if replica.kv_events_named or found is None or found.state == "no_route":
+        return replica
+    stream = next((s for s in found.streams if s.rank == 0), None)
+    endpoint = stream.endpoint if stream is not None and stream.mode == "connect" else None
+    return replace(replica, kv_events_endpoint=endpoint)
 
 
 @dataclass
@@ -103,6 +126,7 @@ class Aggregator:
         self.intake = intake(self.fleet) if intake is not None else None  # --fleet.source: NATS
         self.events = FleetEvents(settings.topic, settings.max_batches_per_second, PENDING_HASHES)
         self.members: dict[str, Member] = {}
+        self.kv_sources: dict[str, KvSources] = {}
         self.discovery_health = {d.name: Health() for d in discoveries}
         self.left_out = 0
         self._left_out_names: frozenset[str] = frozenset()
@@ -132,7 +156,47 @@ class Aggregator:
         if left_out != self._left_out_names and left_out:  # once, and again when the set changes
             log.warning("more replicas than --replica.max: %d left out", self.left_out)
         self._left_out_names = left_out
-        return kept
+        if not self.settings.kv_events_discovery:
+            return kept
+        await self.ask_kv_sources(kept)
+        return [fleet_endpoint(r, self._answer(r.name)) for r in kept]
+
+    def _answer(self, name: str) -> Found | None:
+        sources = self.kv_sources.get(name)
+        return sources.answer.found if sources is not None else None
+
+    async def ask_kv_sources(self, replicas: list[Replica]) -> None:
+        """Each replica's /kv_event_sources when due: first seen, down at the last poll (a restart may
+        move its ports), or every kv_sources_every; a failed ask keeps the last answer."""
+        now = self.clock()
+        for name in set(self.kv_sources) - {r.name for r in replicas}:
+            await self.kv_sources.pop(name).discovery.close()
+        due = []
+        for replica in replicas:
+            if replica.kv_events_named:
+                continue
+            sources = self.kv_sources.get(replica.name)
+            if sources is None:
+                discovery = KvEventDiscovery(replica.metrics_url, self.settings.timeout, keep_alive=False)
+                sources = self.kv_sources[replica.name] = KvSources(discovery)
+            member = self.members.get(replica.name)
+            if now >= sources.due or member is None or not member.up or sources.answer.pending:
+                due.append((replica.name, sources))
+        slots = asyncio.Semaphore(self.fds.poll_slots(open_now()))
+
+        async def ask(name: str, sources: KvSources) -> None:
+            async with slots:
+                try:
+                    found = await sources.discovery.collect()
+                except SourceError:
+                    return  # its /metrics poll says whether it is down
+                sources.due = now + self.settings.kv_sources_every
+                if sources.answer.offer(found):
+                    log.info(
+                        "KV events from /kv_event_sources: %s", found.describe(), extra={"replica": name}
+                    )
+
+        await asyncio.gather(*(ask(name, sources) for name, sources in due))
 
     async def reconcile(self, replicas: list[Replica]) -> None:
         wanted = {r.name: r for r in replicas}
@@ -297,6 +361,10 @@ class Aggregator:
         out = [Sample(c.FLEET_REPLICAS, {}, float(watched))]
         if self.intake is not None:
             out += self.intake.samples()
+        for name in self.members:
+            found = self._answer(name)
+            count = sum(s.rank == 0 and s.mode == "connect" for s in found.streams) if found else 0
+            out.append(Sample(c.KV_EVENTS_DISCOVERED_ENDPOINTS, {"replica": name}, float(count)))
         out.append(Sample(c.FLEET_REPLICAS_LEFT_OUT, {}, float(self.left_out)))
         for name, health in self.discovery_health.items():
             out += health.samples({"collector": name})
@@ -372,6 +440,8 @@ class Aggregator:
                 await self._drop(name, forget=False)
 
         await asyncio.gather(*(drop(name) for name in list(self.members)))
+        for sources in self.kv_sources.values():
+            await sources.discovery.close()
         await self.events.close()
         if self.intake is not None:
             await self.intake.close()

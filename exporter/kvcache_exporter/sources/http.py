@@ -103,7 +103,7 @@ class Session:
             framed = "content-length" in fields or "chunked" in fields.get("transfer-encoding", "").lower()
             keep = keep and framed  # with neither, the body ends where the connection does
             if status != 200:
-                raise SourceError("http_status", f"{url} answered HTTP {status}")
+                raise HttpStatusError(url, status)
             body = await _body(reader, fields, url, max_bytes)
         except BaseException:
             writer.close()
@@ -113,6 +113,14 @@ class Session:
         else:
             writer.close()
         return body
+
+
+class HttpStatusError(SourceError):
+    """An answer other than 200: `status` tells a missing route (404) from a failing server."""
+
+    def __init__(self, url: str, status: int):
+        super().__init__("http_status", f"{url} answered HTTP {status}")
+        self.status = status
 
 
 class _Unanswered(Exception):

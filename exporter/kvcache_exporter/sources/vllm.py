@@ -40,7 +40,7 @@ class VllmSource:
     _session: Session | None = None
     _memory: Memory = field(default_factory=Memory)
 
-    def _headers(self) -> dict[str, str]:
+    def headers(self) -> dict[str, str]:
         if not self.bearer_token_file:
             return {}
         try:
@@ -66,7 +66,7 @@ class VllmSource:
             self.url,
             timeout=self.timeout,
             max_bytes=self.max_body_bytes,
-            headers=self._headers(),
+            headers=self.headers(),
         )
 
     def read(self, text: str) -> VllmSnapshot:

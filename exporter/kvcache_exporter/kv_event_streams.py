@@ -1,0 +1,179 @@
+"""`serve`'s KV-event streams: one subscriber and event view per data-parallel rank, from the flags
+or from what vLLM says at /kv_event_sources (sources/kv_event_sources.py), re-pointed when its
+answer changes (a restart on other ports). See docs/kv-events.md, "Discovery"."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import catalog as c
+from .collector import Poll
+from .derive.attribution import Attribution
+from .derive.fields import Rules
+from .derive.front_fields import FrontFields
+from .derive.kv_events import EventState
+from .derive.state import PollState
+from .derive.units import UnitView
+from .samples import Sample
+from .settings import Settings
+from .sources.base import SourceError
+from .sources.kv_event_sources import Found, Settled, Stream
+
+log = logging.getLogger("kvcache_exporter")
+# Of each poll interval, the time the KV events it drained may take to apply (the rest are dropped,
+# budget_exceeded): vLLM's series are published when the poll ends, never a whole interval late.
+KV_EVENTS_APPLY_SHARE = 0.25
+STATES = ("unknown", "found", "none_published", "no_route")
+
+
+def rank_endpoint(endpoint: str, rank: int) -> str:
+    from .sources.kv_events import rank_endpoint as offset  # here: pyzmq is ~1.2 MiB unused
+
+    return offset(endpoint, rank)
+
+
+class RankStream:
+    """One rank's KV-event subscriber (the Source the poll loop sees), re-pointed when vLLM's answer
+    moves the rank: the old subscriber is closed at the next collect, the rank's event view stays
+    (the new publisher's sequence starting again reads as a publisher restart)."""
+
+    name = "kv_events"
+
+    def __init__(self, s: Settings):
+        self.settings = s
+        self.stream: Stream | None = None
+        self.current: Any = None  # the KvEventSubscriber
+        self._retired: list[Any] = []
+
+    def point(self, stream: Stream | None) -> None:
+        if stream == self.stream:
+            return
+        from .sources.kv_events import KvEventSubscriber  # here: pyzmq is ~1.2 MiB unused
+
+        if self.current is not None:
+            self._retired.append(self.current)
+        self.stream, self.current = stream, None
+        if stream is not None:
+            self.current = KvEventSubscriber(
+                stream.endpoint,
+                mode=stream.mode,
+                topic=stream.topic,
+                replay_endpoint=stream.replay_endpoint,
+                max_batches_per_second=self.settings.kv_events_max_batches_per_second,
+                with_tokens=True,
+            )
+            self.current.start()  # needs the running event loop: build_exporter is called from serve()
+
+    async def collect(self) -> Any:
+        await self._close_retired()
+        if self.current is None:
+            raise SourceError("not_announced", "vLLM no longer announces this rank's KV events")
+        return await self.current.collect()
+
+    async def close(self) -> None:
+        self.point(None)
+        await self._close_retired()
+
+    async def _close_retired(self) -> None:
+        while self._retired:
+            await self._retired.pop().close()
+
+
+@dataclass
+class RankWiring:
+    """What each rank's event view feeds besides attribution, the same for every rank: the front
+    namer (--fields.tokenizer, derive/front_fields.py) and the fleet publisher (--fleet.publish)."""
+
+    decode: Callable[[list[int]], str] | None = None
+    rules: Rules | None = None
+    publisher: Any = None  # fleet_publish.FleetPublisher
+    fronts: dict[str, FrontFields] = field(default_factory=dict)  # by rank: /debug/fields
+
+
+def kv_events_poll(
+    s: Settings,
+    state: PollState,
+    rank: int,
+    stream: Stream | None,
+    labels: dict[str, str],
+    wiring: RankWiring,
+) -> Poll:
+    """One rank's subscriber and its event view, miss attribution and hit units."""
+    source = RankStream(s)
+    source.point(stream)
+    attribution = Attribution(s.kv_events_max_tracked_blocks, s.kv_events_max_fingerprints)
+    if wiring.decode is not None and wiring.rules is not None:
+        attribution.fields = wiring.fronts[str(rank)] = FrontFields(
+            wiring.decode, wiring.rules, s.fields_max_per_second
+        )
+    events = state.add_kv_events(
+        EventState(s.kv_events_max_tracked_blocks),
+        labels,
+        attribution=attribution,
+        units=UnitView(s.kv_events_max_tracked_blocks),
+        budget=KV_EVENTS_APPLY_SHARE * s.collect_interval,
+    )
+    into = events.ingest if wiring.publisher is None else wiring.publisher.tee(rank, events.ingest)
+    return Poll(source, into, labels, offload=True)  # up to 100k batches a poll
+
+
+@dataclass
+class DiscoveredKvEvents:
+    """Follows vLLM's answer (once settled): a rank seen for the first time gets its poll (from the
+    next poll on), a rank whose stream moved is re-pointed, a rank no longer announced is let go."""
+
+    settings: Settings
+    state: PollState
+    wiring: RankWiring
+    polls: list[Poll] = field(default_factory=list)  # the exporter's own list, set once it exists
+    ranks: dict[int, RankStream] = field(default_factory=dict)
+    answer: Settled = field(default_factory=Settled)
+    engine_labels: bool | None = None  # decided by the first answer with streams, then kept
+
+    def into(self, found: Found | None, ts: float) -> None:
+        """The discovery poll's answer (None: it failed, the last answer stands)."""
+        if found is not None and self.answer.offer(found):
+            self._apply(found)
+            log.info("KV events from vLLM's /kv_event_sources: %s", found.describe())
+
+    def _apply(self, found: Found) -> None:
+        wanted = {stream.rank: stream for stream in found.streams}
+        if self.engine_labels is None and wanted:
+            self.engine_labels = len(wanted) > 1 or max(wanted) > 0
+        for rank, stream in wanted.items():
+            if rank not in self.ranks:
+                poll = kv_events_poll(self.settings, self.state, rank, None, self._labels(rank), self.wiring)
+                self.ranks[rank] = poll.source
+                self.polls.append(poll)
+            self.ranks[rank].point(stream)
+        for rank, source in self.ranks.items():
+            if rank not in wanted:
+                source.point(None)
+
+    def _labels(self, rank: int) -> dict[str, str]:
+        return {"engine": str(rank)} if self.engine_labels or rank > 0 else {}
+
+    def samples(self) -> list[Sample]:
+        found = self.answer.found or Found(state="unknown")
+        return [
+            Sample(c.KV_EVENTS_DISCOVERED_ENDPOINTS, {}, float(len(found.streams))),
+            *(Sample(c.KV_EVENTS_DISCOVERY_STATE, {"state": s}, float(s == found.state)) for s in STATES),
+            *(
+                Sample(c.KV_EVENTS_DISCOVERY_REJECTED, {"reason": r}, float(n))
+                for r, n in found.rejected.items()
+            ),
+            Sample(c.KV_EVENTS_DISCOVERY_CHANGES_TOTAL, {}, float(self.answer.changes)),
+        ]
+
+
+@dataclass
+class DiscoveryPoll(Poll):
+    """The poll of /kv_event_sources: its health series and what it found."""
+
+    view: DiscoveredKvEvents | None = None
+
+    def samples(self) -> list[Sample]:
+        return super().samples() + (self.view.samples() if self.view is not None else [])
