@@ -22,7 +22,10 @@ CASES = {
         f"rendering took more than {RENDER_SECONDS:g} s",
     ),
     "string repetition": ("{{ 'x' * 3000000000 }}", f"over {MAX_OUTPUT_CHARS:,}"),
-    "output loop": ("{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}", f"over {MAX_OUTPUT_CHARS:,}"),
+    "output loop": (
+        "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}",
+        f"over {MAX_OUTPUT_CHARS:,}",
+    ),
     "join then repeat": ("{{ (range(100000)|join(',')) * 10000 }}", f"over {MAX_OUTPUT_CHARS:,}"),
     "doubling with ~": (
         "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
