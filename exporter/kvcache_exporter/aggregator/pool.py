@@ -142,8 +142,9 @@ class Aggregator:
                 error = err if isinstance(err, DiscoveryError) else health.crashed(discovery.name, err)
                 found += discovery.last
             self.discovery_health[discovery.name].record(discovery.name, started, self.clock(), error)
+        previous = self.left_out
         kept, self.left_out = bounded(found, self.settings.max_replicas)
-        if self.left_out:
+        if self.left_out != previous and self.left_out:  # once per change, not every interval
             log.warning("more replicas than --replica.max: %d left out", self.left_out)
         return kept
 
