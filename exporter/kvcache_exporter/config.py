@@ -554,7 +554,7 @@ def default_text(option: Option) -> str:
     value = option.default
     if value in (None, [], {}):
         return "unset"
-    show = {duration: window_label, size: size_text}.get(option.parse, str)
+    show = {duration: window_label, size: size_text, positive_size: size_text}.get(option.parse, str)
     if isinstance(value, dict):
         return ",".join(f"{k}={v}" for k, v in value.items())
     return ",".join(show(v) for v in value) if isinstance(value, list) else show(value)
