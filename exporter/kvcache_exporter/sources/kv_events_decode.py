@@ -122,10 +122,18 @@ class _LazyTokens:
         the event as invalid_block_size (the batch is then decoded event by event)."""
         size = self.block_size  # type: ignore[attr-defined]
         if size:
-            blocks, tokens = len(self.block_hashes), self.token_count  # type: ignore[attr-defined]
-            held = size * blocks
-            if size > MAX_BLOCK_SIZE or held > MAX_TOKENS_PER_BATCH or (tokens and held > tokens):
-                raise ValueError(f"{_BAD_SIZE}: {size} x {blocks} blocks, {tokens} token ids")
+            held = size * len(self.block_hashes)  # type: ignore[attr-defined]
+            # a token id takes 1 to 9 bytes: past 9 x held bytes the ids are surely enough (a windowed
+            # group's, the common case), and only a closer call reads the count from the header
+            if (
+                size > MAX_BLOCK_SIZE
+                or held > MAX_TOKENS_PER_BATCH
+                or (
+                    9 * held + 5 > len(self.raw_tokens)  # type: ignore[attr-defined]
+                    and 0 < self.token_count < held
+                )
+            ):
+                raise ValueError(f"{_BAD_SIZE}: {size} x {held // size} blocks, {self.token_count} token ids")
 
     @property
     def token_count(self) -> int:
