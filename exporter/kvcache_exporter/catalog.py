@@ -143,6 +143,7 @@ KV_EVENTS_DECODE_TOKENS_TOTAL = "kvcache_kv_events_decode_tokens_total"
 PREFIX_DIVERGENCE_OFFSET_TOKENS = "kvcache_prefix_divergence_offset_tokens"
 PREFIX_DIVERGED_FIELD_TOKENS_TOTAL = "kvcache_prefix_diverged_field_tokens_total"
 PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO = "kvcache_prefix_cache_miss_attribution_coverage_ratio"
+PREFIX_CACHE_MISS_ATTRIBUTION_EXCESS_TOKENS = "kvcache_prefix_cache_miss_attribution_excess_tokens"
 PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED = "kvcache_prefix_cache_miss_attribution_tracked"
 PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED_LIMIT = "kvcache_prefix_cache_miss_attribution_tracked_limit"
 PREFIX_CACHE_HIT_RATIO_ESTIMATE = "kvcache_prefix_cache_hit_ratio_estimate"
@@ -707,7 +708,9 @@ CATALOG: tuple[Metric, ...] = (
         "Batches the exporter dropped itself: rate_limited (over --kv-events.max-batches-per-second), "
         "too_many_blocks (resident-hash bound), parse_error (undecodable), batch_too_heavy (one batch "
         "over the bytes, hashes or token-ids bound), budget_exceeded (over what one poll may queue or "
-        "spend applying).",
+        "spend applying); and single events refused with the rest of their batch kept: invalid_event (a "
+        "field outside its type or bounds), invalid_block_size (over 65,536, over the token ids the event "
+        "carries, or its blocks over 1,048,576 tokens).",
         ("reason",),
         "",
         "events",
@@ -1246,14 +1249,29 @@ CATALOG: tuple[Metric, ...] = (
         PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO,
         "gauge",
         "Share of the prompt tokens vLLM computed in the window that the KV-event stream attributed to a "
-        "cause; low when batches were lost, dropped, or events are off. Absent without computed tokens.",
+        "cause; low when batches were lost, dropped, or events are off. Absent without computed tokens, "
+        "and while more tokens were attributed than computed (kvcache_prefix_cache_miss_attribution_excess_"
+        "tokens above 0), as are the window's hit-ratio estimates.",
         ("window",),
         "ratio",
         "attribution",
         "kvcache_prefix_cache_miss_tokens_total; vllm:prefix_cache_queries_total - "
         "vllm:prefix_cache_hits_total",
-        "min(increase(attributed) / (increase(queries) - increase(hits)), 1); each prompt's last partial "
+        "increase(attributed) / (increase(queries) - increase(hits)); each prompt's last partial "
         "block is never stored, so it sits below 1 by up to block_size - 1 tokens per request",
+    ),
+    _m(
+        PREFIX_CACHE_MISS_ATTRIBUTION_EXCESS_TOKENS,
+        "gauge",
+        "Prompt tokens the KV-event stream attributed over the window beyond what vLLM computed: a fault "
+        "(a broken or hostile publisher, or events running ahead of /metrics), 0 when healthy. While above "
+        "0, coverage and the hit-ratio estimates of the window are absent, never clipped to 1.",
+        ("window",),
+        "tokens",
+        "attribution",
+        "kvcache_prefix_cache_miss_tokens_total; vllm:prefix_cache_queries_total - "
+        "vllm:prefix_cache_hits_total",
+        "max(increase(attributed) - (increase(queries) - increase(hits)), 0)",
     ),
     _m(
         PREFIX_CACHE_HIT_RATIO_ESTIMATE,

@@ -54,6 +54,13 @@ def size(text: Any) -> int:
     return int(match.group(1)) * _SIZES[match.group(2)]
 
 
+def positive_size(text: Any) -> int:
+    value = size(text)
+    if value <= 0:
+        raise ValueError(f'size "{text}" must be above 0')
+    return value
+
+
 def ratio(text: Any) -> float:
     value = float(text)
     if not 0 <= value <= 1:
@@ -70,9 +77,28 @@ def price(text: Any) -> float:
 
 def http_url(text: Any) -> str:
     parts = urlsplit(str(text))
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f'"{text}" is not an http(s) URL')
+    try:
+        parts.port  # noqa: B018 (the property raises on a port outside 0-65535)
+    except ValueError:
+        raise ValueError(f'"{text}" has no valid port (0-65535)') from None
     return str(text)
+
+
+_TCP_ENDPOINT = re.compile(r"tcp://(\*|\[[0-9a-fA-F:.]+\]|[\w.-]+):(\*|\d{1,5})")
+
+
+def zmq_endpoint(text: Any) -> str:
+    """A ZMQ endpoint as vLLM takes one: tcp://HOST:PORT (`*` for a wildcard host or port),
+    ipc://PATH or inproc://NAME. ZMQ itself would refuse anything else only when binding."""
+    value = str(text)
+    match = _TCP_ENDPOINT.fullmatch(value)
+    if match and (match[2] == "*" or int(match[2]) < 65536):
+        return value
+    if value.startswith(("ipc://", "inproc://")) and value.partition("://")[2].strip():
+        return value
+    raise ValueError(f'"{text}" is not a ZMQ endpoint (tcp://HOST:PORT, ipc://PATH or inproc://NAME)')
 
 
 def listen_address(text: Any) -> str:
@@ -133,6 +159,22 @@ def at_least(minimum: int) -> Callable[[Any], int]:
 
     parse.__name__ = "integer"
     return parse
+
+
+def between(minimum: int, maximum: int) -> Callable[[Any], int]:
+    def parse(text: Any) -> int:
+        value = at_least(minimum)(text)
+        if value > maximum:
+            raise ValueError(f"{value} is above {maximum}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+# One subscriber (a socket and a thread) per rank: 10,000 ranks cost 8,000 threads and 18,000 open
+# files before serve listened. vLLM's data-parallel deployments run tens of ranks per node.
+MAX_DATA_PARALLEL_SIZE = 256
 
 
 def choice(*allowed: str) -> Callable[[Any], str]:
@@ -208,7 +250,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "vllm.bearer_token_file", str, None, "file holding a bearer token sent to vLLM (re-read every poll)"
     ),
-    Option("vllm.max_body_bytes", size, 8 * 1024**2, "largest /metrics body accepted from vLLM"),
+    Option("vllm.max_body_bytes", positive_size, 8 * 1024**2, "largest /metrics body accepted from vLLM"),
     Option("collect.interval", duration, 5.0, "how often the exporter polls its sources"),
     Option(
         "collect.windows",
@@ -256,7 +298,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("cost.hit_ratio_floor", ratio, 0.6, "hit ratio used to price the cost of a cache collapse"),
     Option(
         "kv_events.endpoint",
-        str,
+        zmq_endpoint,
         None,
         "vLLM KV-event ZMQ endpoint, e.g. tcp://127.0.0.1:5557 (default: where vLLM says it publishes)",
     ),
@@ -272,10 +314,15 @@ OPTIONS: tuple[Option, ...] = (
         "bind",
         "bind (vLLM connects to a concrete host) or connect",
     ),
-    Option("kv_events.replay_endpoint", str, None, "vLLM's replay ROUTER endpoint, to fill sequence gaps"),
+    Option(
+        "kv_events.replay_endpoint",
+        zmq_endpoint,
+        None,
+        "vLLM's replay ROUTER endpoint, to fill sequence gaps",
+    ),
     Option(
         "kv_events.data_parallel_size",
-        at_least(1),
+        between(1, MAX_DATA_PARALLEL_SIZE),
         1,
         "vLLM's --data-parallel-size: one stream per rank (rank r on the endpoint's port + r),"
         " each labelled engine=r like vLLM's /metrics",
@@ -422,7 +469,12 @@ AGGREGATE_OPTIONS: tuple[Option, ...] = (
 def _split(option: Option, item: Any) -> list[Any]:
     if not isinstance(item, str):
         return [item]
-    return [v for v in (item.split(option.separator) if option.separator else item.split()) if v != ""]
+    if not option.separator:
+        return item.split()
+    items = [v for v in item.split(option.separator) if v != ""]
+    if items and len(items) <= item.count(option.separator):  # "1m,,5m": a typo, not two windows
+        raise ValueError(f'"{item}" has an empty item')
+    return items
 
 
 def _parse(option: Option, value: Any, location: str) -> Any:
@@ -638,7 +690,12 @@ def default_text(option: Option) -> str:
         return "unset"
     if value == "":
         return '""'
-    show = {duration: window_label, size: size_text, on_off: lambda v: str(v).lower()}.get(option.parse, str)
+    show = {
+        duration: window_label,
+        size: size_text,
+        positive_size: size_text,
+        on_off: lambda v: str(v).lower(),
+    }.get(option.parse, str)
     if isinstance(value, dict):
         return ",".join(f"{k}={v}" for k, v in value.items())
     return ",".join(show(v) for v in value) if isinstance(value, list) else show(value)

@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__, catalog
 from . import catalog as c
-from .samples import Sample
+from .samples import Sample, label_value
 
 
 def families(samples: Iterable[Sample]) -> list[Metric]:
@@ -30,7 +30,7 @@ def _family(family_name: str, samples: list[Sample]) -> Metric:
     if spec.type in ("summary", "histogram"):
         family = Metric(family_name, spec.help, spec.type)
         for name, labels, value in samples:
-            family.add_sample(name, labels, value)
+            family.add_sample(name, _safe(labels), value)
         return family
     label_names = list(samples[0].labels)
     kind = CounterMetricFamily if spec.type == "counter" else GaugeMetricFamily
@@ -38,10 +38,16 @@ def _family(family_name: str, samples: list[Sample]) -> Metric:
     sample_name = family.name + "_total" if spec.type == "counter" else family.name
     for _, labels, value in samples:
         if labels.keys() <= set(label_names):
-            family.add_metric([labels.get(key, "") for key in label_names], value)
+            family.add_metric([label_value(labels.get(key, "")) for key in label_names], value)
         else:
-            family.add_sample(sample_name, dict(labels), value)
+            family.add_sample(sample_name, _safe(labels), value)
     return family
+
+
+def _safe(labels: dict[str, str]) -> dict[str, str]:
+    """Every label value as it may be exported (samples.label_value): the last line of defence for
+    values that come from the data."""
+    return {key: label_value(value) for key, value in labels.items()}
 
 
 def _summary_of(name: str) -> str | None:

@@ -4,6 +4,8 @@ never raises on hostile token ids."""
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -12,10 +14,16 @@ MAX_FILE_BYTES = 256 << 20
 
 
 def read_text(path: Path) -> str:
+    """The file's text, read within MAX_FILE_BYTES whatever size it reports (a device such as
+    /dev/zero reports 0 and never ends; a /proc file reports 0 too)."""
     try:
-        if path.stat().st_size > MAX_FILE_BYTES:
+        with path.open("rb") as stream:
+            if not stat.S_ISREG(os.fstat(stream.fileno()).st_mode):
+                raise ValueError(f"{path}: not a regular file: not a tokenizer file")
+            data = stream.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
             raise ValueError(f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB: not a tokenizer file")
-        return path.read_text(encoding="utf-8")
+        return data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"{path}: {err}") from None
 

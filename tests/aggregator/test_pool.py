@@ -1,6 +1,7 @@
 """The aggregator against a simulated pool: real ZMQ streams and /metrics over loopback."""
 
 import asyncio
+import json
 import os
 import time
 
@@ -223,3 +224,28 @@ def test_values_outside_their_range_never_reach_metrics():
     ]
     assert aggregator.guard.filter(bad) == []
     assert aggregator.guard.errors["invalid_value"] == 2
+
+
+def test_replicas_left_out_are_logged_once_per_change_not_every_interval(tmp_path, caplog):
+    path = tmp_path / "pool.json"
+    targets = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    path.write_text(json.dumps([{"targets": targets}]))
+    aggregator = Aggregator(
+        PoolSettings(windows=(60.0,), timeout=0.2, max_replicas=1), [FileSd(str(path), None)]
+    )
+    caplog.set_level("WARNING")
+
+    async def body():
+        for _ in range(5):
+            await aggregator.discover()
+        path.write_text(json.dumps([{"targets": targets[:2]}]))
+        os.utime(path, ns=(1, 1))
+        await aggregator.discover()
+
+    asyncio.run(body())
+    lines = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert lines == [
+        "more replicas than --replica.max: 2 left out",
+        "more replicas than --replica.max: 1 left out",
+    ]
+    assert aggregator.left_out == 1

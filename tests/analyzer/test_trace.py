@@ -135,3 +135,34 @@ def test_a_chat_template_that_fails_names_the_line(tmp_path):
     (folder / "chat_template.jinja").write_text("{% for %}")
     broken = analyze(str(path), "--tokenizer", str(folder))
     assert broken.returncode == 2 and "the chat template does not compile" in broken.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--num-gpu-blocks", "1000000000000"], "over 16,777,216"),  # was a MemoryError traceback
+        (["--num-gpu-blocks", "100000000"], "over 16,777,216"),  # was 3 GiB
+        (["--num-gpu-blocks", "8388608", "--replicas", "4"], "x 4 replica(s)"),
+        (["--arrivals", "--speed", "nan"], "--speed nan: a finite number above 0"),
+        (["--arrivals", "--speed", "0"], "--speed 0.0: a finite number above 0"),
+        (["--tokenizer", "/dev/zero"], "/dev/zero: not a regular file"),  # was a read without end
+    ],
+)
+def test_sizes_from_flags_are_bounded_one_line_each(tmp_path, flags, message):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n")
+    out = analyze(str(path), *flags)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith("analyze: ") and message in out.stderr, out.stderr
+
+
+def test_a_capture_with_too_many_blocks_is_refused(tmp_path):
+    capture = tmp_path / "metrics.txt"
+    capture.write_text(
+        'vllm:cache_config_info{block_size="16",num_gpu_blocks="1000000000000",engine="0"} 1.0\n'
+    )
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n")
+    out = analyze(str(path), "--metrics", str(capture))
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "over 16,777,216" in out.stderr

@@ -56,6 +56,25 @@ CASES = {
         ["--kv-events.max-batches-per-second", "0"],
         "--kv-events.max-batches-per-second: 0 is",
     ),
+    "an empty window among others": (["--collect.windows", "1m,,5m"], '--collect.windows: "1m,,5m" has an'),
+    "vLLM body bound 0": (["--vllm.max-body-bytes", "0"], '--vllm.max-body-bytes: size "0" must be above 0'),
+    "URL port 99999": (
+        ["--vllm.url", "http://127.0.0.1:99999/metrics"],
+        '--vllm.url: "http://127.0.0.1:99999',
+    ),
+    "garbage KV endpoint": (
+        ["--kv-events.endpoint", "garbage"],
+        '--kv-events.endpoint: "garbage" is not a ZMQ',
+    ),
+    "KV endpoint port out of range": (
+        ["--kv-events.endpoint", "tcp://127.0.0.1:99999"],
+        "--kv-events.endpoint:",
+    ),
+    "garbage replay endpoint": (["--kv-events.replay-endpoint", "tcp:/x"], "--kv-events.replay-endpoint:"),
+    "10,000 ranks": (
+        ["--kv-events.data-parallel-size", "10000"],
+        "--kv-events.data-parallel-size: 10000 is above",
+    ),
     "fractional count": (["--web.max-connections", "2.5"], '--web.max-connections: "2.5" is not a whole'),
     "invalid bcrypt hash": ({"web.yaml": "basic_auth_users:\n  a: x\n"}, "FILE:basic_auth_users.a: not"),
     "field tokenizer without KV events": (

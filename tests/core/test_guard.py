@@ -100,3 +100,23 @@ def test_the_guard_counts_every_drop_and_logs_once_per_metric(caplog):
         assert guard.filter([bad, good]) == [good]
     assert guard.errors == {"invalid_value": 3}
     assert len(caplog.records) == 1
+
+
+def test_label_values_from_the_data_are_printable_and_bounded():
+    from prometheus_client import generate_latest
+
+    from kvcache_exporter.exposition import registry_for
+    from kvcache_exporter.samples import MAX_LABEL_CHARS, label_value
+
+    assert label_value("a\x00b\x1b[31mc\x7f") == "a\ufffdb\ufffd[31mc\ufffd"
+    assert label_value("s" * 10_000) == "s" * MAX_LABEL_CHARS
+    assert label_value("llama-3 8B/ü") == "llama-3 8B/ü"  # printable text is untouched
+    hostile = "sess\x00ion\x1b" + "x" * 1000
+    samples = [
+        Sample(c.KV_EVENTS_SESSION_TOKENS_TOTAL, {"session": hostile}, 16.0),
+        Sample(c.PREFIX_DIVERGENCE_OFFSET_TOKENS + "_bucket", {"le": "+Inf", "x": "\x00"}, 1.0),
+    ]
+    text = generate_latest(registry_for(lambda: samples)).decode()
+    line = next(x for x in text.splitlines() if x.startswith(c.KV_EVENTS_SESSION_TOKENS_TOTAL + "{"))
+    assert "\x00" not in text and "\x1b" not in text
+    assert f'session="sess\ufffdion\ufffd{"x" * (MAX_LABEL_CHARS - 9)}"' in line

@@ -42,3 +42,11 @@ def test_the_tier_in_blocks_from_the_flag_or_what_vllm_reports():
     assert host_tier_blocks({**seed, "kv_offloading_size": "0.5"}, None) == (1 << 29) // (32 * 1024)
     assert host_tier_blocks(seed, None) is None  # no flag, no tier reported
     assert host_tier_blocks({"block_size": "32"}, 1 << 30) is None  # no KV layout: no size in blocks
+
+
+def test_a_tier_of_no_blocks_hits_nothing():
+    requests = recurring_prefixes()
+    real, estimate = estimated(requests, 16, 64, 0)  # --whatif.host-tier-bytes 0
+    assert estimate == real  # the evictions were there (the 64-block tier above is worth > 5 %)
+    one_block_real, one_block = estimated(requests, 16, 64, 1)
+    assert one_block >= one_block_real  # a one-block tier keeps a block only until the next eviction

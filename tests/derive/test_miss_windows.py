@@ -42,9 +42,11 @@ def test_no_ratio_without_traffic_and_never_above_one():
     poll(history, 0.0, totals(0, 0), None)
     idle = poll(history, 30.0, totals(0, 0), {"query_tokens": 0.0})
     assert not [s for s in idle if "ratio" in s.name]
-    over = {"query_tokens": 100.0, "hit_tokens": 90.0}  # events ran ahead of /metrics: clamp, never > 1
-    out = by_name(poll(history, 60.0, totals(500, 0), over))
-    assert out[("kvcache_prefix_cache_miss_attribution_coverage_ratio", (("window", "1m"),))] == 1.0
+    over = {"query_tokens": 100.0, "hit_tokens": 90.0}  # 500 attributed where vLLM computed 10
+    out = by_name(poll(history, 60.0, totals(500, 0, extra2=400), over))
+    assert out[("kvcache_prefix_cache_miss_attribution_excess_tokens", (("window", "1m"),))] == 490
+    # a fault shown, never clipped to a healthy 1.0: no coverage, no estimate built on the attribution
+    assert not [name for name, _ in out if "ratio" in name]
 
 
 def test_summed_window_adds_engines():

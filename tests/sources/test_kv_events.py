@@ -104,6 +104,8 @@ def test_real_stream_state(kv_frames, num_gpu_blocks):
         ("kvcache_kv_events_dropped_total", ("reason", "parse_error")): 0,
         ("kvcache_kv_events_dropped_total", ("reason", "batch_too_heavy")): 0,
         ("kvcache_kv_events_dropped_total", ("reason", "budget_exceeded")): 0,
+        ("kvcache_kv_events_dropped_total", ("reason", "invalid_event")): 0,
+        ("kvcache_kv_events_dropped_total", ("reason", "invalid_block_size")): 0,
         ("kvcache_kv_events_cached_blocks",): 1375 - 1281,
     }
 
@@ -152,11 +154,6 @@ def test_restart_seen_late_counts_the_new_publishers_lost_batches(kv_frames):
         (message([1.0], 7), 7),
         (message(["yesterday", []], 7), 7),
         (message([1.0, {"type": "BlockStored"}], 7), 7),
-        (message([1.0, [{"block_hashes": [1]}]], 7), 7),
-        (message([1.0, [[]]], 7), 7),
-        (message([1.0, ["BlockStored", ["not-a-hash"]]], 7), 7),
-        (message([1.0, [{"type": "BlockRemoved"}]], 7), 7),
-        (message([1.0, [{"type": 3, "block_hashes": [1]}]], 7), 7),
         (message([1.0, [], "rank-zero"], 7), 7),
     ],
 )
@@ -165,6 +162,24 @@ def test_malformed_messages_raise_a_typed_parse_error(frames, seq):
         decode_message(frames)
     assert caught.value.reason == "parse_error"
     assert caught.value.seq == seq
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"block_hashes": [1]},
+        [],
+        ["BlockStored", ["not-a-hash"]],
+        {"type": "BlockRemoved"},
+        {"type": 3, "block_hashes": [1]},
+    ],
+)
+def test_a_malformed_event_is_refused_and_its_batch_kept(bad):
+    good = {"type": "BlockStored", "block_hashes": [1]}
+    batch = decode_message(message([1.0, [good, bad, good]], 7))
+    assert [e.block_hashes for e in batch.events] == [(1,), (1,)]
+    assert batch.refused == ("invalid_event",)
+    assert batch.problem.startswith("batch seq 7 event 1: ")
 
 
 def test_parse_errors_are_dropped_without_faking_a_gap(kv_frames):

@@ -24,10 +24,13 @@ from hypothesis import strategies as st
 from kvcache_exporter.derive import kv_budget
 from kvcache_exporter.derive.attribution import Attribution
 from kvcache_exporter.derive.kv_events import EventState, kv_event_samples
-from kvcache_exporter.derive.state import PollState
+from kvcache_exporter.derive.miss_windows import MissHistory
+from kvcache_exporter.derive.state import KvEventsState, PollState
+from kvcache_exporter.derive.units import UnitView
 from kvcache_exporter.sources.kv_events_decode import (
     DROP_REASONS,
     MAX_BATCH_BYTES,
+    MAX_BLOCK_SIZE,
     MAX_HASH_BYTES,
     MAX_HASHES_PER_BATCH,
     MAX_HASHES_PER_EVENT,
@@ -176,11 +179,12 @@ def heavy_valid(draw) -> tuple[list[bytes], int, int]:
     out = []
     for n, t in zip(sizes, tokens, strict=True):
         hashes, token_ids = [block_hash] * n, [token] * t
+        size = 16 if t >= 16 * n else 0  # a size the ids contradict is refused (block size read from them)
         if array_events:
-            out.append(["BlockStored", hashes, None, token_ids, 16, None])
+            out.append(["BlockStored", hashes, None, token_ids, size, None])
         else:
             out.append(
-                {"type": "BlockStored", "block_hashes": hashes, "token_ids": token_ids, "block_size": 16}
+                {"type": "BlockStored", "block_hashes": hashes, "token_ids": token_ids, "block_size": size}
             )
     batch = [1.0, out, 0] if array_batch else {"ts": 1.0, "events": out, "data_parallel_rank": 0}
     seq = draw(st.integers(0, 2**64 - 1)).to_bytes(8, "big")
@@ -245,3 +249,47 @@ def test_a_heavy_drain_under_any_budget_is_applied_or_dropped_never_missed(drain
         assert events.dropped["budget_exceeded"] == sum(
             i.count for i in drain.items if isinstance(i, Dropped) and i.reason == "budget_exceeded"
         )
+
+
+@st.composite
+def size_fields(draw) -> tuple[list[bytes], int]:
+    """A batch whose size fields say anything (issue 33 item 0: block_size 2^64 - 1 beside 16 token
+    ids a block), with the tokens the events really carry."""
+    events, carried = [], 0
+    for _ in range(draw(st.integers(1, 6))):
+        if draw(st.booleans()):
+            events.append(
+                {"type": "BlockRemoved", "block_hashes": draw(st.lists(st.integers(0, 15), max_size=4))}
+            )
+            continue
+        hashes = draw(st.lists(st.integers(0, 15), max_size=8))
+        tokens = draw(st.integers(0, 160))
+        size = draw(st.integers(0, 64) | st.integers(0, 2**64 - 1) | st.sampled_from([2**16, 2**16 + 1]))
+        parent = draw(st.none() | st.integers(0, 15))
+        events.append(
+            {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+             "token_ids": [draw(st.integers(0, 3))] * tokens, "block_size": size}
+        )  # fmt: skip
+        # what the event carries: its token ids; without any (an offload placeholder) a plausible size
+        carried += tokens or (size * len(hashes) if size <= MAX_BLOCK_SIZE else 0)
+    seq = draw(st.integers(0, 3)).to_bytes(8, "big")
+    return [b"kv", seq, msgspec.msgpack.encode([1.0, events, 0])], carried
+
+
+@FUZZ
+@given(st.lists(size_fields(), min_size=1, max_size=6))
+def test_size_fields_never_count_more_tokens_than_the_events_carry(messages):
+    """Every token counter is bounded by the token ids the stream carried: an event whose size fields
+    say more is refused (invalid_block_size), its batch kept."""
+    part = KvEventsState(EventState(), {}, Attribution(), MissHistory(1e9), UnitView())
+    carried = 0
+    for frames, tokens in messages:
+        try:
+            batch = decode_message(frames, with_tokens=True)
+        except KvEventDecodeError:
+            continue
+        carried += tokens
+        part.ingest(KvEventDrain((batch,)), 0.0)
+    units, totals = part.units.totals, part.attribution.totals
+    assert units.stored_tokens + units.reused_tokens <= carried
+    assert totals.prompt_miss_tokens + totals.decode_tokens <= carried

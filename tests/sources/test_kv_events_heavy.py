@@ -33,9 +33,10 @@ from .test_kv_events import message, publisher, replay_router, until
 
 
 def stored(hashes: list, tokens: int = 0, array: bool = False):
+    size = 16 if tokens >= 16 * len(hashes) else 0  # a size its ids contradict would be refused
     if array:
-        return ["BlockStored", hashes, None, [1] * tokens, 16]
-    return {"type": "BlockStored", "block_hashes": hashes, "token_ids": [1] * tokens, "block_size": 16}
+        return ["BlockStored", hashes, None, [1] * tokens, size]
+    return {"type": "BlockStored", "block_hashes": hashes, "token_ids": [1] * tokens, "block_size": size}
 
 
 def heavy(total: int, per_event: int = MAX_HASHES_PER_EVENT, tokens: int = 0, array: bool = False) -> list:

@@ -10,6 +10,7 @@ import pytest
 
 from kvcache_exporter.derive.kv_events import EventState
 from kvcache_exporter.sources.kv_events_decode import (
+    MAX_BLOCK_SIZE,
     MAX_EVENTS_PER_BATCH,
     MAX_HASH_BYTES,
     MAX_SEQ_GAP,
@@ -34,7 +35,8 @@ def parse_error(payload: bytes) -> KvEventDecodeError:
 
 
 def test_oversized_byte_hashes_are_refused():
-    parse_error(msgspec.msgpack.encode([1.0, [stored(b"\xaa" * (64 * 1024))], 0]))
+    refused = decode_message(frames(msgspec.msgpack.encode([1.0, [stored(b"\xaa" * (64 * 1024))], 0])))
+    assert (refused.events, refused.refused) == ((), ("invalid_event",))
     ok = decode_message(frames(msgspec.msgpack.encode([1.0, [stored(b"\xaa" * MAX_HASH_BYTES)], 0])))
     assert ok.events[0].block_hashes == (b"\xaa" * MAX_HASH_BYTES,)
 
@@ -122,6 +124,67 @@ def test_poisons_among_valid_batches_lose_none_of_the_valid_ones(kv_frames):
             except KvEventDecodeError as err:
                 state.drop(err.reason, err.seq)
             seq += 1
-    assert state.batches == len(kv_frames)
-    assert state.dropped["parse_error"] == len(range(0, len(kv_frames), 35))
+    poisoned = len(range(0, len(kv_frames), 35))
+    # the oversized hash is one bad event: refused, its (otherwise empty) batch kept
+    refused = sum(1 for i in range(0, len(kv_frames), 35) if i % len(poisons) == 1)
+    assert state.batches == len(kv_frames) + refused
+    assert state.dropped["parse_error"] == poisoned - refused
+    assert state.dropped["invalid_event"] == refused
     assert state.missed == 0
+
+
+def stored_with(block_size: int, blocks: int = 2, tokens_per_block: int = 16, **fields) -> dict:
+    tokens = list(range(blocks * tokens_per_block))
+    hashes = list(range(1, blocks + 1))
+    event = {"type": "BlockStored", "block_hashes": hashes, "token_ids": tokens, "block_size": block_size}
+    return event | fields
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        stored_with((1 << 64) - 1),  # the issue's: 16 token ids per block, 2^64 - 1 claimed
+        stored_with(1_000_000, blocks=1, tokens_per_block=2),  # one 113-byte message, 1e6 cold tokens
+        stored_with(17),  # one token more per block than the ids it carries
+        stored_with(MAX_BLOCK_SIZE + 1, tokens_per_block=0),  # no token ids: the bound alone
+        stored_with(MAX_BLOCK_SIZE, blocks=17, tokens_per_block=0),  # 17 blocks of 65,536: over 1M tokens
+    ],
+)
+def test_a_block_size_the_event_contradicts_is_refused_alone(event):
+    good = stored_with(16)
+    for with_tokens in (True, False):
+        batch = decode_message(frames(msgspec.msgpack.encode([1.0, [good, event, good], 0])), with_tokens)
+        if with_tokens:  # the block size is read (and checked) only where a counter multiplies by it
+            assert (len(batch.events), batch.refused) == (2, ("invalid_block_size",))
+            assert batch.problem.startswith("batch seq 7 event 1: block_size out of bounds")
+        else:
+            assert (len(batch.events), batch.refused) == (3, ())
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        stored_with(16),
+        stored_with(16, tokens_per_block=160),  # a windowed group: the step's ids, more than its blocks
+        stored_with(MAX_BLOCK_SIZE, blocks=1, tokens_per_block=0),  # an offload placeholder: no ids
+        stored_with(0),  # no block size: read from the ids
+    ],
+)
+def test_block_sizes_vllm_sends_are_kept(event):
+    batch = decode_message(frames(msgspec.msgpack.encode([1.0, [event], 0])), with_tokens=True)
+    assert (len(batch.events), batch.refused) == (1, ())
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("group_idx", -1), ("group_idx", 1 << 62), ("lora_name", "x" * 10_000), ("session_id", "s" * 10_000)],
+)
+def test_one_bad_event_of_200_keeps_the_other_199(field, value):
+    events = [stored_with(16, blocks=1) | {"block_hashes": [i]} for i in range(200)]
+    events[100] = events[100] | {field: value}
+    state = EventState()
+    batch = decode_message(frames(msgspec.msgpack.encode([1.0, events, 0])), with_tokens=True)
+    state.apply(batch)
+    assert len(batch.events) == 199 and 100 not in {e.block_hashes[0] for e in batch.events}
+    assert state.dropped == {"invalid_event": 1} and state.batches == 1 and state.cached_blocks == 199
+    assert "parse_error" not in state.dropped

@@ -281,6 +281,8 @@ class Aggregator:
                 member.dropped[item.reason] += item.count
                 self.fleet.skip(name, item.seq, item.count)
                 continue
+            for reason in item.refused:  # single events the decoder left out, their batch kept
+                member.dropped[reason] += 1
             self.ingest(name, item)
             applied += weight(item.events)[0]
             if applied >= YIELD_HASHES:

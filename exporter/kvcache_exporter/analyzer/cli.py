@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -123,9 +124,18 @@ def run(args: argparse.Namespace) -> int:
                 "--block-size >= 1, --num-gpu-blocks >= 2, --replicas >= 1 and --max-line-bytes >= 1 are "
                 "required"
             )
+        if args.num_gpu_blocks * args.replicas > MAX_POOL_BLOCKS:
+            raise ValueError(
+                f"{args.num_gpu_blocks:,} blocks x {args.replicas} replica(s) (--num-gpu-blocks, --metrics, "
+                f"--replicas): over {MAX_POOL_BLOCKS:,}, more than any real pool"
+            )
+        if not (math.isfinite(args.speed) and args.speed > 0):
+            raise ValueError(f"--speed {args.speed}: a finite number above 0 is needed")
         args.host_tier = capture.host_tier(
             args.host_tier_blocks, args.host_tier_bytes, args.metrics, args.block_size
         )
+        if args.host_tier is not None and args.host_tier[0] * args.replicas > MAX_POOL_BLOCKS:
+            raise ValueError(f"a host tier of {args.host_tier[0]:,} blocks: over {MAX_POOL_BLOCKS:,}")
         name = "<stdin>" if args.trace == "-" else args.trace
         encoder = _encoder(args)
         with _open(args.trace) as stream:
@@ -175,6 +185,10 @@ def _count_lines(path: str) -> int:
     with open(path, "rb") as stream:
         return sum(chunk.count(b"\n") for chunk in iter(lambda: stream.read(1 << 20), b""))
 
+
+# Blocks replayed at most (all replicas together): the replay keeps ~32 bytes a block (1e8 took 3 GiB, 1e12
+# a MemoryError); an H200 serving a 0.5B model holds ~600k blocks of 16 tokens, 28x below this.
+MAX_POOL_BLOCKS = 1 << 24
 
 TEXT_PROMPT = re.compile(r'"prompt"\s*:\s*"|"messages"\s*:')
 

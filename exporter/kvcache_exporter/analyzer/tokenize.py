@@ -23,13 +23,11 @@ def _token_text(value) -> str:
 class ModelTokenizer:
     def __init__(self, path: str | Path) -> None:
         try:
-            import jinja2
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
+            from .chat_template import ChatTemplate
         except ImportError as err:
             raise ValueError(
                 f"--tokenizer needs the analyzer extra (pip install tokenizers jinja2): {err}"
             ) from err
-        self._template_error = jinja2.TemplateError
         path = Path(path)
         folder = path if path.is_dir() else path.parent
         self.tokenizer = load_tokenizer(path, "the analyzer extra (pip install tokenizers jinja2)")
@@ -46,17 +44,14 @@ class ModelTokenizer:
                 (t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
                 None,
             )
+        name = f"{config_path}:chat_template"
         if template is None and (folder / "chat_template.jinja").is_file():
+            name = str(folder / "chat_template.jinja")
             template = _read(folder / "chat_template.jinja")
         if template is not None and not isinstance(template, str):
             raise ValueError(f"{config_path}: chat_template must be text")
         self.bos, self.eos = _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise
-        try:
-            self.template = env.from_string(template) if template else None
-        except jinja2.TemplateError as err:
-            raise ValueError(f"{folder}: the chat template does not compile: {err}") from None
+        self.template = ChatTemplate(template, name, {"raise_exception": _raise}) if template else None
 
     def encode(self, text: str) -> list[int]:
         """A completion prompt: special tokens added as the tokenizer's post-processor says (BOS)."""
@@ -67,12 +62,9 @@ class ModelTokenizer:
             raise ValueError(
                 "the tokenizer has no chat template (tokenizer_config.json or chat_template.jinja)"
             )
-        try:
-            return self.template.render(
-                messages=messages, add_generation_prompt=True, bos_token=self.bos, eos_token=self.eos
-            )
-        except (self._template_error, TypeError, AttributeError, KeyError, IndexError) as err:
-            raise ValueError(f"the chat template fails on these messages: {str(err)[:200]}") from None
+        return self.template.render(  # bounded in time and output; a ValueError naming template and line
+            messages=messages, add_generation_prompt=True, bos_token=self.bos, eos_token=self.eos
+        )
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)

@@ -271,7 +271,8 @@ class Attribution:
             if capacity and stored_since <= (factor - 1) * capacity:
                 self.totals.extra_hit_tokens[factor] += size
         host = self.host_tier_blocks
-        if host is not None and stored_since <= host:
+        # the evicted block itself takes one of the tier's places: it survives H - 1 later evictions
+        if host is not None and stored_since < host:
             self.totals.host_hit_tokens += size
             self.totals.host_load_bytes += size * self.kv_bytes_per_token
 

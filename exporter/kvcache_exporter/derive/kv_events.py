@@ -19,6 +19,7 @@ from ..sources.kv_events_decode import (
     DROP_REASONS,
     IN_ORDER,
     KNOWN_TYPES,
+    REFUSAL_REASONS,
     Batch,
     Dropped,
     KvEventDrain,
@@ -82,6 +83,8 @@ class EventState:
         if mark is not IN_ORDER:
             self.mark(mark)
         self.batches += 1
+        for reason in batch.refused:  # single events the decoder left out, their batch kept
+            self.dropped[reason] += 1
         overflow, blocks, removals, removed = False, self.resident, 0, []
         for event in batch.events:
             kind = event.type
@@ -123,7 +126,7 @@ class EventState:
 def kv_event_samples(state: EventState, labels: dict[str, str] | None = None) -> list[Sample]:
     base = labels or {}
     events = {t: state.events[t] for t in KNOWN_TYPES} | dict(state.events)
-    dropped = {r: state.dropped[r] for r in DROP_REASONS} | dict(state.dropped)
+    dropped = {r: state.dropped[r] for r in (*DROP_REASONS, *REFUSAL_REASONS)} | dict(state.dropped)
     return [
         Sample(c.KV_EVENTS_BATCHES_TOTAL, base, state.batches),
         *(Sample(c.KV_EVENTS_TOTAL, {**base, "type": t}, n) for t, n in events.items()),

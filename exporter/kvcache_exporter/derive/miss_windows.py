@@ -90,22 +90,32 @@ def window_samples(
     label: str, mine: dict[str, float], vllm: dict[str, float], seconds: float | None = None
 ) -> list[Sample]:
     """Coverage and the what-if hit ratios of one window; none where vLLM saw nothing to divide by.
-    `seconds`: the window's real span (the host tier's load rate)."""
+    `seconds`: the window's real span (the host tier's load rate).
+
+    Attributed tokens above what vLLM computed are a fault of the stream (a hostile or broken
+    publisher, or events running ahead of /metrics): shown as the excess, with coverage and the
+    estimates built on the attribution absent for the window, never clipped into a healthy 1.0."""
     queries, hits = vllm.get("query_tokens"), vllm.get("hit_tokens")
     if queries is None or hits is None or queries <= 0:
         return []
     out = []
     computed = queries - hits - vllm.get("external_hit_tokens", 0.0)  # loaded from a tier: not computed
-    if computed > 0 and "attributed" in mine:
-        coverage = min(max(mine["attributed"] / computed, 0.0), 1.0)
-        name = c.PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO
-        out.append(Sample(name, {"window": label}, coverage))
+    attributed = mine.get("attributed")
+    if attributed is not None:
+        excess = max(attributed - max(computed, 0.0), 0.0)
+        out.append(Sample(c.PREFIX_CACHE_MISS_ATTRIBUTION_EXCESS_TOKENS, {"window": label}, excess))
+        if excess:
+            return out
+        if computed > 0:
+            coverage = max(attributed / computed, 0.0)
+            out.append(Sample(c.PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO, {"window": label}, coverage))
     for factor in CAPACITY_FACTORS:
         extra = mine.get(f"extra_{factor}")
         if extra is not None:
-            estimate = min(max((hits + extra) / queries, 0.0), 1.0)
+            estimate = _ratio(hits + extra, queries)
             labels = {"window": label, "capacity_factor": str(factor)}
-            out.append(Sample(c.PREFIX_CACHE_HIT_RATIO_ESTIMATE, labels, estimate))
+            if estimate is not None:
+                out.append(Sample(c.PREFIX_CACHE_HIT_RATIO_ESTIMATE, labels, estimate))
     reordered = reordered_hit_ratio(hits, queries, mine["diverged"]) if "diverged" in mine else None
     if reordered is not None:
         out.append(Sample(c.PREFIX_CACHE_HIT_RATIO_REORDERED_ESTIMATE, {"window": label}, reordered))
@@ -116,6 +126,18 @@ def window_samples(
             load = mine["host_load_bytes"] / seconds
             out.append(Sample(c.HOST_TIER_LOAD_BYTES_PER_SECOND_ESTIMATE, {"window": label}, load))
     return out
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    """part / whole, None above 1 (more extra hits than queries: a fault, not a ratio to clip)."""
+    ratio = max(part / whole, 0.0)
+    return ratio if ratio <= 1.0 else None
+
+
+def excess_tokens(samples: Sequence[Sample]) -> float:
+    """The largest excess of attributed over computed tokens among the windows' samples."""
+    name = c.PREFIX_CACHE_MISS_ATTRIBUTION_EXCESS_TOKENS
+    return max((s.value for s in samples if s.name == name), default=0.0)
 
 
 def summed_window(deltas: Sequence[Delta | None]) -> Delta | None:

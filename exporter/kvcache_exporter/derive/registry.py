@@ -16,7 +16,7 @@ from .cost import Pricing, cost_samples
 from .gpu import gpu_samples
 from .kv_events import kv_event_samples
 from .memory import memory_over
-from .miss_windows import memory_samples, miss_samples, summed_window
+from .miss_windows import excess_tokens, memory_samples, miss_samples, summed_window
 from .state import PollState
 from .targets import target_samples
 from .unit_samples import unit_samples
@@ -58,6 +58,7 @@ def attribution(state: PollState, options: DeriveOptions) -> list[Sample]:
             )
 
         samples = miss_samples(part.attribution.totals, part.misses, windows, vllm)
+        part.report_excess(excess_tokens(samples))  # the one side effect: a rate-limited log line
         samples += memory_samples(part.attribution.tracked, part.attribution.limits)
         if part.attribution.fields is not None:
             samples += part.attribution.fields.samples()

@@ -164,7 +164,9 @@ def overlaps(start: int, stop: int, size: int, count: int) -> list[int]:
 
 def reordered_hit_ratio(hit_tokens: float, query_tokens: float, diverged_tokens: float) -> float | None:
     """The hit ratio had the per-request fields come after the shared part: the prefix_diverged
-    tokens would have hit. None without queries."""
+    tokens would have hit. None without queries, or above 1 (more attributed than queried: a fault,
+    never clipped into a healthy-looking ratio)."""
     if query_tokens <= 0:
         return None
-    return min(max((hit_tokens + diverged_tokens) / query_tokens, 0.0), 1.0)
+    ratio = max((hit_tokens + diverged_tokens) / query_tokens, 0.0)
+    return ratio if ratio <= 1.0 else None

@@ -11,6 +11,7 @@ their `labels`.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,6 +28,9 @@ from .miss_windows import MissHistory, num_gpu_blocks
 from .units import UnitView
 from .whatif import host_tier_blocks, kv_bytes_per_token
 from .windows import SeriesHistory
+
+log = logging.getLogger(__name__)
+EXCESS_LOG_SECONDS = 60.0
 
 
 @dataclass
@@ -85,6 +89,20 @@ class KvEventsState:
     budget: float | None = None
     clock: Callable[[], float] = time.monotonic
     cursor: SeqCursor = field(default_factory=SeqCursor)
+    excess_quiet_until: float = float("-inf")
+
+    def report_excess(self, tokens: float) -> None:
+        """Attributed tokens above computed (miss_windows.window_samples): one line a minute at most."""
+        now = self.clock()
+        if tokens > 0 and now >= self.excess_quiet_until:
+            self.excess_quiet_until = now + EXCESS_LOG_SECONDS
+            log.warning(
+                "KV events attributed %.0f prompt tokens more than vLLM computed%s: coverage and the "
+                "what-if estimates are withheld (a broken or hostile publisher; see "
+                "kvcache_kv_events_dropped_total)",
+                tokens,
+                f" (engine {self.labels['engine']})" if "engine" in self.labels else "",
+            )
 
     def ingest(self, drain: KvEventDrain | None, ts: float) -> None:
         attribution = self.attribution if self.misses is not None else None

@@ -38,6 +38,7 @@ from zlib import crc32
 
 import msgspec
 
+from ..samples import label_value
 from ..sources.kv_events_decode import Batch, Event
 
 GPU = "GPU"
@@ -78,6 +79,7 @@ class Bounded:
         self.counts: Counter[str] = Counter()
 
     def add(self, key: str, n: int) -> None:
+        key = label_value(key)  # keys are label values: two ids that export alike count together
         if key not in self.counts and len(self.counts) >= self.limit:
             key = OTHER
         self.counts[key] += n

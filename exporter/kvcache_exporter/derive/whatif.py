@@ -44,7 +44,9 @@ def host_tier_blocks(config: Mapping[str, str] | None, host_bytes: int | None) -
 
 
 def host_hit_ratio(hit_tokens: float, query_tokens: float, host_hit_tokens: float) -> float | None:
-    """The hit ratio with the host tier added: its hits count as hits. None without queries."""
+    """The hit ratio with the host tier added: its hits count as hits. None without queries, or
+    above 1 (more host hits than queries: a fault, never clipped into a healthy-looking ratio)."""
     if query_tokens <= 0:
         return None
-    return min(max((hit_tokens + host_hit_tokens) / query_tokens, 0.0), 1.0)
+    ratio = max((hit_tokens + host_hit_tokens) / query_tokens, 0.0)
+    return ratio if ratio <= 1.0 else None

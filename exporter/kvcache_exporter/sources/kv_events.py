@@ -50,6 +50,7 @@ RCV_HWM = 10_000
 RETRY_SECONDS = 1.0
 REPLAY_BACKOFF_SECONDS = 30.0
 POLL_MS = 100  # how often the receive thread looks at its stop flag when the stream is idle
+REFUSED_LOG_SECONDS = 60.0
 MAX_PENDING = 100_000  # batches queued between two polls; past it, messages are only counted
 # The work queued between two polls (dropped past it as `budget_exceeded`): what one poll applies
 # and what the queue holds in memory (a decoded hash ~45-110 bytes, a token id ~36). A saturated
@@ -130,6 +131,7 @@ class KvEventSubscriber:
         self._stop = threading.Event()
         self._replay_paused_until = 0.0
         self._logged: set[str] = set()
+        self._refused_quiet_until = float("-inf")
         self._bucket = TokenBucket(max_batches_per_second, clock)
         self._expected: int | None = None  # the seq expected next (thread only), to ask replay for gaps
         self._pending: list[Batch | Dropped] = []
@@ -199,6 +201,19 @@ class KvEventSubscriber:
             self._logged.add(message)
             log.warning("%s (logged once)", message)
 
+    def _log_refused(self, batch: Batch) -> None:
+        """One line a minute at most: a buggy engine refuses events in every batch."""
+        now = time.monotonic()
+        if now >= self._refused_quiet_until:
+            self._refused_quiet_until = now + REFUSED_LOG_SECONDS
+            log.warning(
+                "KV events refused (%s), the rest of the batch kept: %s (next such line in %.0f s at the "
+                "earliest)",
+                ", ".join(sorted(set(batch.refused))),
+                batch.problem,
+                REFUSED_LOG_SECONDS,
+            )
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
@@ -236,6 +251,8 @@ class KvEventSubscriber:
             log.debug("dropping KV-event message: %s", err)
             self._drop(err.reason, err.seq)  # parse_error or batch_too_heavy
             return
+        if batch.refused:
+            self._log_refused(batch)
         lost = gap(self._expected, batch.seq)
         replayed = []
         if lost and self.replay_endpoint and time.monotonic() >= self._replay_paused_until:

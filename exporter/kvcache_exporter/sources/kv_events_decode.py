@@ -34,15 +34,20 @@ from .base import SourceError
 
 KNOWN_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 DROP_REASONS = ("rate_limited", "too_many_blocks", "parse_error", "batch_too_heavy", "budget_exceeded")
+# Single events refused while the rest of their batch is kept (counted with the drops, as events):
+# a field outside its type or bounds, or a block size the event's own content contradicts.
+REFUSAL_REASONS = ("invalid_event", "invalid_block_size")
 _WITH_HASHES = {"BlockStored", "BlockRemoved"}
 _SEQ_SIZES = (8, 24)
 
 MAX_EVENTS_PER_BATCH = 65_536
 MAX_HASHES_PER_EVENT = 65_536
 MAX_HASH_BYTES = 64  # vLLM's hashes are 64-bit ints or 32-byte sha256 digests
-# A forward jump larger than this is no gap in a real stream (a day at vLLM's peak rate): the
-# publisher was replaced, so the view is reset like a restart rather than counting 2^60 lost batches.
-MAX_SEQ_GAP = 1 << 32
+# A forward jump larger than this is counted as a new publisher (view reset, restarts + 1), not as
+# lost batches: 6.5x vLLM's replay buffer (10,000 batches), ~11 minutes of steps at 100 a second.
+# One buggy publisher's jump then counts at most 65,536 missed batches, never 2^32; and after a real
+# loss that long the view is stale anyway, so resetting it is what a restart does too.
+MAX_SEQ_GAP = 1 << 16
 
 # Heavy batches. vLLM publishes one batch per scheduler step: the blocks it filled in that step.
 # Real batches hold tens of hashes (the captured ones: at most 37 hashes, 768 token ids, 4 KiB;
@@ -53,6 +58,12 @@ MAX_SEQ_GAP = 1 << 32
 MAX_BATCH_BYTES = 4 * 1024 * 1024  # before decoding; a block costs ~60-100 bytes with its token ids
 MAX_HASHES_PER_BATCH = 65_536  # one event's bound: 1M tokens of 16-token blocks
 MAX_TOKENS_PER_BATCH = 1 << 20
+# A block size is a count of tokens every counter multiplies by: vLLM's are 1-256 on attention groups
+# and up to a few thousand on hybrid (Mamba-aligned) ones. Past this bound, or above the token ids the
+# event carries (each stored block's ids are in it; windowed groups send more, never fewer), or with
+# its blocks over one batch's token bound, the event is refused: one such event would otherwise add
+# 2^64 tokens to counters that can never come back.
+MAX_BLOCK_SIZE = 1 << 16
 
 BlockHash = int | Annotated[bytes, msgspec.Meta(max_length=MAX_HASH_BYTES)]
 Hashes = Annotated[list[BlockHash], msgspec.Meta(max_length=MAX_HASHES_PER_EVENT)]
@@ -95,6 +106,7 @@ GroupIndex = Annotated[int, msgspec.Meta(ge=0, le=1 << 16)]
 
 
 _tokens = msgspec.msgpack.Decoder(Tokens)
+_BAD_SIZE = "block_size out of bounds"
 _NO_TOKENS = msgspec.Raw(msgspec.msgpack.encode([]))
 
 
@@ -104,6 +116,24 @@ class _LazyTokens:
     a list that is not token ids reads as empty."""
 
     __slots__ = ()
+
+    def __post_init__(self) -> None:
+        """The block size checked against the event itself (MAX_BLOCK_SIZE): raising here refuses
+        the event as invalid_block_size (the batch is then decoded event by event)."""
+        size = self.block_size  # type: ignore[attr-defined]
+        if size:
+            held = size * len(self.block_hashes)  # type: ignore[attr-defined]
+            # a token id takes 1 to 9 bytes: past 9 x held bytes the ids are surely enough (a windowed
+            # group's, the common case), and only a closer call reads the count from the header
+            if (
+                size > MAX_BLOCK_SIZE
+                or held > MAX_TOKENS_PER_BATCH
+                or (
+                    9 * held + 5 > len(self.raw_tokens)  # type: ignore[attr-defined]
+                    and 0 < self.token_count < held
+                )
+            ):
+                raise ValueError(f"{_BAD_SIZE}: {size} x {held // size} blocks, {self.token_count} token ids")
 
     @property
     def token_count(self) -> int:
@@ -281,6 +311,8 @@ class Batch(NamedTuple):
     ts: float
     events: tuple[Event, ...]
     dp_rank: int | None = None
+    refused: tuple[str, ...] = ()  # per event left out of `events`: its REFUSAL_REASONS reason
+    problem: str = ""  # the first refused event's error, for the log line
 
 
 class KvEventDecodeError(SourceError):
@@ -371,9 +403,14 @@ def _decode_slowly(seq: int, payload: bytes, with_tokens: bool) -> Batch:
     if batch.data_parallel_rank is not None and batch.data_parallel_rank < 0:
         raise ValueError(f"data_parallel_rank is {batch.data_parallel_rank}")
     decoders = _event_decoders_with_tokens if with_tokens else _event_decoders
-    return Batch(
-        seq, batch.ts, tuple(_event(raw, decoders) for raw in batch.events), batch.data_parallel_rank
-    )
+    events, refused, problem = [], [], ""
+    for index, raw in enumerate(batch.events):
+        try:
+            events.append(_event(raw, decoders))
+        except _DECODE_ERRORS as err:  # one bad event: refused, the batch's others kept
+            refused.append("invalid_block_size" if _BAD_SIZE in str(err) else "invalid_event")
+            problem = problem or f"batch seq {seq} event {index}: {str(err)[:200]}"
+    return Batch(seq, batch.ts, tuple(events), batch.data_parallel_rank, tuple(refused), problem)
 
 
 def _event(raw: msgspec.Raw, decoders=_event_decoders) -> Event:
