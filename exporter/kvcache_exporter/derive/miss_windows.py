@@ -75,7 +75,6 @@ def totals_samples(totals: Totals) -> list[Sample]:
     tokens = totals.tokens.items()
     out = [Sample(c.PREFIX_CACHE_MISS_TOKENS_TOTAL, {"cause": cause}, n) for cause, n in tokens]
     out.append(Sample(c.KV_EVENTS_DECODE_TOKENS_TOTAL, {}, totals.decode_tokens))
-    out.append(Sample(c.PREFIX_CACHE_HIT_UNIT_SHORTFALL_TOKENS_TOTAL, {}, totals.unit_shortfall_tokens))
     running = 0
     for bound, count in zip((*OFFSET_BUCKETS, float("inf")), totals.offset_counts, strict=True):
         running += count
