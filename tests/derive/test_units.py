@@ -178,7 +178,8 @@ def test_lora_and_cache_salt_are_part_of_the_identity():
     salt = msgspec.msgpack.encode([["tenant-a"], None])
     feed(state, unit_events(DSV4, Chain(text, salt=2), 0, 256, extra_keys=salt))
     tokens = state.attribution.totals.tokens
-    assert tokens["prefix_diverged"] == 0 and tokens["cold"] == 3 * 256  # three identities, each cold
+    assert tokens["prefix_diverged"] == 0 and tokens["cold"] == 256  # three identities, each computed
+    assert tokens["identity_isolated"] == 2 * 256  # the same text held under another identity: by design
     assert state.units.by_adapter.counts == {"base": 512, "adapter-a": 256}
 
 

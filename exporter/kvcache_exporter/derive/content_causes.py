@@ -36,10 +36,16 @@ def rewritten_span(
     positions: Sequence[int], generated: Sequence[bool], length: int, unit: int
 ) -> tuple[int, int] | None:
     """From the divergence point to the end of the last anchor of generated text (whole units)."""
-    last = next((i for i in range(len(generated) - 1, -1, -1) if generated[i]), None)
-    if last is None:
+    if True not in generated:
         return None
-    return whole_units(0, min(positions[last] + K, length), unit)
+    return whole_units(0, _end(positions, generated, length), unit)
+
+
+def _end(positions: Sequence[int], flags: Sequence[bool], length: int) -> int:
+    """Where the content of the last flagged anchor ends: its window's end, the end of the new
+    tokens when no anchor follows it."""
+    last = len(flags) - 1 - flags[::-1].index(True)
+    return length if last == len(flags) - 1 else min(positions[last] + K, length)
 
 
 def known_runs(
@@ -81,9 +87,9 @@ def _junction(positions: Sequence[int], before: tuple, after: tuple, unit: int) 
 def foreign_span(
     positions: Sequence[int], foreign: Sequence[bool], length: int, unit: int
 ) -> tuple[int, int] | None:
-    """From the first anchor known only under another identity to the last one's window."""
+    """From the first anchor known only under another identity (the divergence point when it is the
+    first anchor) to the last one's content, in whole hit units."""
     if True not in foreign:
         return None
     first = foreign.index(True)
-    last = len(foreign) - 1 - foreign[::-1].index(True)
-    return whole_units(positions[first], min(positions[last] + K, length), unit)
+    return whole_units(positions[first] if first else 0, _end(positions, foreign, length), unit)
