@@ -65,6 +65,7 @@ def _counters(totals: Totals) -> dict[str, float]:
     counters = {"attributed": float(totals.prompt_miss_tokens)}
     counters |= {f"extra_{f}": float(n) for f, n in totals.extra_hit_tokens.items()}
     counters["diverged"] = float(totals.tokens["prefix_diverged"])
+    counters["window_expired"] = float(totals.tokens["window_expired"])  # the audit's window_retention
     if totals.host_hit_tokens is not None:
         counters["extra_host"] = float(totals.host_hit_tokens)
         counters["host_load_bytes"] = totals.host_load_bytes
