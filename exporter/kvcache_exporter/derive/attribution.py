@@ -1,16 +1,22 @@
 """Why was each block computed? Live miss attribution from vLLM's KV-event stream. Pure, no I/O.
 
 `BlockStored` lists blocks vLLM had to compute (hits produce no event). `Attribution.apply(batch)`
-classifies every stored block, in stream order, by the first rule that holds:
+classifies every stored block, in stream order, by the first rule that holds (docs/kv-events.md has
+a section per cause: the rule, an example, the action and its worth, what it gets wrong):
 
 1. `evicted`: its hash was stored before by this publisher and removed since (`BlockRemoved`);
+   `window_expired` when the removal was its unit's window part (units.py's `WindowExpired`);
 2. `restart`: its hash was resident before the publisher restarted (seq went back) or before an
    `AllBlocksCleared`, and not stored since;
 3. `other_replica`: the hash is resident on another replica, as told by the `other_replica` hook
    (a lone sidecar passes none, so it never sets this cause; the fleet view passes
    `FleetResidency`'s residency test);
-4. `prefix_diverged`: its hash is new, but its token content was computed before in another chain
-   (content fingerprints, see fingerprints.py: at least half of the block's anchors were seen);
+4. the content causes of a new hash, by where its tokens lie among the event's (content_causes.py,
+   reorder.py; fingerprints.py says what content is *known*): `history_rewritten` (behind a cached
+   prefix, text the model generated re-rendered: decode-filled blocks' fingerprints), else
+   `below_hit_unit` (known content at the divergence point short of a hit unit), `prefix_diverged`
+   (a known run behind a per-request front, in whole hit units), `content_moved` (known runs joined
+   at seams), or `identity_isolated` (content known under another adapter or salt only);
 5. `cold`: none of the above (also a hash still resident when stored again: two requests
    computing the same new prefix in one step, or the recomputed last block of a fully cached prompt).
 
