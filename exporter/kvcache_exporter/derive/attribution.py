@@ -199,7 +199,7 @@ class Attribution:
             return
         blocks, parent_hash = self._blocks, event.parent
         size = event.block_size or len(event.token_ids) // count  # token ids are decoded when read
-        depth, diverged = 0, 0
+        depth, diverged, rewritable = 0, 0, False
         if parent_hash is not None:
             parent = blocks.new.get(parent_hash) or blocks.old.get(parent_hash)  # Generations.get
             if parent is None:
@@ -209,6 +209,7 @@ class Attribution:
                 blocks.rotate_if_full()
                 depth = (parent >> 6) & _DEPTH_MAX if parent & _DEPTH_KNOWN else None
                 diverged = parent & _DIVERGED
+                rewritable = not parent & _OPEN_TIP  # an open tip goes on where it ended: append-only
                 if count == 1 and parent & _OPEN_TIP and not parent & _REMOVED:
                     self.totals.decode_tokens += size
                     if parent & _DECODED:  # the second decode block on: not a one-block prompt misread
@@ -217,7 +218,7 @@ class Attribution:
                     return
         unit, length = self.hit_unit or size, count * size
         before = 0 if parent_hash is None else None if depth is None else (depth + 1) * size
-        known = self._known(event.token_ids, length, parent_hash is None)
+        known = self._known(event.token_ids, length, rewritable)
         run, served, spans = None, 0, ()
         if known is not None:
             run, served, spans = self._content(
@@ -298,9 +299,10 @@ class Attribution:
                 spans.append(("content_moved", *moved))
         return run, served, spans
 
-    def _known(self, tokens: Sequence[int], length: int, root: bool) -> tuple | None:
+    def _known(self, tokens: Sequence[int], length: int, rewritable: bool) -> tuple | None:
         """The event's anchors (positions, fingerprints); the known ones among them; the ones of
-        generated text (behind a cached prefix only); per anchor whether it was seen under another
+        generated text (`rewritable`: behind a known cached prefix whose last block had been extended
+        before, not an append to a finished chain's open tip); per anchor whether it was seen under another
         adapter or salt only (when nothing is known otherwise). None when none of these holds. The
         event's own fingerprints are added afterwards, so a block never matches itself."""
         positions, prints = anchors(tokens)
@@ -311,7 +313,7 @@ class Attribution:
         content.new.update(prints)
         if len(content.new) >= content.half:
             content.rotate_if_full()
-        made = _seen_in(generated, prints) if generated.new and not root else None
+        made = _seen_in(generated, prints) if rewritable and (generated.new or generated.old) else None
         elsewhere = None
         if tokens and tokens[0] >> TAG_SHIFT:  # an adapter's or a salted chain's (units.py tags them)
             plain = anchors([token & TOKEN_MASK for token in tokens])[1]  # same positions: the low byte
