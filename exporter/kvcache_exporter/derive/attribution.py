@@ -320,7 +320,7 @@ class Attribution:
             if not found:
                 elsewhere = _seen_in(content, plain) | _seen_in(foreign, plain)
             foreign.update(plain)
-        elif foreign and not found:
+        elif not found and (foreign.new or foreign.old):  # (no __len__ call: the common path)
             plain, elsewhere = prints, _seen_in(foreign, prints)
         if not (found or made or elsewhere):
             return None
