@@ -137,6 +137,7 @@ EXTERNAL_PREFIX_CACHE_QUERY_TOKENS_TOTAL = "kvcache_external_prefix_cache_query_
 EXTERNAL_PREFIX_CACHE_HIT_TOKENS_TOTAL = "kvcache_external_prefix_cache_hit_tokens_total"
 KV_EVENTS_DECODE_TOKENS_TOTAL = "kvcache_kv_events_decode_tokens_total"
 PREFIX_DIVERGENCE_OFFSET_TOKENS = "kvcache_prefix_divergence_offset_tokens"
+PREFIX_HISTORY_REWRITTEN_TURN = "kvcache_prefix_history_rewritten_turn"
 PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO = "kvcache_prefix_cache_miss_attribution_coverage_ratio"
 PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED = "kvcache_prefix_cache_miss_attribution_tracked"
 PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED_LIMIT = "kvcache_prefix_cache_miss_attribution_tracked_limit"
@@ -1079,6 +1080,19 @@ CATALOG: tuple[Metric, ...] = (
         "attribution",
         "BlockStored token_ids, parent_block_hash",
         "chain depth x block size + where the first known content fingerprint starts",
+    ),
+    _m(
+        PREFIX_HISTORY_REWRITTEN_TURN,
+        "histogram",
+        "Which rewritten turn of a conversation a history_rewritten miss is: 1 for the first turn whose "
+        "earlier answer the chat template re-rendered differently, 2 for the next along the same chain "
+        "(the assistant turn where it diverges when every turn is rewritten; counted up to 7). One "
+        "observation per history_rewritten stored run.",
+        (),
+        "",
+        "attribution",
+        "BlockStored token_ids, parent_block_hash (decode-filled blocks' content)",
+        "1 + the history_rewritten runs along the chain before it",
     ),
     _m(
         PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED,

@@ -78,6 +78,9 @@ def test_a_template_that_drops_each_answers_first_tokens_is_history_rewritten():
     # blocks); the answer's last ~24 tokens are not known (its partial block is never stored, the
     # last full one's late anchors have no whole window): 176 a turn
     assert 3 * 160 <= tokens["history_rewritten"] <= 3 * 208, tokens
+    # the turn index, bounded: turns 2, 3 and 4 diverge at the 1st, 2nd and 3rd answer (buckets 1, 2, 3, 4, 6)
+    assert stream.attribution.totals.rewritten_turn_counts == [1, 1, 1, 0, 0, 0]
+    assert stream.attribution.totals.rewritten_turn_sum == 1 + 2 + 3
 
 
 def test_tool_arguments_reserialised_are_history_rewritten():

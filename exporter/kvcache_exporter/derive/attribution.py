@@ -74,13 +74,17 @@ CAUSES = (  # the `cause` label of the miss tokens, in rule order (the module do
 CAPACITY_FACTORS = (2, 4)
 # Token offsets of the divergence histogram: where shared content starts in a prompt.
 OFFSET_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# The rewritten-turn histogram: which rewrite along a conversation a history_rewritten event is (the
+# assistant turn where it diverges when every turn is rewritten; counted up to 7 along a chain).
+TURN_BUCKETS = (1, 2, 3, 4, 6)
 
-# A tracked block is one int: flags | depth << 6 | era << 24 | stamp << 40 (stamp: blocks stored
+# A tracked block is one int: flags | depth << 6 | turns << 21 | era << 24 | stamp << 40 (stamp: blocks stored
 # when it was stored or removed). One int per hash keeps a tracked block near 100 bytes.
 # _WINDOW: removed as a windowed group's part (the unit's window expired), not by the anchor group;
 # _DECODED: a decode-filled block (its child, decode-filled too, is generated text for sure).
 _REMOVED, _DIVERGED, _OPEN_TIP, _DEPTH_KNOWN, _WINDOW, _DECODED = 1, 2, 4, 8, 16, 32
-_DEPTH_MAX = (1 << 18) - 1
+_DEPTH_MAX = (1 << 15) - 1
+_TURNS, _TURN, _TURN_MAX = 7 << 21, 1 << 21, 7  # rewritten turns along the chain (saturating)
 _ERA_MASK = (1 << 16) - 1
 
 
@@ -100,6 +104,8 @@ class Totals:
     extra_hit_tokens: dict[int, int] = field(default_factory=lambda: dict.fromkeys(CAPACITY_FACTORS, 0))
     offset_counts: list[int] = field(default_factory=lambda: [0] * (len(OFFSET_BUCKETS) + 1))
     offset_sum: float = 0.0
+    rewritten_turn_counts: list[int] = field(default_factory=lambda: [0] * (len(TURN_BUCKETS) + 1))
+    rewritten_turn_sum: int = 0
     batches: int = 0
     missed_batches: int = 0
     restarts: int = 0
@@ -199,7 +205,7 @@ class Attribution:
             return
         blocks, parent_hash = self._blocks, event.parent
         size = event.block_size or len(event.token_ids) // count  # token ids are decoded when read
-        depth, diverged, rewritable = 0, 0, False
+        depth, diverged, rewritable, turns = 0, 0, False, 0
         if parent_hash is not None:
             parent = blocks.new.get(parent_hash) or blocks.old.get(parent_hash)  # Generations.get
             if parent is None:
@@ -210,11 +216,12 @@ class Attribution:
                 depth = (parent >> 6) & _DEPTH_MAX if parent & _DEPTH_KNOWN else None
                 diverged = parent & _DIVERGED
                 rewritable = not parent & _OPEN_TIP  # an open tip goes on where it ended: append-only
+                turns = parent & _TURNS
                 if count == 1 and parent & _OPEN_TIP and not parent & _REMOVED:
                     self.totals.decode_tokens += size
                     if parent & _DECODED:  # the second decode block on: not a one-block prompt misread
                         self._generated.update(anchors(event.token_ids)[1])
-                    self._track(hashes, depth, (0, 1) if diverged else (0, 0), _DECODED)
+                    self._track(hashes, depth, (0, 1) if diverged else (0, 0), _DECODED, turns)
                     return
         unit, length = self.hit_unit or size, count * size
         before = 0 if parent_hash is None else None if depth is None else (depth + 1) * size
@@ -236,13 +243,17 @@ class Attribution:
             tokens["cold"] += length
         else:
             self._count_each(hashes, spans, size)
+        if spans and spans[0][0] == "history_rewritten":  # one more rewritten turn along the chain
+            turns = min((turns >> 21) + 1, _TURN_MAX) << 21
+            self.totals.rewritten_turn_counts[bisect_left(TURN_BUCKETS, turns >> 21)] += 1
+            self.totals.rewritten_turn_sum += turns >> 21
         marked = (0, 0)
         if served:
             start, stop = served_span(run, count * size, served)
             marked = (start // size, -(-stop // size))
             if not diverged and depth is not None and run.fronted:
                 self._observe_offset(depth * size + run.start)
-        self._track(hashes, depth, marked)
+        self._track(hashes, depth, marked, 0, turns)
 
     def _count_each(self, hashes: Sequence, spans: Sequence[tuple[str, int, int]], size: int) -> None:
         """Count blocks by the first rule that holds; `spans`: the content causes' tokens (cause,
@@ -356,12 +367,14 @@ class Attribution:
             self.totals.host_hit_tokens += size
             self.totals.host_load_bytes += size * self.kv_bytes_per_token
 
-    def _track(self, hashes: Sequence, depth: int | None, marked: tuple[int, int], decoded: int = 0) -> None:
+    def _track(
+        self, hashes: Sequence, depth: int | None, marked: tuple[int, int], decoded: int = 0, turns: int = 0
+    ) -> None:
         """Remember the event's blocks: resident, in this era, blocks marked[0] to marked[1] (not
         included) in a diverged known run, the last one an open tip."""
         count, stored = len(hashes), self._stored
         low, high = marked
-        base = (self._era & _ERA_MASK) << 24 | (_DEPTH_KNOWN if depth is not None else 0)
+        base = (self._era & _ERA_MASK) << 24 | (_DEPTH_KNOWN if depth is not None else 0) | turns
         depth = depth or 0
         if depth + count - 1 <= _DEPTH_MAX:  # depth and stamp both grow by one per block
             start = base | depth << 6 | (stored + 1) << 40

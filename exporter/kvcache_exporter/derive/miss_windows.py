@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from .. import catalog as c
 from ..samples import Sample
 from ..sources.vllm_snapshot import EngineSample, VllmSnapshot
-from .attribution import CAPACITY_FACTORS, OFFSET_BUCKETS, Totals
+from .attribution import CAPACITY_FACTORS, OFFSET_BUCKETS, TURN_BUCKETS, Totals
 from .cache_config import config_number
 from .reorder import reordered_hit_ratio
 from .whatif import host_hit_ratio
@@ -83,6 +83,13 @@ def totals_samples(totals: Totals) -> list[Sample]:
         out.append(Sample(c.PREFIX_DIVERGENCE_OFFSET_TOKENS + "_bucket", {"le": le}, running))
     out.append(Sample(c.PREFIX_DIVERGENCE_OFFSET_TOKENS + "_sum", {}, totals.offset_sum))
     out.append(Sample(c.PREFIX_DIVERGENCE_OFFSET_TOKENS + "_count", {}, running))
+    running = 0
+    for bound, count in zip((*TURN_BUCKETS, float("inf")), totals.rewritten_turn_counts, strict=True):
+        running += count
+        le = "+Inf" if bound == float("inf") else str(float(bound))
+        out.append(Sample(c.PREFIX_HISTORY_REWRITTEN_TURN + "_bucket", {"le": le}, running))
+    out.append(Sample(c.PREFIX_HISTORY_REWRITTEN_TURN + "_sum", {}, totals.rewritten_turn_sum))
+    out.append(Sample(c.PREFIX_HISTORY_REWRITTEN_TURN + "_count", {}, running))
     return out
 
 
