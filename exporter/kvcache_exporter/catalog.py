@@ -142,13 +142,13 @@ EXTERNAL_PREFIX_CACHE_HIT_TOKENS_TOTAL = "kvcache_external_prefix_cache_hit_toke
 KV_EVENTS_DECODE_TOKENS_TOTAL = "kvcache_kv_events_decode_tokens_total"
 PREFIX_DIVERGENCE_OFFSET_TOKENS = "kvcache_prefix_divergence_offset_tokens"
 PREFIX_DIVERGED_FIELD_TOKENS_TOTAL = "kvcache_prefix_diverged_field_tokens_total"
+PREFIX_HISTORY_REWRITTEN_TURN = "kvcache_prefix_history_rewritten_turn"
 PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO = "kvcache_prefix_cache_miss_attribution_coverage_ratio"
 PREFIX_CACHE_MISS_ATTRIBUTION_EXCESS_TOKENS = "kvcache_prefix_cache_miss_attribution_excess_tokens"
 PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED = "kvcache_prefix_cache_miss_attribution_tracked"
 PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED_LIMIT = "kvcache_prefix_cache_miss_attribution_tracked_limit"
 PREFIX_CACHE_HIT_RATIO_ESTIMATE = "kvcache_prefix_cache_hit_ratio_estimate"
 PREFIX_CACHE_HIT_RATIO_REORDERED_ESTIMATE = "kvcache_prefix_cache_hit_ratio_reordered_estimate"
-PREFIX_CACHE_HIT_UNIT_SHORTFALL_TOKENS_TOTAL = "kvcache_prefix_cache_hit_unit_shortfall_tokens_total"
 PREFIX_CACHE_HIT_RATIO_HOST_TIER_ESTIMATE = "kvcache_prefix_cache_hit_ratio_host_tier_estimate"
 HOST_TIER_LOAD_BYTES_PER_SECOND_ESTIMATE = "kvcache_host_tier_load_bytes_per_second_estimate"
 FLEET_STORED_TOKENS_TOTAL = "kvcache_fleet_stored_tokens_total"
@@ -1182,8 +1182,14 @@ CATALOG: tuple[Metric, ...] = (
     _m(
         PREFIX_CACHE_MISS_TOKENS_TOTAL,
         "counter",
-        "Prompt tokens vLLM computed (stored blocks x block size), by why they were not cached: evicted, "
-        "restart, prefix_diverged, other_replica, cold (docs/kv-events.md). The sidecar never sets "
+        "Prompt tokens vLLM computed (stored blocks x block size), by why they were not cached "
+        "(docs/kv-events.md, a section per cause): evicted (cache too small), window_expired (a sliding-"
+        "window part dropped: --prefix-cache-retention-interval), restart, other_replica, history_rewritten "
+        "(the chat template re-renders an earlier turn unlike the model wrote it), prefix_diverged (per-"
+        "request content before shared content), content_moved (known sections in another order), "
+        "below_hit_unit (shared content shorter than the hit unit), identity_isolated (held under another "
+        "LoRA adapter or cache_salt: by design, not a fault), cold (new content). Loads back from an "
+        "offload tier are not misses: kvcache_kv_events_tier_hit_tokens_total. The sidecar never sets "
         "other_replica; `kvcache-exporter aggregate` exports cause=other_replica with a `replica` label.",
         ("cause",),
         "tokens",
@@ -1224,6 +1230,19 @@ CATALOG: tuple[Metric, ...] = (
         "attribution",
         "BlockStored token_ids (decoded with the model's tokenizer)",
         "the front's first tokens decoded and classified by rules (derive/fields.py)",
+    ),
+    _m(
+        PREFIX_HISTORY_REWRITTEN_TURN,
+        "histogram",
+        "Which rewritten turn of a conversation a history_rewritten miss is: 1 for the first turn whose "
+        "earlier answer the chat template re-rendered differently, 2 for the next along the same chain "
+        "(the assistant turn where it diverges when every turn is rewritten; counted up to 7). One "
+        "observation per history_rewritten stored run.",
+        (),
+        "",
+        "attribution",
+        "BlockStored token_ids, parent_block_hash (decode-filled blocks' content)",
+        "1 + the history_rewritten runs along the chain before it",
     ),
     _m(
         PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED,
@@ -1324,18 +1343,6 @@ CATALOG: tuple[Metric, ...] = (
         "attribution",
         "cache_config_info kv_cache_memory_bytes, kv_cache_size_tokens",
         "increase(host-tier hit tokens) x kv_cache_memory_bytes / kv_cache_size_tokens / window seconds",
-    ),
-    _m(
-        PREFIX_CACHE_HIT_UNIT_SHORTFALL_TOKENS_TOTAL,
-        "counter",
-        "Tokens of shared content computed because they fall short of a whole hit unit: known content at "
-        "the point where a prompt leaves the cached prefix, shorter than the unit vLLM hits in (the block "
-        "size, 256 tokens on DeepSeek-V4). Part of the cold miss tokens; no layout fix serves them.",
-        (),
-        "tokens",
-        "attribution",
-        "BlockStored token_ids, parent_block_hash, block_size",
-        "per stored run of blocks: the known tokens at its start when fewer than a hit unit",
     ),
     # --- vLLM schema and exporter health ------------------------------------------------
     _m(

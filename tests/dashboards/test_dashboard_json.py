@@ -164,10 +164,14 @@ def test_no_window_is_hard_coded_and_vllm_series_follow_the_instance(uid):
 
 
 def test_the_overview_says_why_and_what_the_fix_is_worth():
+    from kvcache_exporter.derive.attribution import CAUSES
+
     titles = {p["title"]: p for p in panels(boards()["kvcache-overview"])}
     why = titles["Why the cache misses"]["targets"][0]
     assert why["legendFormat"] == "{{cause}}: {{action}}"
-    assert "label_replace(" in why["expr"] and '"prefix_diverged"' in why["expr"] and "topk(1," in why["expr"]
+    assert "label_replace(" in why["expr"] and "topk(1," in why["expr"]
+    for cause in CAUSES:  # each cause the attribution names comes with its action
+        assert f'"{cause}")' in why["expr"], cause
     worth = " ".join(t["expr"] for t in titles["What each fix is worth (hit ratio)"]["targets"])
     for metric in ("ratio_reordered_estimate", "ratio_estimate", "ratio_host_tier_estimate"):
         assert f"kvcache_prefix_cache_hit_{metric}{{" in worth
@@ -184,7 +188,8 @@ def test_every_alert_has_a_panel_linking_its_runbook():
 
 
 def test_every_panel_split_by_cause_draws_each_cause_in_the_analyzers_colour():
-    from kvcache_exporter.mixin.palette import CAUSE_COLORS
+    from kvcache_exporter.derive.attribution import CAUSES
+    from kvcache_exporter.mixin.palette import CAUSE_COLORS, LIVE_CAUSE_COLORS
 
     by_cause = [
         p
@@ -201,7 +206,8 @@ def test_every_panel_split_by_cause_draws_each_cause_in_the_analyzers_colour():
             for prop in o["properties"]
             if prop["id"] == "color"
         }
-        assert fixed == CAUSE_COLORS, panel["title"]
+        assert fixed == CAUSE_COLORS | LIVE_CAUSE_COLORS, panel["title"]
+        assert set(CAUSES) <= fixed.keys()  # every cause the live attribution names
 
 
 def test_the_fleet_row_is_on_the_fleet_dashboard_only():

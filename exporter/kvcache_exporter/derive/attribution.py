@@ -1,16 +1,22 @@
 """Why was each block computed? Live miss attribution from vLLM's KV-event stream. Pure, no I/O.
 
 `BlockStored` lists blocks vLLM had to compute (hits produce no event). `Attribution.apply(batch)`
-classifies every stored block, in stream order, by the first rule that holds:
+classifies every stored block, in stream order, by the first rule that holds (docs/kv-events.md has
+a section per cause: the rule, an example, the action and its worth, what it gets wrong):
 
 1. `evicted`: its hash was stored before by this publisher and removed since (`BlockRemoved`);
+   `window_expired` when the removal was its unit's window part (units.py's `WindowExpired`);
 2. `restart`: its hash was resident before the publisher restarted (seq went back) or before an
    `AllBlocksCleared`, and not stored since;
 3. `other_replica`: the hash is resident on another replica, as told by the `other_replica` hook
    (a lone sidecar passes none, so it never sets this cause; the fleet view passes
    `FleetResidency`'s residency test);
-4. `prefix_diverged`: its hash is new, but its token content was computed before in another chain
-   (content fingerprints, see fingerprints.py: at least half of the block's anchors were seen);
+4. the content causes of a new hash, by where its tokens lie among the event's (content_causes.py,
+   reorder.py; fingerprints.py says what content is *known*): `history_rewritten` (behind a cached
+   prefix, text the model generated re-rendered: decode-filled blocks' fingerprints), else
+   `below_hit_unit` (known content at the divergence point short of a hit unit), `prefix_diverged`
+   (a known run behind a per-request front, in whole hit units), `content_moved` (known runs joined
+   at seams), or `identity_isolated` (content known under another adapter or salt only);
 5. `cold`: none of the above (also a hash still resident when stored again: two requests
    computing the same new prefix in one step, or the recomputed last block of a fully cached prompt).
 
@@ -39,6 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..sources.kv_events_decode import IN_ORDER, Batch, Dropped, Event, KvEventDrain, Mark, SeqCursor
+from .content_causes import foreign_span, moved_span, rewritten_span
 from .fingerprints import FingerprintSet, Generations, anchors
 from .reorder import (
     KnownRun,
@@ -50,21 +57,39 @@ from .reorder import (
     served_tokens,
     unit_shortfall_tokens,
 )
+from .units import TAG_SHIFT, TOKEN_MASK, WINDOW_EXPIRED
 
-CAUSES = ("evicted", "restart", "prefix_diverged", "other_replica", "cold")
+CAUSES = (  # the `cause` label of the miss tokens, in rule order (the module docstring)
+    "evicted",
+    "window_expired",
+    "restart",
+    "other_replica",
+    "history_rewritten",
+    "prefix_diverged",
+    "content_moved",
+    "below_hit_unit",
+    "identity_isolated",
+    "cold",
+)
 CAPACITY_FACTORS = (2, 4)
 # Token offsets of the divergence histogram: where shared content starts in a prompt.
 OFFSET_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# The rewritten-turn histogram: which rewrite along a conversation a history_rewritten event is (the
+# assistant turn where it diverges when every turn is rewritten; counted up to 7 along a chain).
+TURN_BUCKETS = (1, 2, 3, 4, 6)
 
-# A tracked block is one int: flags | depth << 4 | era << 24 | stamp << 40 (stamp: blocks stored
+# A tracked block is one int: flags | depth << 6 | turns << 21 | era << 24 | stamp << 40 (stamp: blocks stored
 # when it was stored or removed). One int per hash keeps a tracked block near 100 bytes.
-_REMOVED, _DIVERGED, _OPEN_TIP, _DEPTH_KNOWN = 1, 2, 4, 8
-_DEPTH_MAX = (1 << 20) - 1
+# _WINDOW: removed as a windowed group's part (the unit's window expired), not by the anchor group;
+# _DECODED: a decode-filled block (its child, decode-filled too, is generated text for sure).
+_REMOVED, _DIVERGED, _OPEN_TIP, _DEPTH_KNOWN, _WINDOW, _DECODED = 1, 2, 4, 8, 16, 32
+_DEPTH_MAX = (1 << 15) - 1
+_TURNS, _TURN, _TURN_MAX = 7 << 21, 1 << 21, 7  # rewritten turns along the chain (saturating)
 _ERA_MASK = (1 << 16) - 1
 
 
 _KEEP_ON_REMOVE = ((1 << 40) - 1) & ~_OPEN_TIP  # flags, depth and era; the stamp is replaced
-_STEP = 1 << 4 | 1 << 40  # from one block of an event to the next: depth + 1, stamp + 1
+_STEP = 1 << 6 | 1 << 40  # from one block of an event to the next: depth + 1, stamp + 1
 
 
 @dataclass
@@ -73,12 +98,14 @@ class Totals:
 
     tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
     decode_tokens: int = 0
-    unit_shortfall_tokens: int = 0
+    tier_restored_tokens: int = 0  # loaded back from an offload tier (units.py): tier hits, not misses
     host_hit_tokens: int | None = None  # None while no host tier is known (whatif.py)
     host_load_bytes: float = 0.0  # what loading those tokens from the host would move
     extra_hit_tokens: dict[int, int] = field(default_factory=lambda: dict.fromkeys(CAPACITY_FACTORS, 0))
     offset_counts: list[int] = field(default_factory=lambda: [0] * (len(OFFSET_BUCKETS) + 1))
     offset_sum: float = 0.0
+    rewritten_turn_counts: list[int] = field(default_factory=lambda: [0] * (len(TURN_BUCKETS) + 1))
+    rewritten_turn_sum: int = 0
     batches: int = 0
     missed_batches: int = 0
     restarts: int = 0
@@ -106,7 +133,9 @@ class Attribution:
         self.resident = 0
         self.resident_peak = 0
         self._blocks = Generations(max_blocks)
-        self._content = FingerprintSet(max_fingerprints)
+        self._content_prints = FingerprintSet(max_fingerprints - 2 * (max_fingerprints // 8))
+        self._generated = FingerprintSet(max_fingerprints // 8)  # of decode-filled blocks: generated text
+        self._foreign = FingerprintSet(max_fingerprints // 8)  # of adapters' and salted chains, untagged
         self.limits = (max_blocks, max_fingerprints)
         self._stored = 0  # blocks stored so far: the clock of the what-if estimate
         self._era = 0
@@ -122,7 +151,7 @@ class Attribution:
     @property
     def tracked(self) -> tuple[int, int]:
         """(tracked hashes, tracked fingerprints): never above the bounds."""
-        return len(self._blocks), len(self._content)
+        return len(self._blocks), len(self._content_prints) + len(self._generated) + len(self._foreign)
 
     def ingest(self, drain: KvEventDrain) -> None:
         """A poll's drained stream, read alone (the poll state passes marks to `apply` instead):
@@ -161,6 +190,8 @@ class Attribution:
                 self._store(event)
             elif kind == "AllBlocksCleared":
                 self._new_era()
+            elif kind == WINDOW_EXPIRED:
+                self._remove(event.block_hashes, _WINDOW)
         if removed:
             self._remove(removed)
 
@@ -175,7 +206,7 @@ class Attribution:
             return
         blocks, parent_hash = self._blocks, event.parent
         size = event.block_size or len(event.token_ids) // count  # token ids are decoded when read
-        depth, diverged = 0, 0
+        depth, diverged, rewritable, turns = 0, 0, False, 0
         if parent_hash is not None:
             parent = blocks.new.get(parent_hash) or blocks.old.get(parent_hash)  # Generations.get
             if parent is None:
@@ -183,80 +214,144 @@ class Attribution:
             else:
                 blocks.new[parent_hash] = parent & ~_OPEN_TIP  # Generations.put
                 blocks.rotate_if_full()
-                depth = (parent >> 4) & _DEPTH_MAX if parent & _DEPTH_KNOWN else None
+                depth = (parent >> 6) & _DEPTH_MAX if parent & _DEPTH_KNOWN else None
                 diverged = parent & _DIVERGED
+                rewritable = not parent & _OPEN_TIP  # an open tip goes on where it ended: append-only
+                turns = parent & _TURNS
                 if count == 1 and parent & _OPEN_TIP and not parent & _REMOVED:
                     self.totals.decode_tokens += size
-                    self._track(hashes, depth, (0, 1) if diverged else (0, 0))
+                    if parent & _DECODED:  # the second decode block on: not a one-block prompt misread
+                        self._generated.update(anchors(event.token_ids)[1])
+                    self._track(hashes, depth, (0, 1) if diverged else (0, 0), _DECODED, turns)
                     return
         unit, length = self.hit_unit or size, count * size
         before = 0 if parent_hash is None else None if depth is None else (depth + 1) * size
-        run = self._known_run(event.token_ids, size, count, parent_hash is None, unit, before)
-        served = served_tokens(run, length, unit, bool(diverged), size // 2)
-        if run is not None:
-            self.totals.unit_shortfall_tokens += unit_shortfall_tokens(run, unit, bool(diverged))
+        known = self._known(event.token_ids, length, rewritable)
+        run, served, spans = None, 0, ()
+        if known is not None:
+            run, served, spans = self._content(
+                known, size, length, parent_hash is None, unit, before, diverged
+            )
         if (
             self.other_replica is None
             and blocks.new.keys().isdisjoint(hashes)
             and blocks.old.keys().isdisjoint(hashes)
-        ):  # every hash new (the common case): rules 4 and 5 only
-            self.totals.tokens["prefix_diverged"] += served
-            self.totals.tokens["cold"] += length - served
+        ):  # every hash new (the common case): the content rules only
+            tokens = self.totals.tokens
+            for cause, start, stop in spans:
+                tokens[cause] += stop - start
+                length -= stop - start
+            tokens["cold"] += length
         else:
-            span = served_span(run, length, served) if served else (0, 0)
-            self._count_each(hashes, overlaps(*span, size, count), size)
+            self._count_each(hashes, spans, size)
+        if spans and spans[0][0] == "history_rewritten":  # one more rewritten turn along the chain
+            turns = min((turns >> 21) + 1, _TURN_MAX) << 21
+            self.totals.rewritten_turn_counts[bisect_left(TURN_BUCKETS, turns >> 21)] += 1
+            self.totals.rewritten_turn_sum += turns >> 21
         marked = (0, 0)
         if served:
-            start, stop = served_span(run, length, served)
+            start, stop = served_span(run, count * size, served)
             marked = (start // size, -(-stop // size))
             if not diverged and depth is not None and run.fronted:
                 self._observe_offset(depth * size + run.start)
                 if self.fields is not None:
                     self.fields.observe(event, run.start, served)
-        self._track(hashes, depth, marked)
+        self._track(hashes, depth, marked, 0, turns)
 
-    def _count_each(self, hashes: Sequence, diverged: list[int], size: int) -> None:
-        """Count blocks by the first rule that holds; `diverged`: per block, the tokens a reorder serves."""
+    def _count_each(self, hashes: Sequence, spans: Sequence[tuple[str, int, int]], size: int) -> None:
+        """Count blocks by the first rule that holds; `spans`: the content causes' tokens (cause,
+        start, stop) among the event's, the rest `cold`."""
         totals, other = self.totals.tokens, self.other_replica
-        for block_hash, info, served in zip(hashes, self._blocks.get_many(hashes), diverged, strict=True):
+        count = len(hashes)
+        shares = [(cause, overlaps(start, stop, size, count)) for cause, start, stop in spans]
+        for i, (block_hash, info) in enumerate(zip(hashes, self._blocks.get_many(hashes), strict=True)):
             if info is not None:
                 totals[self._seen_before(info, size)] += size
             elif other is not None and other(block_hash):
                 totals["other_replica"] += size
             else:
-                totals["prefix_diverged"] += served
-                totals["cold"] += size - served
+                rest = size
+                for cause, tokens in shares:
+                    totals[cause] += tokens[i]
+                    rest -= tokens[i]
+                totals["cold"] += rest
 
-    def _known_run(
-        self, tokens: Sequence[int], size: int, count: int, root: bool, unit: int, depth: int | None
-    ) -> KnownRun | None:
-        """The first run of known content in the event's blocks (reorder.first_known_run). The
+    def _content(
+        self, known: tuple, size: int, length: int, root: bool, unit: int, depth: int | None, diverged: int
+    ) -> tuple[KnownRun | None, int, list[tuple[str, int, int]]]:
+        """The content causes of new tokens with known content, in order (docs/kv-events.md): the
+        known run, the tokens a reorder serves, and the spans (cause, start, stop), apart and ascending."""
+        positions, prints, found, made, elsewhere = known
+        if made:
+            rewritten = rewritten_span(positions, [p in made for p in prints], length, unit)
+            if rewritten is not None:
+                return None, 0, [("history_rewritten", *rewritten)]
+        if not found:  # known under another adapter or salt only, or too little generated text
+            isolated = foreign_span(positions, elsewhere, length, unit) if elsewhere else None
+            return None, 0, [] if isolated is None else [("identity_isolated", *isolated)]
+        seen = None
+        if found.issuperset(prints):  # all known (the common case when any is): the run is the rest
+            start = max(positions[0] - lead(positions, length), 0)
+            run = KnownRun(start, length, front_without_anchors(start, root, unit, depth))
+        else:
+            seen = list(map(found.__contains__, prints))
+            run = first_known_run(positions, seen, length, root, unit, depth)
+        served = served_tokens(run, length, unit, bool(diverged), size // 2)
+        spans: list[tuple[str, int, int]] = []
+        start = unit_shortfall_tokens(run, unit, bool(diverged))
+        if start:
+            spans.append(("below_hit_unit", 0, start))
+        if served:
+            low, stop = served_span(run, length, served)
+            spans.append(("prefix_diverged", max(low, start), stop))
+            start = stop
+        elif run.fronted:
+            start = max(run.start, start)
+        if seen is not None and not diverged:
+            moved = moved_span(positions, seen, length, unit, bisect_left(positions, run.start), start)
+            if moved is not None:
+                spans.append(("content_moved", *moved))
+        return run, served, spans
+
+    def _known(self, tokens: Sequence[int], length: int, rewritable: bool) -> tuple | None:
+        """The event's anchors (positions, fingerprints); the known ones among them; the ones of
+        generated text (`rewritable`: behind a known cached prefix whose last block had been extended
+        before, not an append to a finished chain's open tip); per anchor whether it was seen under another
+        adapter or salt only (when nothing is known otherwise). None when none of these holds. The
         event's own fingerprints are added afterwards, so a block never matches itself."""
         positions, prints = anchors(tokens)
-        content = self._content
+        content, foreign, generated = self._content_prints, self._foreign, self._generated
         found = content.new.intersection(prints)
         if content.old:
             found |= content.old.intersection(prints)
         content.new.update(prints)
         if len(content.new) >= content.half:
             content.rotate_if_full()
-        if not found:
+        made = _seen_in(generated, prints) if rewritable and (generated.new or generated.old) else None
+        elsewhere = None
+        if tokens and tokens[0] >> TAG_SHIFT:  # an adapter's or a salted chain's (units.py tags them)
+            plain = anchors([token & TOKEN_MASK for token in tokens])[1]  # same positions: the low byte
+            if not found:
+                elsewhere = _seen_in(content, plain) | _seen_in(foreign, plain)
+            foreign.update(plain)
+        elif not found and (foreign.new or foreign.old):  # (no __len__ call: the common path)
+            plain, elsewhere = prints, _seen_in(foreign, prints)
+        if not (found or made or elsewhere):
             return None
-        length = count * size
         if positions[-1] >= length:  # anchors past the event's blocks (hostile): seen only
             cut = bisect_left(positions, length)
             positions, prints = positions[:cut], prints[:cut]
             found.intersection_update(prints)
-            if not found:
+            if not positions:
                 return None
-        if found.issuperset(prints):  # all known (the common case when any is): the run is the rest
-            start = max(positions[0] - lead(positions, length), 0)
-            return KnownRun(start, length, front_without_anchors(start, root, unit, depth))
-        return first_known_run(positions, list(map(found.__contains__, prints)), length, root, unit, depth)
+        flags = [p in elsewhere for p in plain[: len(positions)]] if elsewhere else None
+        return positions, prints, found, made, flags
 
     def _seen_before(self, info: int, size: int) -> str:
         """The cause of a block whose hash is tracked: rules 1 and 2, or a duplicate store."""
         if info & _REMOVED:
+            if info & _WINDOW:  # a bigger cache would not have kept it: no what-if estimate
+                return "window_expired"
             self._estimate(info >> 40, size)
             return "evicted"
         if (info >> 24) & _ERA_MASK != self._era & _ERA_MASK:
@@ -276,21 +371,23 @@ class Attribution:
             self.totals.host_hit_tokens += size
             self.totals.host_load_bytes += size * self.kv_bytes_per_token
 
-    def _track(self, hashes: Sequence, depth: int | None, marked: tuple[int, int]) -> None:
+    def _track(
+        self, hashes: Sequence, depth: int | None, marked: tuple[int, int], decoded: int = 0, turns: int = 0
+    ) -> None:
         """Remember the event's blocks: resident, in this era, blocks marked[0] to marked[1] (not
         included) in a diverged known run, the last one an open tip."""
         count, stored = len(hashes), self._stored
         low, high = marked
-        base = (self._era & _ERA_MASK) << 24 | (_DEPTH_KNOWN if depth is not None else 0)
+        base = (self._era & _ERA_MASK) << 24 | (_DEPTH_KNOWN if depth is not None else 0) | turns
         depth = depth or 0
         if depth + count - 1 <= _DEPTH_MAX:  # depth and stamp both grow by one per block
-            start = base | depth << 4 | (stored + 1) << 40
+            start = base | depth << 6 | (stored + 1) << 40
             values = list(range(start, start + count * _STEP, _STEP))
         else:
-            values = [base | min(depth + i, _DEPTH_MAX) << 4 | (stored + 1 + i) << 40 for i in range(count)]
+            values = [base | min(depth + i, _DEPTH_MAX) << 6 | (stored + 1 + i) << 40 for i in range(count)]
         for i in range(low, high):
             values[i] |= _DIVERGED
-        values[-1] |= _OPEN_TIP
+        values[-1] |= _OPEN_TIP | decoded
         blocks = self._blocks
         blocks.new.update(zip(hashes, values, strict=False))  # as many values as hashes
         if len(blocks.new) >= blocks.half:
@@ -300,9 +397,9 @@ class Attribution:
         if self.resident > self.resident_peak:
             self.resident_peak = self.resident
 
-    def _remove(self, hashes: Sequence[int | bytes]) -> None:
+    def _remove(self, hashes: Sequence[int | bytes], why: int = 0) -> None:
         blocks, removed = self._blocks, 0
-        mark = self._stored << 40 | _REMOVED  # the stamp of a removal, and its flag
+        mark = self._stored << 40 | _REMOVED | why  # the stamp of a removal, and its flags
         new, old, half = blocks.new, blocks.old, blocks.half
         for block_hash in hashes:  # inlined Generations.get/put
             info = new.get(block_hash) or old.get(block_hash)
@@ -318,3 +415,8 @@ class Attribution:
         totals = self.totals
         totals.offset_counts[bisect_left(OFFSET_BUCKETS, offset)] += 1  # first bucket with offset <= bound
         totals.offset_sum += offset
+
+
+def _seen_in(prints: FingerprintSet, candidates: Sequence[int]) -> set[int]:
+    found = prints.new.intersection(candidates)
+    return found | prints.old.intersection(candidates) if prints.old else found

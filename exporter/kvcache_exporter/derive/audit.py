@@ -22,8 +22,8 @@ Each check passes (1), fails (0), or is absent when its inputs are unknown. The 
 - attribution_memory_fits_cache: --kv-events.max-tracked-blocks is at least 10x the model's
   num_gpu_blocks (one engine's: a KV-event stream is one rank's), so an evicted block is still
   remembered when it comes back; below that, `evicted` misses read as `cold`.
-- prefix_caching_effective, hybrid_kv_cache_manager_enabled, hit_unit_near_block_size: what caching
-  really does on this model (derive/audit_caching.py).
+- prefix_caching_effective, hybrid_kv_cache_manager_enabled, hit_unit_near_block_size,
+  window_retention: what caching really does on this model (derive/audit_caching.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,12 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 from .. import catalog as c
 from ..samples import Sample
-from .audit_caching import hit_unit_near_block_size, hybrid_kv_cache_manager_enabled, prefix_caching_effective
+from .audit_caching import (
+    hit_unit_near_block_size,
+    hybrid_kv_cache_manager_enabled,
+    prefix_caching_effective,
+    window_retention,
+)
 from .cache_config import capacity_tokens, config_number
 from .memory import GpuSharing, gpu_sharing
 from .state import PollState
@@ -82,10 +87,12 @@ def config_checks(
     window_tokens: tuple[float, float] | None = None,
     stream_kinds: Collection[str] | None = None,
     sharing: GpuSharing | None = None,
+    window_expired_tokens: float | None = None,
 ) -> list[Sample]:
     """configs: the cache_config_info labels of every engine serving model_name, on every target;
     window_tokens: (prompt, prefix-cache query) tokens over the longest window; stream_kinds: the
-    kv_cache_spec_kind values of its stored KV events; sharing: what the GPU memory shows."""
+    kv_cache_spec_kind values of its stored KV events; sharing: what the GPU memory shows;
+    window_expired_tokens: window_expired miss tokens over the longest window (None: no windowed group)."""
 
     def under_ceiling(config: CacheConfig) -> bool | None:
         value = config_number(config, "gpu_memory_utilization")
@@ -114,6 +121,7 @@ def config_checks(
         "prefix_caching_effective": prefix_caching_effective(*(window_tokens or (None, None))),
         "hybrid_kv_cache_manager_enabled": hybrid_kv_cache_manager_enabled(configs, stream_kinds),
         "hit_unit_near_block_size": hit_unit_near_block_size(configs),
+        "window_retention": window_retention(configs, window_expired_tokens),
     }
     return [
         Sample(c.CONFIG_CHECK, {"model_name": model_name, "check": check}, float(passed))
@@ -178,8 +186,25 @@ def audit_samples(state: PollState, ceiling: float, windows: Sequence[float]) ->
             window_tokens=window_tokens(state, model, max(windows)),
             stream_kinds=kinds or None,
             sharing=sharing,
+            window_expired_tokens=window_expired(state, max(windows)),
         )
     return out
+
+
+def window_expired(state: PollState, seconds: float) -> float | None:
+    """window_expired miss tokens over the window, from the streams whose group model knows a
+    windowed group; None without one."""
+    parts = [
+        part
+        for part in state.kv_events
+        if part.misses is not None
+        and part.units is not None
+        and any(group.windowed for group in part.units.groups.values())
+    ]
+    deltas = [part.misses.window(seconds) for part in parts]
+    if not parts:
+        return None
+    return sum(delta.counters.get("window_expired", 0.0) for delta in deltas if delta is not None)
 
 
 def kv_events_received(state: PollState, seconds: float) -> bool | None:

@@ -8,6 +8,9 @@
   group for it (`--disable-hybrid-kv-cache-manager`: every window layer keeps its whole context).
 - hit_unit_near_block_size: prefix hits come in units of effective_attention_block_size, at most
   HIT_UNIT_FACTOR x the block_size users set and see (DeepSeek-V4: block_size 4, hits in 256-token units).
+- window_retention: on a hybrid model (a windowed group in the KV-event stream) whose window parts
+  are dropped before reuse (window_expired tokens over the longest window), vLLM's
+  --prefix-cache-retention-interval is set (above 0, its default).
 """
 
 from __future__ import annotations
@@ -51,3 +54,17 @@ def hit_unit_near_block_size(configs: Sequence[CacheConfig]) -> bool | None:
             return None
         results.append(unit <= HIT_UNIT_FACTOR * block)
     return all(results) if results else None
+
+
+def window_retention(configs: Sequence[CacheConfig], window_expired_tokens: float | None) -> bool | None:
+    """window_expired_tokens: miss tokens of units whose window part was dropped, over the longest
+    window (None: no stream shows a windowed group). Fails when some were and an engine keeps window
+    parts for 0 seconds; passes without any; None while the interval is unknown."""
+    if window_expired_tokens is None:
+        return None
+    if window_expired_tokens <= 0:
+        return True
+    intervals = [config_number(config, "prefix_cache_retention_interval") for config in configs]
+    if not intervals or None in intervals:
+        return None
+    return all(interval > 0 for interval in intervals)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from .. import catalog as c
 from ..samples import Sample
 from ..sources.vllm_snapshot import EngineSample, VllmSnapshot
-from .attribution import CAPACITY_FACTORS, OFFSET_BUCKETS, Totals
+from .attribution import CAPACITY_FACTORS, OFFSET_BUCKETS, TURN_BUCKETS, Totals
 from .cache_config import config_number
 from .reorder import reordered_hit_ratio
 from .whatif import host_hit_ratio
@@ -65,6 +65,7 @@ def _counters(totals: Totals) -> dict[str, float]:
     counters = {"attributed": float(totals.prompt_miss_tokens)}
     counters |= {f"extra_{f}": float(n) for f, n in totals.extra_hit_tokens.items()}
     counters["diverged"] = float(totals.tokens["prefix_diverged"])
+    counters["window_expired"] = float(totals.tokens["window_expired"])  # the audit's window_retention
     if totals.host_hit_tokens is not None:
         counters["extra_host"] = float(totals.host_hit_tokens)
         counters["host_load_bytes"] = totals.host_load_bytes
@@ -75,7 +76,6 @@ def totals_samples(totals: Totals) -> list[Sample]:
     tokens = totals.tokens.items()
     out = [Sample(c.PREFIX_CACHE_MISS_TOKENS_TOTAL, {"cause": cause}, n) for cause, n in tokens]
     out.append(Sample(c.KV_EVENTS_DECODE_TOKENS_TOTAL, {}, totals.decode_tokens))
-    out.append(Sample(c.PREFIX_CACHE_HIT_UNIT_SHORTFALL_TOKENS_TOTAL, {}, totals.unit_shortfall_tokens))
     running = 0
     for bound, count in zip((*OFFSET_BUCKETS, float("inf")), totals.offset_counts, strict=True):
         running += count
@@ -83,6 +83,13 @@ def totals_samples(totals: Totals) -> list[Sample]:
         out.append(Sample(c.PREFIX_DIVERGENCE_OFFSET_TOKENS + "_bucket", {"le": le}, running))
     out.append(Sample(c.PREFIX_DIVERGENCE_OFFSET_TOKENS + "_sum", {}, totals.offset_sum))
     out.append(Sample(c.PREFIX_DIVERGENCE_OFFSET_TOKENS + "_count", {}, running))
+    running = 0
+    for bound, count in zip((*TURN_BUCKETS, float("inf")), totals.rewritten_turn_counts, strict=True):
+        running += count
+        le = "+Inf" if bound == float("inf") else str(float(bound))
+        out.append(Sample(c.PREFIX_HISTORY_REWRITTEN_TURN + "_bucket", {"le": le}, running))
+    out.append(Sample(c.PREFIX_HISTORY_REWRITTEN_TURN + "_sum", {}, totals.rewritten_turn_sum))
+    out.append(Sample(c.PREFIX_HISTORY_REWRITTEN_TURN + "_count", {}, running))
     return out
 
 

@@ -110,6 +110,8 @@ class KvEventsState:
             for part in within_budget(drain, self.budget, self.clock):
                 self._apply(part, attribution)
         if attribution is not None and self.misses is not None:
+            if self.units is not None:  # loads back from a tier: never passed on, counted apart
+                attribution.totals.tier_restored_tokens = sum(self.units.totals.tier_hit_tokens.values())
             self.misses.record(ts, attribution.totals)
 
     def _apply(self, drain: KvEventDrain, attribution: Attribution | None) -> None:

@@ -47,7 +47,9 @@ MAX_GROUPS = 64  # KV-cache groups learned (vLLM builds a handful); a stream nam
 MAX_BLOCK_SIZES = 8  # block sizes remembered per group
 MAX_TIERS = 8  # offload media told apart; later ones count as `other`
 BASE = "base"  # the adapter label of requests without LoRA
-_TAG_SHIFT = 24  # identity tags go above every real token id (vocabularies stay below 2^24)
+TAG_SHIFT = 24  # identity tags go above every real token id (vocabularies stay below 2^24)
+TOKEN_MASK = (1 << TAG_SHIFT) - 1  # a tagged token id without its tag
+WINDOW_EXPIRED = "WindowExpired"  # the event passed on for units whose window part was removed
 
 
 class _FirstKey(msgspec.Struct, array_like=True, gc=False):
@@ -300,7 +302,7 @@ class UnitView:
         if units:
             self.totals.window_evictions += len(units)
             self.resident.difference_update(units)
-            out.append(Event("BlockRemoved", units))
+            out.append(Event(WINDOW_EXPIRED, units))
 
     def _keep_parts(self, group: int | None, hashes: Sequence, unit) -> None:
         parts = self._parts.get(group)
@@ -387,7 +389,7 @@ def _tail(event, skip: int, size: int) -> Event:
 def _tagged(event, tag: int) -> Event:
     """The event with its token ids moved into the identity's own range: the same text under another
     adapter or salt is other content to the fingerprints."""
-    shift = tag << _TAG_SHIFT
+    shift = tag << TAG_SHIFT
     return Event(
         "BlockStored",
         event.block_hashes,

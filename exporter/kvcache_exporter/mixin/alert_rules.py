@@ -380,6 +380,11 @@ def attribution(g) -> list[dict]:
             f"prompt tokens over {w}, or the median idle time before eviction in seconds when that is "
             f"shorter than the median reuse gap).{estimate}",
         )
+        + [
+            rule
+            for cause, texts in FAULT_ALERTS.items()
+            for rule in _fault(g, cause, *texts, share, guard, where)
+        ]
         + g.alert(
             "KVCacheMissAttributionIncomplete",
             f'kvcache_prefix_cache_miss_attribution_coverage_ratio{{window="{w}"}} < <threshold>\n'
@@ -391,6 +396,55 @@ def attribution(g) -> list[dict]:
             "partial breakdown.",
             pct=lambda s: pct(s["threshold"]),
         )
+    )
+
+
+# The fault causes of docs/kv-events.md beside prefix_diverged and evicted: cause -> (alert, summary,
+# what the stream shows, the action and what it is worth).
+FAULT_ALERTS = {
+    "history_rewritten": (
+        "KVCacheMissesFromRewrittenHistory",
+        "Many prefix-cache misses recompute a conversation the chat template re-renders differently.",
+        "text the model generated, re-rendered unlike it was generated (cause history_rewritten): the chat "
+        "template drops or rewrites earlier assistant turns (reasoning removed, tool-call arguments "
+        "re-serialised), so every turn leaves the cache where the previous answer starts",
+        "Make the template reproduce the generated text verbatim (keep the reasoning, render tool "
+        "arguments canonically): those tokens would have hit.",
+    ),
+    "content_moved": (
+        "KVCacheMissesFromMovedContent",
+        "Many prefix-cache misses recompute shared sections listed in another order.",
+        "shared sections in another order than before (cause content_moved): tools, documents or "
+        "retrieved passages are listed or ranked differently per request",
+        "Sort the sections deterministically (or put the per-request ranking after them): those tokens "
+        "would have hit.",
+    ),
+    "window_expired": (
+        "KVCacheMissesFromExpiredWindows",
+        "Prefixes are recomputed because their sliding-window part was dropped before reuse.",
+        "units whose sliding-window or state part vLLM dropped while the full-attention part was still "
+        "held (cause window_expired): on a hybrid model the prefix is not hittable without it",
+        "Set vLLM's --prefix-cache-retention-interval (0 by default) to about the reuse gap, so the "
+        "window part is kept: those tokens would have hit.",
+    ),
+    "below_hit_unit": (
+        "KVCacheSharedContentBelowHitUnit",
+        "Shared prompt content is shorter than the unit vLLM hits in, so it never hits.",
+        "shared content at the point where prompts leave the cache, shorter than a whole hit unit "
+        "(cause below_hit_unit; kvcache_kv_events_hit_unit_tokens is the unit)",
+        "Make the shared part at least one hit unit long, or align it to the unit (pad the template): "
+        "those tokens would hit.",
+    ),
+}
+
+
+def _fault(g, cause: str, name: str, summary: str, shows: str, fix: str, share, guard, where) -> list[dict]:
+    return g.alert(
+        name,
+        f'{share}{{cause="{cause}"}} > <threshold>\n{guard}',
+        summary,
+        f"{VALUE} of the prompt tokens {where} computed over {g.cfg['attribution']['window']} were {shows}. "
+        + fix,
     )
 
 

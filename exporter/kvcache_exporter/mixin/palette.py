@@ -10,3 +10,13 @@ CAUSE_COLORS = {
     "cold": "#8e8e8e",
     "partial_block": "#eab839",
 }
+
+# The causes only the live attribution names (the analyzer's traces have no token content or groups):
+# layout problems in reds, the window setting orange, the hit unit yellow, isolation by design green.
+LIVE_CAUSE_COLORS = {
+    "history_rewritten": "#bf1b00",
+    "content_moved": "#f29191",
+    "window_expired": "#f9934e",
+    "below_hit_unit": "#cca300",
+    "identity_isolated": "#629e51",
+}

@@ -114,9 +114,11 @@ class MultiTurnChat(Workload):
         max_tokens: int,
         sessions: int = 16,
         max_turns: int = 6,
+        dropped: int = 0,
     ) -> None:
         self._corpus, self._rng, self._max_tokens = corpus, rng, max_tokens
         self._sessions, self._max_turns = sessions, max_turns
+        self._dropped = dropped  # each answer's first tokens the history leaves out (the reasoning)
         self._history: dict[str, list[int]] = {}
         self._turns: dict[str, int] = {}
         self._in_flight: set[str] = set()
@@ -141,7 +143,7 @@ class MultiTurnChat(Workload):
         self._in_flight.discard(session)
         if session not in self._history:
             return
-        self._history[session] = self._history[session] + output_token_ids
+        self._history[session] = self._history[session] + output_token_ids[self._dropped :]
         self._turns[session] += 1
         if self._turns[session] >= self._max_turns:
             del self._history[session], self._turns[session]
@@ -194,7 +196,28 @@ class ManyTemplates(Workload):
         return RequestSpec(prompt, self._max_tokens, f"tpl-{self._next:05d}")
 
 
-WORKLOAD_NAMES = ("raw", "normalized", "chat", "templates", "trace", "none")
+class RerankedDocuments(Workload):
+    """Retrieval: the system block, then 4 shared documents (96-160 tokens) in the order a
+    per-request ranking gives, then the question. The same documents in another order are known
+    content that does not hit: the misses are `content_moved` (sorted, they would hit)."""
+
+    name = "documents"
+
+    def __init__(self, corpus: CustomerServiceCorpus, rng: random.Random, max_tokens: int) -> None:
+        self._corpus, self._rng, self._max_tokens = corpus, rng, max_tokens
+        self._documents = [_tokens(random.Random(corpus.seed + i), 96, 160) for i in range(4)]
+        self._next = 0
+
+    def next_request(self) -> RequestSpec:
+        self._next += 1
+        ranked = self._rng.sample(self._documents, 4)
+        prompt = self._corpus.system + [t for document in ranked for t in document]
+        prompt += self._rng.choice(self._corpus.questions)
+        return RequestSpec(prompt, self._max_tokens, f"rag-{self._next:05d}")
+
+
+WORKLOAD_NAMES = ("raw", "normalized", "chat", "chat_rewritten", "documents", "templates", "trace", "none")
+REASONING_TOKENS = 96  # chat_rewritten: each answer's first tokens the template drops (DeepSeek-R1-style)
 
 
 class WorkloadFactory:
@@ -216,6 +239,11 @@ class WorkloadFactory:
             return CustomerService(name, self._corpus, self._rng, self._max_tokens, self._encode)
         if name == "chat":
             return MultiTurnChat(self._corpus, self._rng, self._max_tokens)
+        if name == "chat_rewritten":  # answers long enough to keep text after the dropped reasoning
+            answer = max(self._max_tokens, 2 * REASONING_TOKENS)
+            return MultiTurnChat(self._corpus, self._rng, answer, dropped=REASONING_TOKENS)
+        if name == "documents":
+            return RerankedDocuments(self._corpus, self._rng, self._max_tokens)
         if name == "templates":
             return ManyTemplates(self._rng, self._max_tokens)
         if name == "trace":

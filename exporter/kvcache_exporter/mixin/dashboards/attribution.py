@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import units
 
-from ..palette import CAUSE_COLORS
+from ..palette import CAUSE_COLORS, LIVE_CAUSE_COLORS
 from .common import RATE, TOKENS_PER_SECOND, WINDOW, Query, graph, ratio, sel
 
 MISSES = sel("kvcache_prefix_cache_miss_tokens_total", 'replica=""')  # the aggregator's carry `replica`
@@ -25,14 +25,17 @@ def panels():
             "Miss tokens by cause",
             Query(f"sum by (cause) (rate({MISSES}[{RATE}]))", "{{cause}}"),
             shows="Prompt tokens vLLM computed per second (every BlockStored block), by why the cache did "
-            "not have them: evicted, restart, prefix_diverged, cold (other_replica: the aggregator).",
-            action="prefix_diverged dominates: per-request fields precede the shared part, move them after "
-            "it (see what the reorder is worth). evicted dominates: the cache is too small (see the 2x/4x "
-            "and host-tier estimates). restart: vLLM restarted.",
+            "not have them (docs/kv-events.md, a section per cause; other_replica: the aggregator).",
+            action="prefix_diverged: move the per-request fields after the shared part (see what the reorder "
+            "is worth). evicted: the cache is too small (see the 2x/4x and host-tier estimates). "
+            "history_rewritten: make the chat template reproduce generated turns verbatim. content_moved: "
+            "sort tools/documents deterministically. window_expired: set --prefix-cache-retention-interval. "
+            "below_hit_unit: make the shared part a whole hit unit. identity_isolated (adapter or salt) and "
+            "restart: by design. cold: new content.",
             alerts=ALERTS,
             unit=TOKENS_PER_SECOND,
             stacked=True,
-            colors=CAUSE_COLORS,
+            colors=CAUSE_COLORS | LIVE_CAUSE_COLORS,
         ),
         graph(
             "Where the shared content starts (divergence offset)",

@@ -27,14 +27,27 @@ LATENCY_ALERTS = ("KVCacheTimeToFirstTokenSLOBurn", "KVCachePrefillLatencySLOBur
 HIT_ALERTS = ("KVCacheHitRatioBelowFloor", "KVCacheHitRatioDropped")
 MEMORY_ALERTS = ("KVCacheGPUMemoryOverBudget", "KVCacheGPUMemorySwingLarge")
 UP_ALERTS = ("KVCacheExporterDown", "KVCacheExporterAbsent", "KVCacheVLLMDown", "KVCacheCollectorFailing")
-CAUSE_ALERTS = ("KVCacheMissesFromDivergedPrefix", "KVCacheEvictionThrashing", "KVCacheAffinityLoss")
+CAUSE_ALERTS = (
+    "KVCacheMissesFromDivergedPrefix",
+    "KVCacheEvictionThrashing",
+    "KVCacheAffinityLoss",
+    "KVCacheMissesFromRewrittenHistory",
+    "KVCacheMissesFromMovedContent",
+    "KVCacheMissesFromExpiredWindows",
+    "KVCacheSharedContentBelowHitUnit",
+)
 MISSES = "kvcache_prefix_cache_miss_tokens_total"
 NO_REPLICA, TWICE = 'replica=""', 'capacity_factor="2"'  # the sidecar's series; the 2x estimate
-ACTIONS = {  # docs/runbook.md, per cause of kvcache_prefix_cache_miss_tokens_total
+ACTIONS = {  # docs/runbook.md, per cause of kvcache_prefix_cache_miss_tokens_total (attribution.CAUSES)
     "prefix_diverged": "move the per-request fields after the shared part",
     "evicted": "the cache is too small: more KV memory, a host tier, fewer sequences",
+    "window_expired": "set vLLM's --prefix-cache-retention-interval: window parts are dropped before reuse",
     "restart": "vLLM restarted: the cache is warming up",
     "other_replica": "route requests that share a prefix to the same replica",
+    "history_rewritten": "make the chat template reproduce the generated turns verbatim",
+    "content_moved": "sort tools/documents deterministically",
+    "below_hit_unit": "make the shared part at least one hit unit long",
+    "identity_isolated": "another LoRA adapter or cache_salt: isolated by design",
     "cold": "new content: nothing to share yet",
 }
 

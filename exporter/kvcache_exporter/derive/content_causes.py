@@ -1,0 +1,95 @@
+"""The content causes beside prefix_diverged: rewritten history, moved content, another identity. Pure.
+
+Each reads the anchors of one stored run of new blocks (fingerprints.py: `positions` ascending,
+all below `length`) and which of them were seen before, and returns the span of new tokens it
+explains, `(start, stop)`, or None (docs/kv-events.md, one section per cause):
+
+- `rewritten_span`: the new tokens re-render text the model generated (decode-filled blocks'
+  fingerprints) behind a cached prefix: the chat template rendered an earlier assistant turn other
+  than it was generated, so the chain left the cache at that turn. Had it been verbatim, everything
+  up to the end of the re-rendered text would have hit: the span runs from the divergence point to
+  the end of the last generated anchor's window, in whole hit units.
+- `moved_span`: known runs joined only by *junctions* (the unseen anchors between two runs all fit
+  in one fingerprint window: the windows that straddle the seam between two pieces of known
+  content; the run after a seam a hit unit or more): the same sections in another order. A fixed
+  order would have served the joined stretch: from `start` (where the caller's own rule stopped)
+  to the last joined run's end, in whole hit units.
+- `foreign_span`: content known only under another adapter or cache salt: from the first such
+  anchor to the last one's window, in whole hit units (not a fault; vLLM isolates them on purpose).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .fingerprints import K
+
+
+def whole_units(start: int, stop: int, unit: int) -> tuple[int, int] | None:
+    """The span cut to whole hit units from `start`; None when not even one fits."""
+    if unit <= 0 or stop - start < unit:
+        return None
+    return start, start + (stop - start) // unit * unit
+
+
+def rewritten_span(
+    positions: Sequence[int], generated: Sequence[bool], length: int, unit: int
+) -> tuple[int, int] | None:
+    """From the divergence point to the end of the last anchor of generated text (whole units)."""
+    if True not in generated:
+        return None
+    return whole_units(0, _end(positions, generated, length), unit)
+
+
+def _end(positions: Sequence[int], flags: Sequence[bool], length: int) -> int:
+    """Where the content of the last flagged anchor ends: its window's end, the end of the new
+    tokens when no anchor follows it."""
+    last = len(flags) - 1 - flags[::-1].index(True)
+    return length if last == len(flags) - 1 else min(positions[last] + K, length)
+
+
+def known_runs(
+    positions: Sequence[int], seen: Sequence[bool], length: int
+) -> list[tuple[int, int, int, int]]:
+    """Each maximal run of seen anchors: (first index, last index, start token, end token); a run
+    covers its anchors' windows (start at its first anchor, end K tokens past its last)."""
+    runs, first = [], None
+    for i, known in enumerate(seen):
+        if known and first is None:
+            first = i
+        elif not known and first is not None:
+            runs.append((first, i - 1, positions[first], min(positions[i - 1] + K, length)))
+            first = None
+    if first is not None:
+        runs.append((first, len(seen) - 1, positions[first], min(positions[-1] + K, length)))
+    return runs
+
+
+def moved_span(
+    positions: Sequence[int], seen: Sequence[bool], length: int, unit: int, first: int, start: int
+) -> tuple[int, int] | None:
+    """The known run holding anchor `first` and the runs junction-joined after it (two runs or
+    more), from token `start` to the last one's end in whole hit units; None without a junction."""
+    runs = [run for run in known_runs(positions, seen, length) if run[1] >= first]
+    last = 0
+    while last + 1 < len(runs) and _junction(positions, runs[last], runs[last + 1], unit):
+        last += 1
+    return whole_units(start, runs[last][3], unit) if last else None
+
+
+def _junction(positions: Sequence[int], before: tuple, after: tuple, unit: int) -> bool:
+    """Two runs joined only by a seam: the unseen anchors between them fit in one window, and the
+    run after it is a hit unit or more."""
+    gap = positions[before[1] + 1 : after[0]]
+    return gap[-1] - gap[0] < K and after[3] - after[2] >= unit
+
+
+def foreign_span(
+    positions: Sequence[int], foreign: Sequence[bool], length: int, unit: int
+) -> tuple[int, int] | None:
+    """From the first anchor known only under another identity (the divergence point when it is the
+    first anchor) to the last one's content, in whole hit units."""
+    if True not in foreign:
+        return None
+    first = foreign.index(True)
+    return whole_units(positions[first] if first else 0, _end(positions, foreign, length), unit)
