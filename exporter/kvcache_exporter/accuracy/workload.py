@@ -40,9 +40,12 @@ KINDS = {
     "capacity_overflow": ("evicted", "more prompts than the cache holds, then each again"),
     "assistant_truncated": (
         "history_rewritten",
-        "an earlier assistant turn re-rendered without its first tokens",
+        "the answer the model generated, re-rendered in the next turn without its first tokens (reasoning)",
     ),
-    "tool_args_reserialized": ("history_rewritten", "an earlier tool call's arguments re-serialised"),
+    "tool_args_reserialized": (
+        "history_rewritten",
+        "the tool call the model generated, re-rendered in the next turn with its arguments reordered",
+    ),
     "documents_reranked": ("content_moved", "the same documents in another order"),
     "tools_reordered": ("content_moved", "the same tool definitions in another order"),
     "other_identity": ("identity_isolated", "the same prompt under another LoRA adapter or cache_salt"),
