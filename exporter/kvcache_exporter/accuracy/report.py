@@ -46,7 +46,9 @@ FOOTER = """
   answer reads `cold`; the follow-up is kept short (8-32 tokens) for the truth to be the request's
   main miss. The committed real-vLLM run predates this: it sent the answers as prompt tokens
   (nothing generated), so its two history rows read 0 % by construction; `make accuracy` measures
-  the generated path. Append-only turns of the other kinds still carry a reply sent as prompt tokens.
+  the generated path (a 12-case-a-kind run of it, seed 29: 21 of 24 named right, 3 `cold`; append
+  turns 110 `cold`, 3 `decode`, none a fault). Append-only turns of the other kinds still carry a
+  reply sent as prompt tokens.
 - `short_shared_prefix`: two prompts of a unit and a bit sharing their first 50-90 % of a unit. The
   kind is below what fingerprints resolve on small units: a shared stretch is seen only through an
   anchor (about one every 16 tokens) whose 8-token window lies inside it, which 8-14 shared tokens
