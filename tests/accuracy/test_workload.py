@@ -6,7 +6,7 @@ from functools import cache
 
 import pytest
 
-from kvcache_exporter.accuracy.workload import KINDS, Generator, Shape
+from kvcache_exporter.accuracy.workload import KINDS, VERBATIM, Generator, Rerender, Shape
 
 SHAPE = Shape("test", 32, 64 * 32, 1023, tuple(KINDS))
 
@@ -17,6 +17,16 @@ def cases(seed: int = 1, count: int = 6):
         kind: [case for case in Generator(SHAPE, seed).cases(count * len(KINDS)) if case[0].kind == kind]
         for kind in KINDS
     }
+
+
+def answered(case):
+    """The case as sent, each answer `answer` fresh tokens (one when none is asked), made up here."""
+    out, prompt, answer = [], (), ()
+    for i, request in enumerate(case):
+        request = request.sent(prompt, answer)
+        out.append(request)
+        prompt, answer = request.prompt, tuple(600 + 1000 * i + j for j in range(max(request.answer, 1)))
+    return out
 
 
 def scored(case):
@@ -46,7 +56,7 @@ def test_every_case_scores_its_kind_with_its_truth_and_only_append_turns_beside_
 def test_prompts_fit_the_model_and_a_case_a_third_of_the_cache():
     for kind, found in cases().items():
         for case in found:
-            for request in case:
+            for request in answered(case):
                 assert 0 < len(request.prompt) <= SHAPE.max_prompt
                 if kind not in ("capacity_overflow", "host_tier_load", "window_dropped"):
                     assert len(request.prompt) <= SHAPE.capacity_tokens // 3, kind
@@ -77,27 +87,46 @@ def test_a_field_after_the_system_prompt_changes_the_middle_only():
         assert head > 5 and tail > 5 and len(after) - head - tail <= 16
 
 
-@pytest.mark.parametrize("kind", ["documents_reranked", "tools_reordered", "tool_args_reserialized"])
-def test_moved_or_reserialised_content_is_the_same_tokens_in_another_order(kind):
+@pytest.mark.parametrize("kind", ["documents_reranked", "tools_reordered"])
+def test_moved_content_is_the_same_tokens_in_another_order(kind):
     for case in cases()[kind]:
         before, after = setup(case)[-1].prompt, scored(case)[0].prompt
         assert before != after and Counter(before) == Counter(after)
 
 
-def test_a_truncated_assistant_turn_loses_its_first_tokens_only():
-    for case in cases()["assistant_truncated"]:
-        before, after = setup(case)[-1].prompt, scored(case)[0].prompt
-        head = common_prefix(before, after)
-        assert (
-            1 <= len(before) - len(after) <= 8 and before[len(before) - len(after) + head :] == after[head:]
-        )
+def test_a_rerender_drops_the_reasoning_or_reorders_the_arguments_or_keeps_the_answer():
+    answer = tuple(range(100, 120))
+    assert VERBATIM(answer) == answer
+    assert Rerender(drop=5)(answer) == answer[5:]
+    assert Rerender(cuts=(3, 10))(answer) == (*answer[10:], *answer[3:10], *answer[:3])
+
+
+@pytest.mark.parametrize("kind", ["assistant_truncated", "tool_args_reserialized"])
+def test_history_kinds_rerender_a_generated_answer_and_append_turns_carry_theirs_verbatim(kind):
+    for case in cases()[kind]:
+        first, then, *appended = case
+        assert first.expected is None and first.follows is None
+        assert min(6 * SHAPE.unit, SHAPE.capacity_tokens // 3 // 4) <= first.answer <= 10 * SHAPE.unit
+        assert then.expected == "history_rewritten" and then.follows not in (None, VERBATIM)
+        assert all(r.follows == VERBATIM and r.expected == "cold" for r in appended)
+        assert all(r.answer for r in case[:-1]) and case[-1].answer == 0  # the last answer is not used
+        sent = answered(case)
+        generated, start = tuple(range(600, 600 + first.answer)), len(sent[0].prompt)  # answered()'s
+        rerendered = sent[1].prompt[start : len(sent[1].prompt) - len(then.prompt)]
+        assert rerendered == then.follows(generated) and rerendered != generated
+        if kind == "assistant_truncated":  # the answer's first eighth to third left out
+            assert first.answer // 8 <= first.answer - len(rerendered) <= first.answer // 3
+            assert rerendered == generated[then.follows.drop :]
+        else:  # the same tokens, another order, after the template's call opener
+            assert sent[0].prompt[-2:] == (4, 15) and 3 <= len(then.follows.cuts) + 1 <= 5
+            assert Counter(rerendered) == Counter(generated)
 
 
 def test_append_turns_extend_the_previous_prompt_by_at_least_a_unit():
     turns = 0
     for found in cases().values():
         for case in found:
-            for previous, request in itertools.pairwise(case):
+            for previous, request in itertools.pairwise(answered(case)):
                 if request.kind == "append_turn" and request.expected:
                     turns += 1
                     assert request.prompt[: len(previous.prompt)] == previous.prompt

@@ -28,8 +28,9 @@ HIT, DECODE = "hit", "decode"
 class Backend(Protocol):
     shape: Shape
 
-    def send(self, request: Request) -> list[Batch]:
-        """Do the request's `before` action, send it, return the KV-event batches it caused, decoded."""
+    def send(self, request: Request) -> tuple[list[Batch], tuple[int, ...]]:
+        """Do the request's `before` action, send it (generating `request.answer` tokens, at least one);
+        return the KV-event batches it caused, decoded, and the token ids it generated."""
         ...
 
 
@@ -108,13 +109,19 @@ class Table:
 
 
 def run(backend: Backend, cases: Iterable[list[Request]], sidecar: Sidecar | None = None) -> list[Outcome]:
-    """Every case's requests in order through `backend`; the scored ones' outcomes."""
+    """Every case's requests in order through `backend`; the scored ones' outcomes. A request that
+    follows the one before re-renders what that one generated (`Request.sent`)."""
     sidecar = sidecar or Sidecar()
     outcomes = []
     for case in cases:
+        prompt: tuple[int, ...] = ()
+        answer: tuple[int, ...] = ()
         for request in case:
+            request = request.sent(prompt, answer)
             decode = sidecar.decode_tokens()
-            delta = sidecar.feed(backend.send(request))
+            batches, answer = backend.send(request)
+            prompt = request.prompt
+            delta = sidecar.feed(batches)
             if request.expected is not None:
                 name = named(delta, sidecar.decode_tokens() - decode)
                 outcomes.append(Outcome(request.kind, request.expected, name, delta))

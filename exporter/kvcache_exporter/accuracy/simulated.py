@@ -37,7 +37,7 @@ class SimShape:
             self.name,
             self.block_size,
             self.block_size * self.blocks,
-            self.max_model_len - 1,  # max_tokens 1
+            self.max_model_len - 1,  # max_tokens 1 (a generated answer is far under the budget)
             tuple(k for k in KINDS if k not in skip),
         )
 
@@ -70,13 +70,13 @@ class Simulated:
         )
         return Engine(config, 0)
 
-    def send(self, request: Request) -> list[Batch]:
+    def send(self, request: Request) -> tuple[list[Batch], tuple[int, ...]]:
         if request.before == "restart":
             self.engine, self.seq = self._engine(), 0
         elif request.before == "reset" and not self.engine.reset_prefix_cache():
             raise RuntimeError("the simulator's cache could not be reset: a request is running")
         self.sent += 1
-        sent = EngineRequest(str(self.sent), list(request.prompt), 1, self.clock)
+        sent = EngineRequest(str(self.sent), list(request.prompt), max(request.answer, 1), self.clock)
         if request.identity is not None:  # a LoRA adapter: part of the chain's hash (blocks.py)
             sent.origin = Origin(1 + int(request.identity.rpartition("-")[2]), request.identity)
         self.engine.add_request(sent)
@@ -88,4 +88,4 @@ class Simulated:
                 frames = [b"kv", self.seq.to_bytes(8, "big"), encode_batch(step.events, 0, self.clock)]
                 batches.append(decode_message(frames, with_tokens=True))
                 self.seq += 1
-        return batches
+        return batches, tuple(sent.output_token_ids)

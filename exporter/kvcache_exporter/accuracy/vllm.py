@@ -1,8 +1,10 @@
-"""A real vLLM as a backend: prompts sent one at a time by token ids (completions, max_tokens 1), its
-ZMQ KV events received on the endpoint its PUB connects to (bound here) and decoded by the sidecar's
+"""A real vLLM as a backend: prompts sent one at a time by token ids (completions, max_tokens 1, or the
+request's `answer` sampled with a per-request seed and read back by `return_token_ids`), its ZMQ KV
+events received on the endpoint its PUB connects to (bound here) and decoded by the sidecar's
 decoder. Before moving on, every request's events must have arrived: vLLM's own counters say what it
 computed (prefix_cache_queries - prefix_cache_hits), and the batches are read until the stored blocks
-cover that, whole blocks only (a prompt's partial last block is computed but never stored).
+cover that and the generated tokens but the last (never fed back), whole blocks only (a partial last
+block is computed but never stored).
 
 `launch` starts the tiny Llama the integration suite uses (tests/integration/conftest.py), for
 `make accuracy`; the suite's test hands its session-wide server to `RealVllm` instead.
@@ -72,7 +74,7 @@ class RealVllm:
                 return
         raise StartError(f"no KV events from vLLM within {timeout:g} s")
 
-    def send(self, request: Request) -> list[Batch]:
+    def send(self, request: Request) -> tuple[list[Batch], tuple[int, ...]]:
         if request.before == "reset":
             reset = urllib.request.Request(self.base_url + "/reset_prefix_cache", data=b"", method="POST")
             with urllib.request.urlopen(reset, timeout=60):
@@ -80,20 +82,25 @@ class RealVllm:
         elif request.before is not None:
             raise ValueError(f"vLLM cannot {request.before} here")
         before = self.counters
-        self._complete(list(request.prompt), request.identity)
+        generated = self._complete(list(request.prompt), request.identity, request.answer)
         self.counters = after = self._counted(before, len(request.prompt))
-        computed = (after.queries - before.queries) - (after.hits - before.hits)
-        return self._batches(int(computed) // BLOCK_SIZE * BLOCK_SIZE)
+        computed = int((after.queries - before.queries) - (after.hits - before.hits))
+        fed = computed + max(len(generated) - 1, 0)  # the generated tokens fed back: all but the last
+        return self._batches(fed // BLOCK_SIZE * BLOCK_SIZE), generated
 
-    def _complete(self, prompt: list[int], identity: str | None) -> None:
+    def _complete(self, prompt: list[int], identity: str | None, answer: int = 0) -> tuple[int, ...]:
+        """The completion; the token ids it generated (read back only when `answer` asks for some)."""
         body = {"model": self.model, "prompt": prompt, "max_tokens": 1, "temperature": 0, "ignore_eos": True}
+        if answer:  # sampled, seeded: varied text whatever the (dummy) weights favour
+            body |= {"max_tokens": answer, "temperature": 1.0, "seed": len(prompt), "return_token_ids": True}
         if identity is not None:
             body["cache_salt"] = identity
         post = urllib.request.Request(
             self.base_url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
         )
-        with urllib.request.urlopen(post, timeout=120) as answer:
-            answer.read()
+        with urllib.request.urlopen(post, timeout=120) as response:
+            reply = json.loads(response.read())
+        return tuple(reply["choices"][0].get("token_ids") or ()) if answer else ()
 
     def _counters(self) -> Counters:
         status, body = http_get(self.base_url + "/metrics")

@@ -6,12 +6,18 @@ then up to two append-only next turns of the same chat (scored: they must never 
 Cases are independent (fresh random content) and sent in sequence, so a case's setup is always the
 last thing before its change: the truth holds by construction, not by luck of the cache.
 
+The history kinds are chats as they really go: the engine generates the assistant's answer (decode,
+`Request.answer` tokens), and the next request re-renders it (`Request.follows`: the previous prompt,
+its answer as the template writes it back, then this request's `prompt`). The backend says what it
+generated; the harness fills the prompt in (`Request.sent`) before sending it.
+
 Prompts are rendered by a toy chat template (role headers of five fixed tokens, an end token, openers
 that recur across chats), so repeated template text is there to be mistaken for moved content.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -34,9 +40,12 @@ KINDS = {
     "capacity_overflow": ("evicted", "more prompts than the cache holds, then each again"),
     "assistant_truncated": (
         "history_rewritten",
-        "an earlier assistant turn re-rendered without its first tokens",
+        "the answer the model generated, re-rendered in the next turn without its first tokens (reasoning)",
     ),
-    "tool_args_reserialized": ("history_rewritten", "an earlier tool call's arguments re-serialised"),
+    "tool_args_reserialized": (
+        "history_rewritten",
+        "the tool call the model generated, re-rendered in the next turn with its arguments reordered",
+    ),
     "documents_reranked": ("content_moved", "the same documents in another order"),
     "tools_reordered": ("content_moved", "the same tool definitions in another order"),
     "other_identity": ("identity_isolated", "the same prompt under another LoRA adapter or cache_salt"),
@@ -60,12 +69,41 @@ class Shape:
 
 
 @dataclass(frozen=True)
+class Rerender:
+    """How the chat template writes a generated answer back into the next prompt: without its first
+    `drop` tokens (a reasoning preamble, DeepSeek-R1-style); cut at `cuts` and the pieces written in
+    reverse order (a tool call's arguments re-serialised with their keys in another order); else
+    verbatim."""
+
+    drop: int = 0
+    cuts: tuple[int, ...] = ()
+
+    def __call__(self, answer: tuple[int, ...]) -> tuple[int, ...]:
+        kept = answer[self.drop :]
+        if not self.cuts:
+            return kept
+        bounds = (0, *self.cuts, len(kept))
+        return sum((kept[a:b] for a, b in reversed(list(itertools.pairwise(bounds)))), ())
+
+
+VERBATIM = Rerender()
+
+
+@dataclass(frozen=True)
 class Request:
-    prompt: tuple[int, ...]
+    prompt: tuple[int, ...]  # with `follows`: what comes after the re-rendered answer
     kind: str  # the case's injected kind
     expected: str | None  # the truth; None: a setup request, not scored
     before: str | None = None  # "reset" or "restart": what the backend does before sending it
     identity: str | None = None  # a LoRA adapter or cache_salt
+    answer: int = 0  # tokens the engine generates (max_tokens; 0: one, never used)
+    follows: Rerender | None = None  # the prompt: the previous one, its answer so re-rendered, `prompt`
+
+    def sent(self, previous: tuple[int, ...], answer: tuple[int, ...]) -> Request:
+        """The request as sent after `previous` (the case's last prompt as sent) generated `answer`."""
+        if self.follows is None:
+            return self
+        return replace(self, prompt=(*previous, *self.follows(answer), *self.prompt), follows=None)
 
 
 @dataclass(frozen=True)
@@ -147,9 +185,9 @@ class Generator:
         """The longest prompt a case sends: a third of the cache, so a case never evicts its own setup."""
         return min(self.shape.max_prompt, self.shape.capacity_tokens // 3)
 
-    def _fit(self, chat: Chat) -> Chat:
-        """Drop the oldest exchanged turns while the prompt is over budget."""
-        while len(chat.render()) > self._budget() and len(chat.turns) > 1:
+    def _fit(self, chat: Chat, room: int = 0) -> Chat:
+        """Drop the oldest exchanged turns while the prompt (and `room` tokens more) is over budget."""
+        while len(chat.render()) + room > self._budget() and len(chat.turns) > 1:
             chat = replace(chat, turns=chat.turns[2:])
         return chat
 
@@ -193,7 +231,7 @@ class Generator:
 
     def _field_after_system(self) -> list[Request]:
         chat = self._chat(turns=self.rng.randint(1, 2))
-        chat = self._fit(replace(chat, documents=(self._sized(48, 256),)))
+        chat = self._fit(replace(chat, documents=(self._sized(48, 256),)), 16)  # room for the field
         first, second = (
             replace(chat, after_system=self._tokens(3, 16)),
             replace(chat, after_system=self._tokens(3, 16)),
@@ -220,7 +258,7 @@ class Generator:
         return [Request(prompt, "exact_repeat", None), Request(prompt, "exact_repeat", "hit")]
 
     def _resent(self, kind: str, before: str) -> list[Request]:
-        chat = self._fit(self._chat())
+        chat = not_whole(self._fit(self._chat()), self.shape.unit)
         prompt = chat.render()
         return [
             Request(prompt, kind, None),
@@ -248,32 +286,46 @@ class Generator:
         first = [Request(p, "capacity_overflow", None) for p in prompts]
         return [*first, *(Request(p, "capacity_overflow", "evicted") for p in prompts)]
 
-    def _rewritten(self, kind: str, rewrite) -> list[Request]:
-        """A chat with two exchanged turns; its first assistant turn re-rendered by `rewrite`."""
-        chat = self._chat(turns=2)
-        chat = replace(chat, turns=(chat.turns[0], rewrite(None), *chat.turns[2:]))
-        chat = self._fit(chat)
-        if len(chat.turns) < 3:  # _fit dropped the turn to rewrite: a shorter chat
-            chat = replace(chat, turns=(self._user(), rewrite(None), self._user()))
-        turns = list(chat.turns)
-        changed = replace(chat, turns=(turns[0], rewrite(turns[1]), *turns[2:]))
-        return self._change(kind, chat, changed)
+    def _answer_length(self) -> int:
+        """A generated answer: 6-10 hit units (the attribution learns generated text from the second
+        decode-filled block on), at most a quarter of the budget."""
+        unit = self.shape.unit
+        return min(self.rng.randint(6 * unit, 10 * unit), self._budget() // 4)
+
+    def _generated(
+        self, kind: str, answer: int, rerender: Rerender, opener: tuple[int, ...] = ()
+    ) -> list[Request]:
+        """A chat whose assistant answer (`answer` tokens after `opener`, the template's start of it)
+        the engine generates; the next turn, a short follow-up question, re-rendering it by `rerender`,
+        scored; then 0-2 append-only turns, each carrying the answer before it verbatim (the history
+        as the scored turn wrote it)."""
+        follow_up = (*END, *USER, *self._sized(8, 32), *END, *ASSISTANT)
+        chat = self._fit(self._chat(turns=self.rng.randint(0, 2)), answer + len(follow_up) + len(opener))
+        out = [
+            Request((*chat.render(), *opener), kind, None, answer=answer),
+            Request(follow_up, kind, KINDS[kind][0], answer=answer, follows=rerender),
+        ]
+        length = len(out[0].prompt) + answer + len(follow_up)
+        for _ in range(self.rng.randint(0, 2)):
+            tail = (*END, *USER, *self._user(), *END, *ASSISTANT)
+            length += answer + len(tail)
+            if length > self._budget():
+                break
+            out.append(Request(tail, "append_turn", "cold", answer=answer, follows=VERBATIM))
+        return [*out[:-1], replace(out[-1], answer=0)]  # the last one's answer is not carried on
 
     def _assistant_truncated(self) -> list[Request]:
-        drop = self.rng.randint(1, 8)
-        # a reasoning preamble the template strips from earlier turns: its first `drop` tokens
-        return self._rewritten(
-            "assistant_truncated", lambda turn: self._reply() if turn is None else turn[drop:]
-        )
+        """The template drops the reasoning: the answer's first eighth to third."""
+        answer = self._answer_length()
+        drop = self.rng.randint(max(answer // 8, 1), max(answer // 3, 1))
+        return self._generated("assistant_truncated", answer, Rerender(drop=drop))
 
     def _tool_args_reserialized(self) -> list[Request]:
-        def call(turn):
-            if turn is None:  # name, then key/value pairs separated by a comma token
-                pairs = [(*self._tokens(1, 2), 5, *self._tokens(1, 6)) for _ in range(self.rng.randint(3, 6))]
-                return (*TOOL_CALL, *self._tokens(2, 4), 6, *sum(((*p, 7) for p in pairs), ()), 8)
-            return reserialized(turn)
-
-        return self._rewritten("tool_args_reserialized", call)
+        """A tool call the model writes (after the template's call opener), its 3-5 arguments written
+        back in reverse order (keys sorted another way): the same tokens, another order."""
+        answer = self._answer_length()
+        cuts = sorted(self.rng.sample(range(2, answer - 1), self.rng.randint(2, 4)))
+        return self._generated("tool_args_reserialized", answer, Rerender(cuts=tuple(cuts)), TOOL_CALL)
 
     def _reordered(self, kind: str, where: str) -> list[Request]:
         count = self.rng.randint(3, 5)
@@ -341,25 +393,3 @@ def not_whole(chat: Chat, unit: int) -> Chat:
     if len(chat.render()) % unit:
         return chat
     return replace(chat, turns=(*chat.turns[:-1], (*chat.turns[-1], TOKEN_LOW)))
-
-
-def reserialized(call: tuple[int, ...]) -> tuple[int, ...]:
-    """A tool call's key/value pairs (ended by 7) written again in reverse order: the same arguments."""
-    head, _, body = _split(call)
-    pairs = list(_pairs(body))
-    return (*head, *sum(((*p, 7) for p in reversed(pairs)), ()), 8)
-
-
-def _split(call: tuple[int, ...]) -> tuple[tuple[int, ...], None, tuple[int, ...]]:
-    start = call.index(6) + 1
-    return call[:start], None, call[start:-1]
-
-
-def _pairs(body: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
-    pair: list[int] = []
-    for token in body:
-        if token == 7:
-            yield tuple(pair)
-            pair = []
-        else:
-            pair.append(token)
