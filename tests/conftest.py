@@ -11,10 +11,22 @@ import pytest
 
 from kvcache_exporter.tools.harness import Services, free_port
 
-__all__ = ["REPO", "SHARED_FIXTURES", "free_port"]
+__all__ = ["REPO", "SHARED_FIXTURES", "exposition_captures", "free_port"]
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
+
+
+def exposition_captures() -> list[Path]:
+    """Every captured /metrics page in ../shared/fixtures (vLLM's and SGLang's): the text files that
+    are neither decoded KV events nor SGLang's list of metric types."""
+    return [
+        p
+        for p in sorted(SHARED_FIXTURES.glob("*/*.txt"))
+        if "kv-events" not in p.name and "metric-types" not in p.name
+    ]
+
+
 FAKE_NVML_SOURCE = REPO / "tests" / "fixtures" / "nvml" / "fake_nvml.c"
 
 

@@ -1,6 +1,7 @@
 """Import-only stand-ins for torchvision and torchaudio, which SGLang imports at start-up for
 multimodal models the CPU test server never loads (PyPI's torchvision needs a newer, CUDA torch).
 Any use raises, so a path that really needs them fails loudly."""
+
 import importlib.abc
 import importlib.machinery
 import sys

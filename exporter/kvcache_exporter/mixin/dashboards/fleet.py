@@ -16,6 +16,7 @@ UID = "kvcache-fleet"
 
 OTHER = sel("kvcache_prefix_cache_miss_tokens_total", 'cause="other_replica"')
 AFFINITY = ("KVCacheAffinityLoss",)
+DELTAS_PER_SECOND = "suffix: deltas/s"
 
 
 def _per_replica(metric: str) -> str:
@@ -112,6 +113,40 @@ def panels():
             "process behind every panel of this row.",
             action="0 or gone: the fleet view is blind; see the aggregator's log and its pod (runbook).",
             alerts=("KVCacheAggregatorDown", "KVCacheAggregatorAbsent"),
+        ),
+        graph(
+            "On NATS JetStream: sidecars publishing",
+            Query(
+                f"sum by (replica) (rate({sel('kvcache_fleet_published_total')}[{RATE}]))",
+                "{{replica}} published/s",
+            ),
+            Query(
+                f"sum by (replica) (rate({sel('kvcache_fleet_publish_dropped_total')}[{RATE}]))",
+                "{{replica}} dropped/s",
+            ),
+            Query(
+                f"max by (replica) ({sel('kvcache_fleet_publish_lag_seconds')})", "{{replica}} lag", unit="s"
+            ),
+            shows="With --fleet.publish: each sidecar's residency deltas sent to NATS per second, those it "
+            "dropped (its bounded buffer full, NATS away) and how old its oldest unsent delta is.",
+            action="Drops or a growing lag: NATS is unreachable or slow from that sidecar; the shards mark "
+            "the gap as missed until the replica stores its blocks again (runbook).",
+            alerts=("KVCacheFleetPublishDropping", "KVCacheFleetPublishLagging"),
+            unit=DELTAS_PER_SECOND,
+        ),
+        graph(
+            "On NATS JetStream: shards consuming",
+            Query(f"sum by (instance) ({sel('kvcache_fleet_consumer_pending')})", "{{instance}} pending"),
+            Query(
+                f"sum by (instance) (rate({sel('kvcache_fleet_consumer_redelivered_total')}[{RATE}]))",
+                "{{instance}} redelivered/s",
+                unit=DELTAS_PER_SECOND,
+            ),
+            shows="With --fleet.source: deltas waiting in each shard's durable consumer, and those NATS "
+            "delivered again (a shard that did not acknowledge in time).",
+            action="Pending growing: the shard cannot keep up; add shards (--fleet.shard K/N) or CPU. "
+            "Redeliveries: the shard is stalling or restarting (runbook).",
+            alerts=("KVCacheFleetConsumerLagging", "KVCacheFleetRedeliveries"),
         ),
     ]
 
