@@ -85,7 +85,10 @@ def check_shape(exporter, server, unit: int, units: int, engine: str | None = No
             break
     assert recomputed >= unit, "vLLM never recomputed a prompt sent long before: no eviction happened"
     got = delta(after_evictions, before_probe)
-    assert got["evicted"] == recomputed and sum(got.values()) == recomputed, (got, recomputed)
+    # cache pressure: evicted, or on a hybrid model window_expired where a unit's sliding-window part
+    # went first while its full-attention part was still held (docs/kv-events.md, window_expired)
+    pressure = got["evicted"] + got.get("window_expired", 0.0)
+    assert pressure == recomputed and sum(got.values()) == recomputed, (got, recomputed)
     distinct = [probe]
 
     reset_prefix_cache(server)
@@ -154,7 +157,8 @@ def test_data_parallel_lora_sessions_and_reuse_reports(vllm_dp_lora, start_expor
         )
         after = settle_engines(exporter, engines)
         got = delta(after["0"], before["0"])
-        assert got["cold"] == 3 * 320 and got["prefix_diverged"] == 0, got  # never "diverged" across adapters
+        # the text once cold, then under each adapter identity_isolated (by design), never "diverged"
+        assert got["cold"] == 320 and got["identity_isolated"] == 2 * 320 and got["prefix_diverged"] == 0, got
         assert delta(after["1"], before["1"]) == dict.fromkeys(after["1"], 0.0)
 
         samples = scrape(exporter)
