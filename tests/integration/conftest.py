@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -206,9 +207,8 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("VIRTUAL_ENV", None)
-    port, kv_port = free_port(), free_port()
-    while kv_port == port:
-        kv_port = free_port()
+    port = free_port()
+    kv_port = free_ports(1, {port})
     log_path = tmp / "vllm.log"
     started = time.monotonic()
     server = VLLMServer(port, log_path, None, kv_events_port=kv_port, start_seconds=0.0, env=env, cwd=tmp)
@@ -282,9 +282,15 @@ class ShapeServer(VllmProcess):
 
 
 def free_ports(count: int, taken: set[int]) -> int:
-    """The first of `count` consecutive free ports (vLLM's DP rank r publishes on port + r)."""
+    """The first of `count` consecutive free ports (vLLM's DP rank r publishes on port + r), drawn
+    below the kernel's ephemeral range: a session-long vLLM connects out to them and each test's
+    exporter binds them, so between tests nothing holds them, and a free_port() of another test (an
+    ephemeral port) must never be handed one."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ephemeral:
+        low = int(ephemeral.read().split()[0])
+    draw = random.Random()
     while True:
-        first = free_port()
+        first = draw.randrange(10_000, low - count)
         ports = set(range(first, first + count))
         if ports & taken:
             continue
