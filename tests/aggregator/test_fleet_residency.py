@@ -180,3 +180,71 @@ def test_a_range_keeps_ints_bytes_and_a_hostile_mix_without_raising():
     assert half.keep([low_bytes, high_bytes]) == [low_bytes]
     assert half.keep([high, low_bytes, low]) == [low_bytes, low]
     assert HashRange(1.0, 1, 2).keep([low, high, high_bytes]) == [high, high_bytes]
+
+
+def test_ranks_of_one_replica_are_its_cache_without_double_counting():
+    """Data parallel: each rank its own stream, sequence and cache; the fleet counts replicas."""
+    fleet = FleetResidency()
+    fleet.apply("a", batch(0, stored(1, 2)), rank=0)
+    fleet.apply("a", batch(0, stored(2, 3)), rank=1)  # its own seq from 0: no restart, no gap
+    a = fleet.replicas["a"]
+    assert (a.stored, a.other_replica, a.resident, a.restarts, a.missed) == (4, 0, 4, 0, 0)
+    assert (fleet.distinct, fleet.duplicates) == (3, 0)  # 2 on both ranks of a: not a fleet duplicate
+    assert (a.ranks[0].resident, a.ranks[1].resident) == (2, 2)
+    fleet.apply("b", batch(0, stored(2, 3, 4)))
+    b = fleet.replicas["b"]
+    assert (b.other_replica, fleet.duplicates) == (2, 2)  # 2 and 3: held by replica a
+    fleet.apply("a", batch(1, removed(2)), rank=0)  # rank 1 still holds 2: a still does
+    assert (fleet.duplicates, a.resident, a.removed) == (2, 3, 1)
+    fleet.apply("a", batch(1, removed(2)), rank=1)
+    assert (fleet.duplicates, a.resident, fleet.distinct) == (1, 2, 4)
+    fleet.apply("b", batch(1, stored(1)))
+    assert b.other_replica == 3 and fleet.duplicates == 2
+
+
+def test_a_rank_restart_or_clear_forgets_that_rank_only():
+    fleet = FleetResidency()
+    fleet.apply("a", batch(7, stored(1)), rank=0)
+    fleet.apply("a", batch(3, stored(2)), rank=1)
+    fleet.apply("b", batch(0, stored(1, 2)))
+    assert fleet.duplicates == 2
+    fleet.apply("a", batch(0, stored(5)), rank=1)  # rank 1 back to seq 0: its cache is empty
+    a = fleet.replicas["a"]
+    assert (a.restarts, a.resident, a.ranks[0].resident, fleet.duplicates) == (1, 2, 1, 1)
+    fleet.apply("a", batch(8, Event("AllBlocksCleared")), rank=0)
+    assert (a.cleared, a.resident, fleet.duplicates, fleet.distinct) == (1, 1, 0, 3)
+
+
+def test_a_removed_data_parallel_replica_frees_every_rank_bit():
+    fleet = FleetResidency()
+    for rank in range(3):
+        fleet.apply("a", batch(0, stored(rank)), rank=rank)
+    fleet.apply("b", batch(0, stored(0, 1, 2)))
+    assert fleet.duplicates == 3
+    fleet.remove_replica("a")
+    assert (fleet.duplicates, fleet.distinct, fleet.replicas["b"].resident) == (0, 3, 3)
+    fleet.apply("c", batch(0, stored(0)), rank=1)
+    fleet.apply("d", batch(0, stored(1)))
+    assert fleet.duplicates == 2 and fleet.replicas["c"].other_replica == 1
+
+
+def test_ranks_sum_to_one_replica_per_rank_as_replicas_would_count_other_replicas():
+    """Two streams as ranks of one replica: that replica counts their sum, the others see it as one
+    holder, and the duplicates are the hashes two or more replicas hold, counted from scratch."""
+    streams = random_streams(replicas=4)
+    as_replicas = run(FleetResidency(), streams)
+    ranked = FleetResidency()
+    for step in range(len(streams[0])):
+        for index, stream in enumerate(streams):
+            name, rank = ("r0", index) if index < 2 else (f"r{index}", 0)
+            ranked.apply(name, stream[step], rank=rank)
+    for field in ("stored", "removed", "resident"):
+        whole = sum(getattr(as_replicas.replicas[f"r{i}"], field) for i in (0, 1))
+        assert getattr(ranked.replicas["r0"], field) == whole, field
+    assert ranked.distinct == as_replicas.distinct
+    assert ranked.duplicates < as_replicas.duplicates
+    for index in (2, 3):
+        assert ranked.replicas[f"r{index}"].other_replica == as_replicas.replicas[f"r{index}"].other_replica
+    masks = [view.mask for view in ranked.replicas.values()]
+    holders = [sum(bool(held & mask) for mask in masks) for held in ranked._owners.values()]
+    assert ranked.duplicates == sum(n > 1 for n in holders)

@@ -1,9 +1,11 @@
 """The README's "Try it on a real vLLM" recipe, run as written (issue 31): the shell blocks between
 `<!-- recipe -->` and `<!-- /recipe -->`, each in a bash of its own as a reader pastes them, only
 the ports swapped for free ones. The first block installs (nothing, once installed) and starts the
-real vLLM CPU build, the second the exporter; the third sends the prompts and greps the exporter,
-whose answer must carry the why: hits, the KV-event stream and the miss causes, prefix_diverged
-among them for the prompts that put per-request fields first.
+real vLLM CPU build, the second the exporter with `--vllm.url` alone (it finds the KV-event endpoint
+at vLLM's /kv_event_sources; its listen port, not in the block, comes from the environment); the
+third sends the prompts and greps the exporter, whose answer must carry the why: hits, the KV-event
+stream and the miss causes, prefix_diverged among them for the prompts that put per-request fields
+first. KVCACHE_TEST_RECIPE_OUT names a folder to keep the three outputs in (for the docs).
 """
 
 from __future__ import annotations
@@ -54,6 +56,12 @@ def test_recipe_blocks_are_the_three_shells():
     assert all(port in "".join(blocks) for port in PORTS)
 
 
+def test_the_exporter_block_is_one_flag():
+    """Zero configuration beside vLLM: `serve --vllm.url URL`, nothing copied from vLLM's flags."""
+    command = recipe_blocks()[1].replace("\\\n", " ").split()
+    assert command == [".venv/bin/kvcache-exporter", "serve", "--vllm.url", "http://127.0.0.1:8000/metrics"]
+
+
 def test_the_readme_recipe_reaches_the_why_on_real_vllm(tmp_path):
     ports = {written: free_port() for written in PORTS}
     vllm_block, exporter_block, prompts_block = (on_ports(b, ports) for b in recipe_blocks())
@@ -63,6 +71,7 @@ def test_the_readme_recipe_reaches_the_why_on_real_vllm(tmp_path):
         "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
         "HF_HOME": str(tmp_path / "hf"),
         "VLLM_NO_USAGE_STATS": "1",
+        "KVCACHE_EXPORTER_WEB_LISTEN_ADDRESS": f"127.0.0.1:{ports['18090']}",
     }
     env.pop("VIRTUAL_ENV", None)
     started: list[subprocess.Popen] = []
@@ -100,7 +109,16 @@ def test_the_readme_recipe_reaches_the_why_on_real_vllm(tmp_path):
     finally:
         for proc in reversed(started):
             stop(proc)
+    keep = os.environ.get("KVCACHE_TEST_RECIPE_OUT")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        for log in ("vllm.log", "exporter.log"):
+            Path(keep, log).write_bytes((tmp_path / log).read_bytes())
+        Path(keep, "prompts.out").write_text(run.stdout + run.stderr, encoding="utf-8")
     assert run.returncode == 0, run.stderr
+    exporter_log = (tmp_path / "exporter.log").read_text(encoding="utf-8", errors="replace")
+    found = f"KV events from vLLM's /kv_event_sources: rank 0 tcp://127.0.0.1:{ports['5557']} (bind)"
+    assert found in exporter_log, exporter_log
     usages = [line for line in run.stdout.splitlines() if line.startswith("{")]
     cached = [int(n) for n in re.findall(r"'cached_tokens': (\d+)", "\n".join(usages))]
     assert len(usages) == 10 and len(cached) == 10, run.stdout

@@ -5,6 +5,13 @@ replica R whose hash is held by another replica is an `other_replica` miss: a pr
 would have sent the request where the block already was. Hashes held by two or more replicas are
 duplicates: KV memory spent twice.
 
+A data-parallel replica's ranks are engines with caches of their own, each with its own stream
+(and sequence), so each rank has a bit of its own and its own residency; the replica is the union
+of its ranks. Across replicas only the replica counts: a block one rank stores while a sibling rank
+holds it is not an `other_replica` miss (a prefix-affine router picks replicas, not ranks) and a
+block two ranks of one replica hold is no fleet duplicate, while the replica's resident blocks are
+its ranks' sum (each rank's copy is KV memory of its own).
+
 Bounded and linear: each replica tracks at most `max_blocks_per_replica` hashes, and only hashes
 inside one `HashRange` are kept at all. vLLM's hashes are the low 64 bits of a sha256 digest
 (bytes hashes: their last 8 bytes, the same number), so a range of that 64-bit space is a uniform
@@ -67,10 +74,22 @@ class HashRange:
 
 
 @dataclass
-class ReplicaView:
-    """One replica's stream as seen so far; counts are of kept (sampled) blocks."""
+class RankView:
+    """One data-parallel rank's stream: its own bit in the owner masks, sequence and residency."""
 
     bit: int
+    resident: int = 0
+    cursor: SeqCursor = field(default_factory=SeqCursor)  # the rank's sequence, read once
+
+
+@dataclass
+class ReplicaView:
+    """One replica's streams as seen so far (its ranks' counts summed); counts are of kept (sampled)
+    blocks. `bit` is rank 0's, the replica's own in the session masks; `mask` all its ranks' bits."""
+
+    bit: int
+    mask: int = 0
+    ranks: dict[int, RankView] = field(default_factory=dict)
     resident: int = 0
     stored: int = 0
     other_replica: int = 0
@@ -80,7 +99,6 @@ class ReplicaView:
     missed: int = 0
     restarts: int = 0
     cleared: int = 0
-    cursor: SeqCursor = field(default_factory=SeqCursor)  # the replica's sequence, read once
 
 
 class FleetResidency:
@@ -95,7 +113,8 @@ class FleetResidency:
         self.sessions = sessions or SessionSpread()  # every event's session, whatever the hash range
         self.replicas: dict[str, ReplicaView] = {}
         self.duplicates = 0  # hashes held by >= 2 replicas
-        self._owners: dict[int | bytes, int] = {}
+        self._owners: dict[int | bytes, int] = {}  # hash -> the bits of the ranks holding it
+        self._mask_of: dict[int, int] = {}  # a rank's bit -> its replica's mask
         self._free_bits: list[int] = []
         self._next_bit = 1
 
@@ -110,109 +129,134 @@ class FleetResidency:
 
     def add_replica(self, name: str) -> ReplicaView:
         if name not in self.replicas:
+            view = self.replicas[name] = ReplicaView(0)
+            view.bit = self._rank(view, 0).bit
+        return self.replicas[name]
+
+    def _rank(self, view: ReplicaView, rank: int) -> RankView:
+        """The replica's rank `rank`, given a bit of its own when first seen."""
+        state = view.ranks.get(rank)
+        if state is None:
             bit = self._free_bits.pop() if self._free_bits else self._next_bit
             if bit == self._next_bit:
                 self._next_bit <<= 1
-            self.replicas[name] = ReplicaView(bit)
-        return self.replicas[name]
+            state = view.ranks[rank] = RankView(bit)
+            view.mask |= bit
+            for each in view.ranks.values():
+                self._mask_of[each.bit] = view.mask
+        return state
 
     def remove_replica(self, name: str) -> None:
         view = self.replicas.pop(name, None)
         if view is not None:
-            self._forget(view)
+            for state in view.ranks.values():
+                self._forget(view, state)
+                del self._mask_of[state.bit]
+                self._free_bits.append(state.bit)
             self.sessions.forget(view.bit)
-            self._free_bits.append(view.bit)
 
-    def missing(self, name: str, seq: int) -> range:
-        """Sequence numbers lost before `seq` on this replica, read as the sidecar reads them."""
+    def missing(self, name: str, seq: int, rank: int = 0) -> range:
+        """Sequence numbers lost before `seq` on this replica's rank, read as the sidecar reads them."""
         view = self.replicas.get(name)
-        return gap(view.cursor.next if view else None, seq)
+        state = view.ranks.get(rank) if view else None
+        return gap(state.cursor.next if state else None, seq)
 
-    def apply(self, name: str, batch: Batch) -> None:
-        view = self.add_replica(name)
-        self.apply_marked(name, batch.events, view.cursor.advance(batch.seq))
+    def apply(self, name: str, batch: Batch, rank: int = 0) -> None:
+        state = self._rank(self.add_replica(name), rank)
+        self.apply_marked(name, batch.events, state.cursor.advance(batch.seq), rank)
 
-    def apply_marked(self, name: str, events: Sequence[Event], mark: Mark = IN_ORDER) -> None:
-        """Events whose place in the replica's stream its intake read (the NATS intake reads one
+    def apply_marked(self, name: str, events: Sequence[Event], mark: Mark = IN_ORDER, rank: int = 0) -> None:
+        """Events whose place in the rank's stream its intake read (the NATS intake reads one
         sequence per hash range): `mark` says what was lost before them."""
         view = self.add_replica(name)
-        self._mark(view, mark)
+        state = self._rank(view, rank)
+        self._mark(view, state, mark)
         view.batches += 1
         keep = self.hash_range.keep
         for event in events:
             if event.type == "BlockStored":
-                self._store(view, keep(event.block_hashes))
+                self._store(view, state, keep(event.block_hashes))
                 if event.session_id is not None:
                     self.sessions.seen(event.session_id, view.bit)
             elif event.type == "BlockRemoved":
-                self._remove(view, keep(event.block_hashes))
+                self._remove(view, state, keep(event.block_hashes))
             elif event.type == "AllBlocksCleared":
                 view.cleared += 1
-                self._forget(view)
+                self._forget(view, state)
 
-    def skip(self, name: str, seq: int | None, count: int) -> None:
+    def skip(self, name: str, seq: int | None, count: int, rank: int = 0) -> None:
         """`count` messages from `seq` on that the subscriber dropped on purpose (rate limit, bad
         bytes): the sequence moves on without counting them as missed, as the sidecar does."""
         view = self.replicas.get(name)
         if view is not None:
-            self._mark(view, view.cursor.skip(seq, count))
+            state = self._rank(view, rank)
+            self._mark(view, state, state.cursor.skip(seq, count))
 
-    def restart(self, name: str) -> None:
-        """The replica's publisher started again, said by its intake: its cache starts empty."""
-        self._mark(self.add_replica(name), Mark(0, True))
+    def restart(self, name: str, rank: int = 0) -> None:
+        """The rank's publisher started again, said by its intake: its cache starts empty."""
+        view = self.add_replica(name)
+        self._mark(view, self._rank(view, rank), Mark(0, True))
 
-    def clear(self, name: str) -> None:
-        """The replica's cache starts empty (AllBlocksCleared), said by its intake."""
+    def clear(self, name: str, rank: int = 0) -> None:
+        """The rank's cache starts empty (AllBlocksCleared), said by its intake."""
         view = self.add_replica(name)
         view.cleared += 1
-        self._forget(view)
+        self._forget(view, self._rank(view, rank))
 
-    def _mark(self, view: ReplicaView, mark: Mark) -> None:
+    def _mark(self, view: ReplicaView, state: RankView, mark: Mark) -> None:
         """Back to a lower seq (or an absurd jump) is a new publisher whose cache starts empty."""
         view.missed += mark.lost
         if mark.restart:
             view.restarts += 1
-            self._forget(view)
+            self._forget(view, state)
 
-    def _store(self, view: ReplicaView, hashes: Iterable[int | bytes]) -> None:
-        owners, bit, full = self._owners, view.bit, view.resident >= self.max_blocks
+    def _one_replica(self, held: int) -> bool:
+        """Whether the ranks in `held` (not 0) are all of one replica."""
+        return not held & (held - 1) or not held & ~self._mask_of[held & -held]
+
+    def _store(self, view: ReplicaView, state: RankView, hashes: Iterable[int | bytes]) -> None:
+        owners, bit, mask = self._owners, state.bit, view.mask
+        full = view.resident >= self.max_blocks
         for block_hash in hashes:
             view.stored += 1
             held = owners.get(block_hash, 0)
-            if held & ~bit:
+            if held & ~mask:
                 view.other_replica += 1
             if held & bit:
-                continue  # already ours: a re-store after a view went stale
+                continue  # already this rank's: a re-store after a view went stale
             if full:
                 view.overflow += 1
                 continue
-            if held and not held & (held - 1):
-                self.duplicates += 1  # a second holder
+            if held and not held & mask and self._one_replica(held):
+                self.duplicates += 1  # a second replica holds it
             owners[block_hash] = held | bit
             view.resident += 1
+            state.resident += 1
             full = view.resident >= self.max_blocks
 
-    def _remove(self, view: ReplicaView, hashes: Iterable[int | bytes]) -> None:
-        owners, bit = self._owners, view.bit
+    def _remove(self, view: ReplicaView, state: RankView, hashes: Iterable[int | bytes]) -> None:
+        owners, bit = self._owners, state.bit
         for block_hash in hashes:
             held = owners.get(block_hash, 0)
             if not held & bit:
                 continue
             view.removed += 1
             view.resident -= 1
-            self._drop_bit(block_hash, held, bit)
+            state.resident -= 1
+            self._drop_bit(block_hash, held, bit, view.mask)
 
-    def _forget(self, view: ReplicaView) -> None:
-        bit = view.bit
+    def _forget(self, view: ReplicaView, state: RankView) -> None:
+        bit = state.bit
         for block_hash, held in [item for item in self._owners.items() if item[1] & bit]:
-            self._drop_bit(block_hash, held, bit)
-        view.resident = 0
+            self._drop_bit(block_hash, held, bit, view.mask)
+        view.resident -= state.resident
+        state.resident = 0
 
-    def _drop_bit(self, block_hash: int | bytes, held: int, bit: int) -> None:
+    def _drop_bit(self, block_hash: int | bytes, held: int, bit: int, mask: int) -> None:
         rest = held & ~bit
         if not rest:
             del self._owners[block_hash]
             return
-        if not rest & (rest - 1):
-            self.duplicates -= 1  # back to a single holder
         self._owners[block_hash] = rest
+        if not rest & mask and self._one_replica(rest):
+            self.duplicates -= 1  # the replica no longer holds it: back to a single replica
