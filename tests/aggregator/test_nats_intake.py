@@ -162,8 +162,8 @@ async def live_pool(
     applied: list[tuple[str, Batch]] = []
     ingest = direct.ingest
 
-    def tee(name: str, batch: Batch) -> None:
-        ingest(name, batch)
+    def tee(name: str, batch: Batch, rank: int = 0) -> None:
+        ingest(name, batch, rank)
         applied.append((name, batch))
 
     direct.ingest = tee

@@ -133,10 +133,10 @@ def test_shards_of_a_live_pool_sum_to_the_whole(tmp_path):
     def tee(aggregator):
         ingest = aggregator.ingest
 
-        def both(name, batch):
-            ingest(name, batch)
+        def both(name, batch, rank=0):
+            ingest(name, batch, rank)
             for half in halves:
-                half.apply(name, batch)
+                half.apply(name, batch, rank)
 
         aggregator.ingest = both
 

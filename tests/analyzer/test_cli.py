@@ -73,7 +73,9 @@ def test_mooncake_trace_with_bad_lines(tmp_path):
     assert [p["num_gpu_blocks"] for p in points if p["num_gpu_blocks"] == 1500] == [1500]
     assert report["curve"]["restarts"] == 1 and report["curve"]["misses_by_cause"]["restart"] > 0
     text = analyze(str(path), "--num-gpu-blocks", "1500")
-    assert "miss-ratio curve" in text.stdout and "*     1500" in text.stdout
+    assert "miss-ratio curve: the hit ratio by cache size" in text.stdout
+    (at_1500,) = [p["hit_ratio"] for p in points if p["num_gpu_blocks"] == 1500]
+    assert f"*     1500  {at_1500:6.3f}" in text.stdout  # the column is the hit ratio, as its title says
     wrong = analyze(str(path), "--block-size", "24")
     assert wrong.returncode == 2 and "must divide --trace-block-size 512" in wrong.stderr
 

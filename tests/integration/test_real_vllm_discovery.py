@@ -1,5 +1,6 @@
-"""KV-event discovery on the REAL vLLM 0.32 CPU server: `serve` is given vLLM's /metrics URL and no
-KV-event flag at all, and finds every rank's stream from vLLM's own GET /kv_event_sources.
+"""KV-event discovery on the REAL vLLM 0.32 CPU server: `serve` (and `aggregate`) is given vLLM's
+/metrics URL and no KV-event flag at all, and finds every rank's stream from vLLM's own GET
+/kv_event_sources.
 
 Runs against the session's servers (one engine, and data parallel 2 from test_real_vllm_shapes.py),
 so it starts no vLLM of its own; the one-engine server is restarted once, on another KV-event port.
@@ -7,12 +8,15 @@ so it starts no vLLM of its own; the one-engine server is restarted once, on ano
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
 
 import pytest
 
+from kvcache_exporter.aggregator.discovery import StaticSd, parse_flag
+from kvcache_exporter.aggregator.pool import Aggregator, PoolSettings
 from kvcache_exporter.tools.harness import free_port
 from tests.integration.miss_tokens import scrape, send, tokens, warm_up
 
@@ -98,3 +102,42 @@ def test_data_parallel_ranks_found_and_attributed(vllm_dp_lora, start_exporter) 
         assert value(samples, "kvcache_kv_events_discovered_endpoints") == 2
         for engine in engines:
             assert value(samples, "kvcache_kv_events_batches_total", engine=engine) > 0, engine
+
+
+def test_aggregate_follows_every_rank_of_a_data_parallel_replica(vllm_dp_lora) -> None:
+    """`aggregate --replica HOST:PORT`, no KV flag: both ranks' streams from /kv_event_sources (vLLM
+    connects out to its own address, so the aggregator, on vLLM's host here, binds it), each rank's
+    blocks under the one replica, summed, and no rank's block counted as another replica's."""
+    server, rng = vllm_dp_lora, random.Random(13)
+    prompt = tokens(rng, 2 * 32 + 3)  # two full blocks, to each rank
+
+    async def run():
+        settings = PoolSettings(interval=1.0, kv_sources_every=0.0)
+        aggregator = Aggregator(settings, [StaticSd([parse_flag(f"127.0.0.1:{server.port}", None)])])
+        try:
+            await aggregator.poll_once()
+            ((name, member),) = aggregator.members.items()
+            streams = [(s.rank, s.endpoint, s.mode) for s in member.replica.streams()]
+            view, deadline = aggregator.fleet.replicas[name], time.monotonic() + 90
+            while not all(view.ranks.get(r) and view.ranks[r].resident for r in (0, 1)):
+                assert time.monotonic() < deadline, (streams, view)
+                for engine in ("0", "1"):  # vLLM's PUB reconnects to our fresh bind in the background
+                    await asyncio.to_thread(send, server, prompt, headers={"X-data-parallel-rank": engine})
+                await aggregator.poll_once()
+            return aggregator, name, streams
+        finally:
+            await aggregator.close()
+
+    aggregator, name, streams = asyncio.run(run())
+    ports = (server.kv_events_port, server.kv_events_port + 1)
+    assert streams == [(rank, f"tcp://127.0.0.1:{port}", "bind") for rank, port in enumerate(ports)]
+    fleet = aggregator.fleet
+    view = fleet.replicas[name]
+    assert list(fleet.replicas) == [name] and view.resident == view.ranks[0].resident + view.ranks[1].resident
+    assert view.ranks[0].resident >= 2 and view.ranks[1].resident >= 2, view
+    assert (view.other_replica, fleet.duplicates, view.restarts) == (0, 0, 0), view
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in aggregator.latest}
+    assert samples[("kvcache_kv_events_discovered_endpoints", (("replica", name),))] == 2
+    success = ("kvcache_exporter_collector_success", (("collector", "kv_events"), ("replica", name)))
+    assert samples[success] == 1
+    print(f"aggregate, DP 2: {streams}; resident per rank {view.ranks[0].resident}, {view.ranks[1].resident}")

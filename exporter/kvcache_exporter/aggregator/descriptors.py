@@ -21,7 +21,7 @@ import ipaddress
 import os
 import resource
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -65,7 +65,7 @@ class FdBudget:
 
     limit: int
     poll_fds: int = 1  # 2 once any /metrics URL names a host (set_poll_urls)
-    subscribed: dict[str, str | None] = field(default_factory=dict)  # replica -> its IP (None: a host)
+    subscribed: dict[Hashable, str | None] = field(default_factory=dict)  # stream -> its IP (None: own lane)
     per_address: Counter[str] = field(default_factory=Counter)
 
     def lanes(self) -> int:
@@ -75,9 +75,9 @@ class FdBudget:
     def in_use(self) -> int:
         return BASE_FDS + len(self.subscribed) + self.lanes()
 
-    def cost(self, endpoint: str) -> int:
+    def cost(self, endpoint: str, bind: bool = False) -> int:
         """Descriptors subscribing to `endpoint` adds: its connection, and a lane if it needs one."""
-        key = peer_key(endpoint)
+        key = None if bind else peer_key(endpoint)
         new_lane = key is None or self.per_address[key] >= max(self.per_address.values(), default=0)
         return 1 + new_lane
 
@@ -85,18 +85,19 @@ class FdBudget:
         """Not even one more connection fits."""
         return self.in_use() + 1 + SCRAPE_RESERVE + self.poll_fds > self.limit
 
-    def take(self, name: str, endpoint: str) -> bool:
-        """Subscribe `name` if its cost fits; False (nothing taken) when it does not."""
+    def take(self, name: Hashable, endpoint: str, bind: bool = False) -> bool:
+        """Subscribe `name` if its cost fits; False (nothing taken) when it does not. An endpoint we
+        bind has a lane of its own."""
         if name in self.subscribed:
             return True
-        if self.in_use() + self.cost(endpoint) + SCRAPE_RESERVE + self.poll_fds > self.limit:
+        if self.in_use() + self.cost(endpoint, bind) + SCRAPE_RESERVE + self.poll_fds > self.limit:
             return False
-        key = self.subscribed[name] = peer_key(endpoint)
+        key = self.subscribed[name] = None if bind else peer_key(endpoint)
         if key is not None:
             self.per_address[key] += 1
         return True
 
-    def release(self, name: str) -> None:
+    def release(self, name: Hashable) -> None:
         if name not in self.subscribed:
             return
         key = self.subscribed.pop(name)

@@ -26,11 +26,27 @@ DNS_TIMEOUT_SECONDS = 5.0
 
 
 @dataclass(frozen=True, order=True)
+class RankStream:
+    """One data-parallel rank's KV-event publisher: `mode` is our side's (connect: vLLM binds)."""
+
+    rank: int
+    endpoint: str
+    mode: str = "connect"
+
+
+@dataclass(frozen=True, order=True)
 class Replica:
     name: str
     metrics_url: str
     kv_events_endpoint: str | None = None
     kv_events_named: bool = False  # by --replica or a file_sd label: wins over what vLLM says
+    kv_events_ranks: tuple[RankStream, ...] | None = None  # what its vLLM says (None: not asked)
+
+    def streams(self) -> tuple[RankStream, ...]:
+        """The KV-event streams to follow: every rank its vLLM names, else the endpoint as rank 0."""
+        if self.kv_events_ranks is not None:
+            return self.kv_events_ranks
+        return (RankStream(0, self.kv_events_endpoint),) if self.kv_events_endpoint else ()
 
 
 class DiscoveryError(SourceError):

@@ -5,8 +5,12 @@ A SUB socket per replica (and a context each, as before) costs ~8 file descripto
 publishers, and each message is told apart by its sender's IP address (libzmq's `Peer-Address`
 message property). So a lane holds at most one endpoint per IP address; a second endpoint on one
 address (two ranks of one host) goes to another lane, and an endpoint that names a host (or is
-not tcp) gets a lane of its own, whose messages need no telling apart. The cost is one descriptor
-per connected publisher, one per lane and a fixed few for the context: 1,000 pod IPs, ~1,010.
+not tcp) gets a lane of its own, whose messages need no telling apart, as does an endpoint we bind
+(a vLLM that connects out to its own host's address, followed where we run on that host). The cost
+is one descriptor per connected publisher, one per lane and a fixed few for the context: 1,000 pod
+IPs, ~1,010.
+
+A name is a replica's stream: the replica, or (replica, rank) for each data-parallel rank.
 
 The thread receives, rate-limits and decodes; `drain(name)` hands a replica's batches to the
 poll loop. Lanes change only in the thread (ZMQ sockets stay in one thread): add and remove queue
@@ -22,6 +26,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -96,8 +101,8 @@ class _Inbox:
 class _Lane:
     socket: zmq.Socket
     shared: bool  # several IP-literal endpoints, one per address; else exactly one endpoint
-    by_peer: dict[str | None, str] = field(default_factory=dict)  # peer IP -> replica name
-    endpoints: dict[str, str] = field(default_factory=dict)  # replica name -> endpoint
+    by_peer: dict[str | None, Hashable] = field(default_factory=dict)  # peer IP -> stream name
+    endpoints: dict[Hashable, str] = field(default_factory=dict)  # stream name -> endpoint
 
 
 class FleetEvents:
@@ -112,36 +117,37 @@ class FleetEvents:
         self.max_pending_hashes = max_pending_hashes
         self.lock = threading.Lock()
         self.unknown_sender = 0  # messages from an address no replica has (one just removed)
-        self._inboxes: dict[str, _Inbox] = {}
-        self._problems: dict[str, SourceError] = {}  # why a replica's endpoint is not subscribed
+        self._inboxes: dict[Hashable, _Inbox] = {}
+        self._problems: dict[Hashable, SourceError] = {}  # why a stream's endpoint is not subscribed
         self._ctx = zmq.Context(io_threads=1)
         self._lanes: list[_Lane] = []  # the thread's only
-        self._commands: queue.SimpleQueue[tuple[str, str, str]] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[tuple[str, Hashable, str, str]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     # --- the poll loop's side ---------------------------------------------------------------
 
-    def add(self, name: str, endpoint: str) -> None:
+    def add(self, name: Hashable, endpoint: str, mode: str = "connect") -> None:
+        """Follow `endpoint`: connect (vLLM binds it) or bind (vLLM connects to it)."""
         with self.lock:
             self._inboxes[name] = _Inbox(TokenBucket(self.rate, time.monotonic), self.max_pending_hashes)
             self._problems[name] = SourceError("not_started", f"KV events {endpoint}: not subscribed yet")
-        self._commands.put(("add", name, endpoint))
+        self._commands.put(("add", name, endpoint, mode))
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="fleet-kv-events", daemon=True)
             self._thread.start()
 
-    def remove(self, name: str) -> None:
+    def remove(self, name: Hashable) -> None:
         with self.lock:
             self._inboxes.pop(name, None)
             self._problems.pop(name, None)
-        self._commands.put(("remove", name, ""))
+        self._commands.put(("remove", name, "", ""))
 
-    def healthy(self, name: str) -> bool:
+    def healthy(self, name: Hashable) -> bool:
         with self.lock:
             return name in self._inboxes and name not in self._problems
 
-    def drain(self, name: str) -> KvEventDrain:
+    def drain(self, name: Hashable) -> KvEventDrain:
         """What replica `name` sent since the last drain; SourceError while it is not subscribed."""
         with self.lock:
             if (problem := self._problems.get(name)) is not None:
@@ -181,17 +187,17 @@ class FleetEvents:
     def _apply_commands(self, poller: zmq.Poller) -> None:
         while True:
             try:
-                command, name, endpoint = self._commands.get_nowait()
+                command, name, endpoint, mode = self._commands.get_nowait()
             except queue.Empty:
                 return
             if command == "add":
-                self._connect(poller, name, endpoint)
+                self._connect(poller, name, endpoint, mode)
             else:
                 self._disconnect(poller, name)
 
-    def _connect(self, poller: zmq.Poller, name: str, endpoint: str) -> None:
+    def _connect(self, poller: zmq.Poller, name: Hashable, endpoint: str, mode: str = "connect") -> None:
         self._disconnect(poller, name)  # a changed endpoint: off its old lane first
-        key = peer_key(endpoint)
+        key = peer_key(endpoint) if mode == "connect" else None
         lane = next(
             (ln for ln in self._lanes if key is not None and ln.shared and key not in ln.by_peer), None
         )
@@ -200,12 +206,12 @@ class FleetEvents:
                 lane = _Lane(self._socket(), shared=key is not None)
                 poller.register(lane.socket, zmq.POLLIN)
                 self._lanes.append(lane)
-            lane.socket.connect(endpoint)
+            (lane.socket.connect if mode == "connect" else lane.socket.bind)(endpoint)
         except zmq.ZMQError as err:
             reason = "fd_exhausted" if err.errno in (errno.EMFILE, errno.ENFILE) else "zmq_error"
             with self.lock:
                 if name in self._inboxes:
-                    self._problems[name] = SourceError(reason, f"KV events connect {endpoint}: {err}")
+                    self._problems[name] = SourceError(reason, f"KV events {mode} {endpoint}: {err}")
             if lane is not None and not lane.endpoints:
                 self._drop_lane(poller, lane)
             return
@@ -214,7 +220,7 @@ class FleetEvents:
         with self.lock:
             self._problems.pop(name, None)
 
-    def _disconnect(self, poller: zmq.Poller, name: str) -> None:
+    def _disconnect(self, poller: zmq.Poller, name: Hashable) -> None:
         for lane in self._lanes:
             endpoint = lane.endpoints.pop(name, None)
             if endpoint is None:
@@ -251,7 +257,7 @@ class FleetEvents:
                 name = next(iter(lane.endpoints), None)
             self._handle(name, [frame.bytes for frame in frames])
 
-    def _handle(self, name: str | None, frames: list[bytes]) -> None:
+    def _handle(self, name: Hashable | None, frames: list[bytes]) -> None:
         with self.lock:
             inbox = self._inboxes.get(name) if name is not None else None
             if inbox is None:

@@ -3,8 +3,9 @@
 -> the samples /metrics serves.
 
 Every replica's KV events arrive through one `FleetEvents` (one ZMQ context, a few sockets, one
-thread: events.py); each poll drains them into the one `FleetResidency`, which tracks every
-replica's sequence numbers and residency itself (no second copy of each hash per replica).
+thread: events.py), one stream per data-parallel rank (named (replica, rank)); each poll drains
+them into the one `FleetResidency`, which tracks every rank's sequence numbers and residency itself
+(no second copy of each hash per replica).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ..sources.kv_events_decode import Batch, Dropped, weight
 from ..sources.vllm import VllmSnapshot, VllmSource
 from . import fleet_pool
 from .descriptors import SCRAPE_RESERVE, FdBudget, open_file_limit, open_now
-from .discovery import DiscoveryError, Replica, bounded
+from .discovery import DiscoveryError, RankStream, Replica, bounded
 from .events import FleetEvents
 from .fleet_residency import FleetResidency, HashRange
 from .fleet_sessions import SessionSpread
@@ -86,14 +87,23 @@ class KvSources:
 
 
 def fleet_endpoint(replica: Replica, found: Found | None) -> Replica:
-    """The replica with its KV-event endpoint as vLLM says (rank 0: the fleet view is one stream a
-    replica); as it was when vLLM has no route or nothing was asked; none when vLLM publishes
-    nothing, or connects out itself (the aggregator only connects: vLLM must bind tcp://*:PORT)."""
+    """The replica with every rank's KV-event stream as vLLM says; as it was when vLLM has no route
+    or nothing was asked. A rank that binds (tcp://*:PORT, the way for a fleet) is connected on the
+    replica's host; one that connects out to the replica's own address is bound there, which works
+    where the aggregator runs on that host; one that connects to another host is not followed."""
     if replica.kv_events_named or found is None or found.state == "no_route":
         return replica
-    stream = next((s for s in found.streams if s.rank == 0), None)
-    endpoint = stream.endpoint if stream is not None and stream.mode == "connect" else None
-    return replace(replica, kv_events_endpoint=endpoint)
+    ranks = tuple(
+        RankStream(s.rank, s.endpoint, s.mode)
+        for s in found.streams
+        if s.mode == "connect" or s.rank not in found.other_host
+    )
+    return replace(replica, kv_events_endpoint=None, kv_events_ranks=ranks)
+
+
+def stream_name(replica: str, rank: int) -> tuple[str, int]:
+    """A rank's stream in FleetEvents and the open-file budget."""
+    return (replica, rank)
 
 
 @dataclass
@@ -211,12 +221,17 @@ class Aggregator:
     def _subscribe_waiting(self) -> None:
         """Subscribe the replicas the open-file budget left out, as far as it now allows (replicas
         gone free descriptors); one log line whenever how many are left out changes."""
-        for name in sorted(n for n in self.members if n not in self.fds.subscribed):
+        waiting_streams = (
+            (key, stream)
+            for name in sorted(self.members)
+            for stream in self.members[name].replica.streams()
+            if (key := stream_name(name, stream.rank)) not in self.fds.subscribed
+        )
+        for key, stream in waiting_streams:
             if self.fds.full():  # each take costs a pass over the subscribed: none once none fits
                 break
-            endpoint = self.members[name].replica.kv_events_endpoint
-            if endpoint and self.fds.take(name, endpoint):
-                self.events.add(name, endpoint)  # vLLM binds; we connect
+            if self.fds.take(key, stream.endpoint, bind=stream.mode == "bind"):
+                self.events.add(key, stream.endpoint, stream.mode)
         waiting = self.unsubscribed()
         if len(waiting) != self._logged_unsubscribed and waiting:
             log.warning(
@@ -236,14 +251,17 @@ class Aggregator:
         """What subscribing every replica would take beyond the limit."""
         everyone = FdBudget(sys.maxsize)
         for name, member in self.members.items():
-            if member.replica.kv_events_endpoint:
-                everyone.take(name, member.replica.kv_events_endpoint)
+            for stream in member.replica.streams():
+                everyone.take(stream_name(name, stream.rank), stream.endpoint, bind=stream.mode == "bind")
         return everyone.in_use() + SCRAPE_RESERVE + self.fds.poll_fds - self.fds.limit
 
     def unsubscribed(self) -> list[str]:
-        """Replicas with a KV-event endpoint that the open-file budget did not subscribe."""
-        wanted = (n for n, m in self.members.items() if m.replica.kv_events_endpoint)
-        return sorted(n for n in wanted if n not in self.fds.subscribed)
+        """Replicas with a KV-event stream that the open-file budget did not subscribe."""
+        return sorted(
+            name
+            for name, member in self.members.items()
+            if any(stream_name(name, s.rank) not in self.fds.subscribed for s in member.replica.streams())
+        )
 
     def _member(self, replica: Replica) -> Member:
         s = self.settings
@@ -268,39 +286,38 @@ class Aggregator:
         member.up = True
 
     async def _drain(self, name: str, member: Member) -> None:
-        """The batches its publisher sent since the last drain, into the fleet view."""
-        if member.replica.kv_events_endpoint is None:
-            return
-        try:
-            drain = self.events.drain(name)
-        except SourceError:
-            return  # not subscribed: the kv_events success series says so
-        applied = 0
-        for item in drain.items:
-            if isinstance(item, Dropped):
-                member.dropped[item.reason] += item.count
-                self.fleet.skip(name, item.seq, item.count)
-                continue
-            for reason in item.refused:  # single events the decoder left out, their batch kept
-                member.dropped[reason] += 1
-            self.ingest(name, item)
-            applied += weight(item.events)[0]
-            if applied >= YIELD_HASHES:
-                applied = 0
-                await asyncio.sleep(0)
+        """The batches each of its ranks' publishers sent since the last drain, into the fleet view."""
+        for stream in member.replica.streams():
+            try:
+                drain = self.events.drain(stream_name(name, stream.rank))
+            except SourceError:
+                continue  # not subscribed: the kv_events success series says so
+            applied = 0
+            for item in drain.items:
+                if isinstance(item, Dropped):
+                    member.dropped[item.reason] += item.count
+                    self.fleet.skip(name, item.seq, item.count, stream.rank)
+                    continue
+                for reason in item.refused:  # single events the decoder left out, their batch kept
+                    member.dropped[reason] += 1
+                self.ingest(name, item, stream.rank)
+                applied += weight(item.events)[0]
+                if applied >= YIELD_HASHES:
+                    applied = 0
+                    await asyncio.sleep(0)
 
-    def ingest(self, name: str, batch: Batch) -> None:
-        """One decoded batch of replica `name`; a replica dropped meanwhile stays dropped."""
+    def ingest(self, name: str, batch: Batch, rank: int = 0) -> None:
+        """One decoded batch of replica `name`'s rank; a replica dropped meanwhile stays dropped."""
         if name in self.fleet.replicas:
-            self.fleet.apply(name, batch)
+            self.fleet.apply(name, batch, rank)
 
     async def _drop(self, name: str, forget: bool) -> None:
         """Stop watching; `forget` (gone from discovery) also drops what it held from the pool view.
         A replica whose endpoints changed keeps its view: a restart shows as its seq going back."""
         member = self.members.pop(name)
-        if name in self.fds.subscribed:
-            self.fds.release(name)
-            self.events.remove(name)
+        for key in [k for k in self.fds.subscribed if k[0] == name]:
+            self.fds.release(key)
+            self.events.remove(key)
         self.fd_exhausted.pop(name, None)
         await member.poll.close()
         if forget:
@@ -363,9 +380,8 @@ class Aggregator:
         out = [Sample(c.FLEET_REPLICAS, {}, float(watched))]
         if self.intake is not None:
             out += self.intake.samples()
-        for name in self.members:
-            found = self._answer(name)
-            count = sum(s.rank == 0 and s.mode == "connect" for s in found.streams) if found else 0
+        for name, member in self.members.items():
+            count = len(member.replica.kv_events_ranks or ())  # the ranks followed as its vLLM says
             out.append(Sample(c.KV_EVENTS_DISCOVERED_ENDPOINTS, {"replica": name}, float(count)))
         out.append(Sample(c.FLEET_REPLICAS_LEFT_OUT, {}, float(self.left_out)))
         for name, health in self.discovery_health.items():
@@ -383,10 +399,10 @@ class Aggregator:
         return out
 
     def _event_health(self, replica: dict[str, str], member: Member) -> list[Sample]:
-        view = self.fleet.replicas.get(replica["replica"])
-        if member.replica.kv_events_endpoint is None or view is None:
+        view, streams = self.fleet.replicas.get(replica["replica"]), member.replica.streams()
+        if not streams or view is None:
             return []
-        success = float(self.events.healthy(member.replica.name))
+        success = float(all(self.events.healthy(stream_name(member.replica.name, s.rank)) for s in streams))
         collector = {**replica, "collector": "kv_events"}
         out = [
             Sample(c.EXPORTER_COLLECTOR_SUCCESS, collector, success),

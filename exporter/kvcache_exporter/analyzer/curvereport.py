@@ -50,7 +50,8 @@ def replay_dict(replay: Replay) -> dict:
 
 
 def render_curve(curve: dict, num_gpu_blocks: int, block_size: int) -> list[str]:
-    lines = ["", f"miss-ratio curve (blocks of {block_size} tokens per replica; * = this pool)"]
+    title = f"blocks of {block_size} tokens per replica; * = this pool"
+    lines = ["", f"miss-ratio curve: the hit ratio by cache size ({title})"]
     for point in curve["points"]:
         mark = "*" if point["num_gpu_blocks"] == num_gpu_blocks else " "
         fits = "" if point["fits"] else "  (the longest request does not fit)"
