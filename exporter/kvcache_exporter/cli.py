@@ -57,9 +57,28 @@ def _did_you_mean(word: str, names: list[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
+def _with_defaults(formatter: type[argparse.HelpFormatter]) -> type[argparse.HelpFormatter]:
+    """`formatter` naming every flag's default that its help does not already name."""
+
+    class WithDefaults(formatter):  # type: ignore[misc, valid-type]
+        def _get_help_string(self, action: argparse.Action) -> str | None:
+            text = action.help
+            unsaid = action.default in (None, False, "", [], argparse.SUPPRESS) or not action.option_strings
+            if text is None or unsaid or "default" in text:
+                return text
+            return f"{text} (default %(default)s)"
+
+    return WithDefaults
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with a did-you-mean for a mistyped flag or command (Python 3.12's suggest_on_error
-    is not in 3.11), and without the maintainers' `docs` in the commands an error lists."""
+    is not in 3.11), without the maintainers' `docs` in the commands an error lists, and with
+    every flag's default in its help."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["formatter_class"] = _with_defaults(kwargs.get("formatter_class", argparse.HelpFormatter))
+        super().__init__(*args, **kwargs)
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
         parsed, extras = super().parse_known_args(args, namespace)

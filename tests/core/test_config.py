@@ -1,8 +1,10 @@
+import argparse
 import subprocess
 import sys
 
 import pytest
 
+from kvcache_exporter.cli import build_parser
 from kvcache_exporter.config import ConfigError, duration, resolve, window_label
 from tests.conftest import REPO
 
@@ -114,6 +116,22 @@ def test_help_lists_choices_and_says_each_default_once():
     assert 'KVCACHE_EXPORTER_KV_EVENTS_TOPIC; default "")' in flat  # was "default )"
     assert "(default: $POD_NAME) (env KVCACHE_EXPORTER_GPU_POD)" in flat  # was also "default unset"
     assert "default )" not in flat
+
+
+@pytest.mark.parametrize("command", ["serve", "simulate", "demo", "analyze", "warmup", "aggregate", "mixin"])
+def test_every_flag_says_what_it_does_and_its_default(command):
+    """A stranger's `--help`: no flag without a line, no default left unsaid (the walk of issue 31
+    found warmup's --vllm.url bare and demo's --rate, simulate's --num-gpu-blocks without theirs)."""
+    commands = next(a for a in build_parser()._subparsers._group_actions if a.dest == "command")
+    parser = commands.choices[command]
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if not action.option_strings or isinstance(action, argparse._HelpAction):
+            continue
+        assert action.help, action.option_strings
+        said = formatter._expand_help(action)
+        if action.default not in (None, False, "", [], argparse.SUPPRESS):
+            assert "default" in said, (action.option_strings, said)
 
 
 @pytest.mark.parametrize(

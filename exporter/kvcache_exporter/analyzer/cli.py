@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-tokens", type=int, default=trace.DEFAULT_MAX_TOKENS, help="for lines without max_tokens")
     add("--requests", metavar="FIRST-LAST", help="only these request positions (0-based, inclusive)")
     add("--phase", help="only lines whose `phase` field has this value")
-    add("--format", choices=("text", "json"), default="text")
+    add("--format", choices=("text", "json"), default="text", help="report as text or as JSON")
     add(
         "--trace-block-size",
         type=int,

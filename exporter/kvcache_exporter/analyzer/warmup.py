@@ -90,7 +90,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--from", dest="trace", required=True, help="token-id trace (JSON lines, as for analyze)")
     add("--top", type=int, default=10, help="how many prefixes (default 10)")
-    add("--vllm.url", dest="url", default="http://127.0.0.1:8000")
+    add("--vllm.url", dest="url", default="http://127.0.0.1:8000", help="vLLM's base URL")
     add("--model", help="model name (default: the first of /v1/models)")
     add("--block-size", type=int, default=16, help="vLLM's block size: prefixes are whole blocks")
     add("--timeout", type=float, default=60.0, help="seconds per request")

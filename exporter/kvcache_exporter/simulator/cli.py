@@ -40,11 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "window 64 + 1 full, block 32), gemma-2 (1 + 1), deepseek-v4 (6 groups, 256-token hit unit); "
         "see docs/simulator.md",
     )
-    add("--num-gpu-blocks", type=int, default=2048)
-    add("--max-num-seqs", type=int, default=256)
-    add("--max-num-batched-tokens", type=int, default=8192)
-    add("--max-model-len", type=int, default=8192)
-    add("--no-prefix-caching", action="store_true")
+    add("--num-gpu-blocks", type=int, default=2048, help="KV-cache blocks of each engine")
+    add("--max-num-seqs", type=int, default=256, help="requests running at once, as vLLM's flag")
+    add("--max-num-batched-tokens", type=int, default=8192, help="tokens per step, as vLLM's flag")
+    add("--max-model-len", type=int, default=8192, help="longest request in tokens, as vLLM's flag")
+    add("--no-prefix-caching", action="store_true", help="turn prefix caching off, as vLLM's flag")
     add(
         "--kv-cache-metrics",
         action="store_true",
@@ -88,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how the gateway (with --replicas) or the engines (with --engines) share requests",
     )
     add("--file-sd", help="with --replicas: write the replicas as a Prometheus file_sd JSON file here")
-    add("--metrics-schema", choices=("v1", "v0"), default="v1")
+    add("--metrics-schema", choices=("v1", "v0"), default="v1", help="/metrics names: V1 or V0 vLLM")
     add(
         "--workload",
         "--schedule",
@@ -107,16 +107,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--rate", type=float, default=5.0, help="built-in requests per simulated second (Poisson)")
     add("--concurrency", type=int, default=32, help="most built-in requests in flight")
     add("--speed", type=float, default=1.0, help="simulated seconds per wall second")
-    add("--seed", type=int, default=20251202)
+    add("--seed", type=int, default=20251202, help="seed of the built-in workloads")
     add("--kv-events-endpoint", help="ZMQ PUB endpoint (binds on */::/ipc/inproc, else connects)")
     add("--kv-events-replay-endpoint", help="ZMQ ROUTER endpoint for replay")
-    add("--kv-events-topic", default="kv")
+    add("--kv-events-topic", default="kv", help="ZMQ topic of the KV events")
     add(
         "--kv-bytes-per-token", type=int, default=131072, help="for cache_config_info's kv_cache_memory_bytes"
     )
-    add("--step-base-s", type=float, default=LatencyModel.base_s)
-    add("--step-prefill-token-s", type=float, default=LatencyModel.per_prefill_token_s)
-    add("--step-decode-seq-s", type=float, default=LatencyModel.per_decode_seq_s)
+    add("--step-base-s", type=float, default=LatencyModel.base_s, help="seconds every engine step takes")
+    add(
+        "--step-prefill-token-s",
+        type=float,
+        default=LatencyModel.per_prefill_token_s,
+        help="seconds a step adds per prefilled token",
+    )
+    add(
+        "--step-decode-seq-s",
+        type=float,
+        default=LatencyModel.per_decode_seq_s,
+        help="seconds a step adds per decoding request",
+    )
     add("--memory-swing-period", type=float, default=0.0, help="seconds per 12 GB -> 20 GB GPU memory swing")
     add("--fault-metrics-delay", type=float, default=0.0, help="seconds to wait before answering /metrics")
     add("--fault-metrics-fail", action="store_true", help="answer /metrics with HTTP 500")
