@@ -253,3 +253,23 @@ def test_too_small_is_explained_where_utilization_is_low_and_cost_has_its_curren
     assert "working set" in frame and "cost / 1M tok\x1b[0m   EUR  all 0.5000" in frame
     line = render_line(5, Phase("templates", 4, 4, 5, None), snap, [], [], misses)
     assert "cost_per_Mtok{all}=0.5000 currency=EUR" in line
+
+
+def test_worth_compares_the_hit_ratio_and_its_what_if_over_one_window():
+    """The walk of issue 31 saw "twice the KV cache: ~75% instead of 77%": the 5m estimate beside
+    the 10s ratio, the 10s estimate being absent that poll. A what-if of another window is none."""
+    from kvcache_exporter.demo.view import Misses, parse_metrics, worth
+
+    page = "\n".join(
+        [
+            'kvcache_prefix_cache_hit_ratio{window="10s"} 0.77',
+            'kvcache_prefix_cache_hit_ratio{window="5m"} 0.64',
+            'kvcache_prefix_cache_hit_ratio_estimate{capacity_factor="2",window="5m"} 0.75',
+            'kvcache_prefix_cache_hit_ratio_reordered_estimate{window="5m"} 0.70',
+        ]
+    )
+    evicted = Misses({"evicted": 0.9, "cold": 0.1}, None)
+    snap = parse_metrics(page + "\n")
+    assert (snap.estimate_2x, snap.reordered, worth(evicted, snap)) == (None, None, None)
+    page += '\nkvcache_prefix_cache_hit_ratio_estimate{capacity_factor="2",window="10s"} 0.93\n'
+    assert worth(evicted, parse_metrics(page)) == "twice the KV cache: ~93% instead of 77%"

@@ -29,8 +29,9 @@ class Snapshot:
     offset_sum: float = 0.0
     offset_count: float = 0.0
     estimate_2x: float | None = None
+    """the hit ratio with twice the KV cache, over the shortest hit-ratio window (else none)"""
     reordered: float | None = None
-    """the hit ratio had the per-request fields come after the shared part (shortest window)"""
+    """the hit ratio had the per-request fields come after the shared part (that window too)"""
     currency: str = ""
     """the currency of every cost (kvcache_cost_info's label: the exporter's --cost.currency)"""
 
@@ -149,10 +150,9 @@ def parse_metrics(text: str) -> Snapshot:
     snap.hit_ratio = {w: m for w, vs in by_window(hits).items() if (m := _mean(vs)) is not None}
     snap.prefill_p99 = {w: m for w, vs in by_window(p99).items() if (m := _mean(vs)) is not None}
     snap.ttft_p99 = {w: m for w, vs in by_window(ttft).items() if (m := _mean(vs)) is not None}
-    if estimates:
-        snap.estimate_2x = _mean(next(iter(by_window(estimates).values())))
-    if reordered:
-        snap.reordered = _mean(next(iter(by_window(reordered).values())))
+    now = next(iter(snap.hit_ratio), None)  # the what-ifs of the same window, or none: comparable
+    snap.estimate_2x = _mean(estimates.get(now, []))
+    snap.reordered = _mean(reordered.get(now, []))
     snap.block_utilization = _mean(util)
     if cost:
         shortest = by_window(cost)
