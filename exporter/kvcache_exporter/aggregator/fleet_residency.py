@@ -214,25 +214,28 @@ class FleetResidency:
         """Whether the ranks in `held` (not 0) are all of one replica."""
         return not held & (held - 1) or not held & ~self._mask_of[held & -held]
 
-    def _store(self, view: ReplicaView, state: RankView, hashes: Iterable[int | bytes]) -> None:
-        owners, bit, mask = self._owners, state.bit, view.mask
-        full = view.resident >= self.max_blocks
+    def _store(self, view: ReplicaView, state: RankView, hashes: Sequence[int | bytes]) -> None:
+        owners, bit, mask, others = self._owners, state.bit, view.mask, ~view.mask
+        room = self.max_blocks - view.resident
+        added = other = duplicates = 0  # counted here, added once: the loop runs per block
         for block_hash in hashes:
-            view.stored += 1
             held = owners.get(block_hash, 0)
-            if held & ~mask:
-                view.other_replica += 1
+            if held & others:
+                other += 1
             if held & bit:
                 continue  # already this rank's: a re-store after a view went stale
-            if full:
+            if added >= room:
                 view.overflow += 1
                 continue
             if held and not held & mask and self._one_replica(held):
-                self.duplicates += 1  # a second replica holds it
+                duplicates += 1  # a second replica holds it
             owners[block_hash] = held | bit
-            view.resident += 1
-            state.resident += 1
-            full = view.resident >= self.max_blocks
+            added += 1
+        view.stored += len(hashes)
+        view.other_replica += other
+        view.resident += added
+        state.resident += added
+        self.duplicates += duplicates
 
     def _remove(self, view: ReplicaView, state: RankView, hashes: Iterable[int | bytes]) -> None:
         owners, bit = self._owners, state.bit
