@@ -27,9 +27,9 @@ from . import (
     hosttier,
     html,
     lines,
+    live,
     mrc,
     progress,
-    reorder,
     replay,
     tokenize,
     trace,
@@ -242,12 +242,12 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace, encoder=None):
             getattr(encoder, "decode", None),
             getattr(args, "host_tier", None),
         )
-        report.curve = curve.to_dict()
-        report.reordered_estimate = reorder.live_estimate(
-            report.observed.hit_tokens,
-            report.observed.prompt_tokens,
-            curve.misses_by_cause["prefix_diverged"],
+        seen = live.live_view(
+            parsed.traces, bs, args.num_gpu_blocks, args.replicas, args.routing, args.max_model_len, restarts
         )
+        curve.misses_by_cause = seen.misses_by_cause  # serve's own rule on the same stream
+        report.curve = curve.to_dict()
+        report.reordered_estimate = seen.reordered_estimate
         report.units = hitunit.unit_rows(
             parsed.requests, parsed.traces, bs, None, args.replicas, args.routing
         )
