@@ -8,14 +8,38 @@ import json
 import random
 
 WORDS = (
-    "order refund parcel courier invoice account warranty return label address payment card discount "
-    "voucher size colour stock delivery tracking number store branch weekend holiday support agent"
-).split()
+    "order",
+    "refund",
+    "parcel",
+    "courier",
+    "invoice",
+    "account",
+    "warranty",
+    "return",
+    "label",
+    "address",
+    "payment",
+    "card",
+    "discount",
+    "voucher",
+    "size",
+    "colour",
+    "stock",
+    "delivery",
+    "tracking",
+    "number",
+    "store",
+    "branch",
+    "weekend",
+    "holiday",
+    "support",
+    "agent",
+)
 INSTRUCTIONS = (
     "You are the customer service assistant of a large online shop. Answer politely and briefly. "
     "Never promise refunds above the order value. Ask for the order number when it is missing. "
     "Escalate to a human agent when the customer is angry or mentions a lawyer. "
-    + " ".join(f"Rule {n}: check the {a} before the {b}." for n, (a, b) in enumerate(zip(WORDS, WORDS[5:])))
+    + " ".join(f"Rule {n}: check the {WORDS[n]} before the {WORDS[n + 5]}." for n in range(len(WORDS) - 5))
 )
 
 
@@ -23,7 +47,7 @@ def _sentence(rng: random.Random, low: int, high: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high))).capitalize() + "."
 
 
-def timestamp_first_chat(requests: int = 120, sessions: int = 12, turns: int = 5, seed: int = 29) -> list[str]:
+def timestamp_first_chat(requests: int = 120, sessions: int = 12, turns: int = 5, seed: int = 29) -> list:
     """Trace lines: every request's system message starts with the time it was sent."""
     rng = random.Random(seed)
     questions = [_sentence(rng, 8, 20) + " " + _sentence(rng, 4, 10) for _ in range(24)]
