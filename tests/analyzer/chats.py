@@ -47,8 +47,11 @@ def _sentence(rng: random.Random, low: int, high: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(low, high))).capitalize() + "."
 
 
-def timestamp_first_chat(requests: int = 120, sessions: int = 12, turns: int = 5, seed: int = 29) -> list:
-    """Trace lines: every request's system message starts with the time it was sent."""
+def timestamp_first_chat(
+    requests: int = 120, sessions: int = 12, turns: int = 5, seed: int = 29, first: bool = True
+) -> list:
+    """Trace lines: every request's system message starts with the time it was sent (`first`), or
+    ends with it (the template first: the fixed layout)."""
     rng = random.Random(seed)
     questions = [_sentence(rng, 8, 20) + " " + _sentence(rng, 4, 10) for _ in range(24)]
     history: dict[int, list[dict]] = {}
@@ -58,7 +61,8 @@ def timestamp_first_chat(requests: int = 120, sessions: int = 12, turns: int = 5
         turns_so_far = history.setdefault(session, [])
         seconds = 9 * 3600 + 157 * i  # a request every 2-3 minutes over a working day
         stamp = f"2026-12-04T{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}Z"
-        system = {"role": "system", "content": f"Current time: {stamp}. {INSTRUCTIONS}"}
+        now = f"Current time: {stamp}."
+        system = {"role": "system", "content": f"{now} {INSTRUCTIONS}" if first else f"{INSTRUCTIONS} {now}"}
         question = {"role": "user", "content": rng.choice(questions)}
         messages = [system, *turns_so_far, question]
         out.append(json.dumps({"i": i, "session": f"chat-{session}", "messages": messages, "max_tokens": 16}))

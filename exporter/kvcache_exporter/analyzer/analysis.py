@@ -191,6 +191,19 @@ def facts(bs, num_gpu_blocks, replicas, routing, observed, unbounded, one, by_se
     }
 
 
+def _moved_lines(moved: Replay | None, observed: float) -> list[str]:
+    """The reorder's exact replay; below the observed ratio it is no remedy, and the line says why."""
+    if moved is None:
+        return []
+    if moved.hit_ratio >= observed:
+        return [f"  per-request part moved after    {moved.hit_ratio:6.3f}  (exact replay)"]
+    return [
+        f"  per-request part moved after    no gain: its replay reads {moved.hit_ratio:.3f}, below this "
+        f"cache's {observed:.3f} (what reads as a per-request part already follows the shared content: "
+        "moving it further splits content the requests share)"
+    ]
+
+
 def _a(kind: str) -> str:
     return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
@@ -222,10 +235,7 @@ def render_text(report: Report) -> str:
         lines.append(f"  one replica, unbounded          {report.one_replica.hit_ratio:6.3f}")
     if report.session_routing is not None:
         lines.append(f"  routing by session              {report.session_routing.hit_ratio:6.3f}")
-    if report.dynamic_moved_last is not None:
-        lines.append(
-            f"  per-request part moved after    {report.dynamic_moved_last.hit_ratio:6.3f}  (exact replay)"
-        )
+    lines += _moved_lines(report.dynamic_moved_last, report.observed.hit_ratio)
     lines += hosttier.render_text(report.host_tier)
     if report.reordered_estimate is not None:
         lines.append(
