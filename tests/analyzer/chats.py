@@ -48,10 +48,11 @@ def _sentence(rng: random.Random, low: int, high: int) -> str:
 
 
 def timestamp_first_chat(
-    requests: int = 120, sessions: int = 12, turns: int = 5, seed: int = 29, first: bool = True
+    requests: int = 120, sessions: int = 12, turns: int = 5, seed: int = 29, where: str = "first"
 ) -> list:
-    """Trace lines: every request's system message starts with the time it was sent (`first`), or
-    ends with it (the template first: the fixed layout)."""
+    """Trace lines: every request's system message starts with the time it was sent (`where` "first"),
+    or the same requests with it fixed: at the end of the system message, after the shared instructions
+    ("after_template"), or after the new question, at the very end ("end")."""
     rng = random.Random(seed)
     questions = [_sentence(rng, 8, 20) + " " + _sentence(rng, 4, 10) for _ in range(24)]
     history: dict[int, list[dict]] = {}
@@ -62,9 +63,12 @@ def timestamp_first_chat(
         seconds = 9 * 3600 + 157 * i  # a request every 2-3 minutes over a working day
         stamp = f"2026-12-04T{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}Z"
         now = f"Current time: {stamp}."
-        system = {"role": "system", "content": f"{now} {INSTRUCTIONS}" if first else f"{INSTRUCTIONS} {now}"}
+        system = {"role": "system", "content": f"{now} {INSTRUCTIONS}" if where == "first" else INSTRUCTIONS}
+        if where == "after_template":
+            system["content"] += f" {now}"
         question = {"role": "user", "content": rng.choice(questions)}
-        messages = [system, *turns_so_far, question]
+        sent = {**question, "content": f"{question['content']} {now}"} if where == "end" else question
+        messages = [system, *turns_so_far, sent]
         out.append(json.dumps({"i": i, "session": f"chat-{session}", "messages": messages, "max_tokens": 16}))
         answer = {"role": "assistant", "content": _sentence(rng, 10, 30)}
         history[session] = [*turns_so_far, question, answer] if len(turns_so_far) < 2 * turns else []

@@ -31,8 +31,8 @@ class Report:
     session_routing: Replay | None
     """same cache, routing by session (only when replicas > 1 and routing is round-robin)"""
     dynamic_moved_last: Replay | None
-    """same cache, each request's per-request part moved after the shared content (reorder.py; only
-    when some request has one)"""
+    """same cache, each request's per-request part moved to the very end (reorder.py; only when some
+    request has one)"""
     capacity_blocks_needed: int | None
     structure: Structure
     diagnoses: list[Diagnosis]
@@ -42,6 +42,8 @@ class Report:
     reordered_estimate: float | None = None
     """the sidecar's estimate of the reorder (observed hits + the curve's prefix_diverged tokens), beside the
     exact replay `dynamic_moved_last`"""
+    dynamic_moved_after_template: Replay | None = None
+    """the same, the per-request part moved right after the shared template instead (before what follows)"""
     units: list[dict] | None = None
     """hit ratio with no eviction per hit unit (hitunit.unit_rows), filled in by the caller"""
     host_tier: dict | None = None
@@ -49,16 +51,17 @@ class Report:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        for key in ("observed", "unbounded", "one_replica", "session_routing", "dynamic_moved_last"):
+        keys = ("observed", "unbounded", "one_replica", "session_routing", "dynamic_moved_last")
+        for key in (*keys, "dynamic_moved_after_template"):
             if out[key] is not None:
                 out[key].pop("per_request_hits", None)
         return out
 
 
-def reordered(requests: Sequence[TraceRequest], layouts) -> list[TraceRequest]:
-    """The same requests with their per-request part moved after the shared content."""
+def reordered(requests: Sequence[TraceRequest], layouts, move=reorder.reorder) -> list[TraceRequest]:
+    """The same requests with their per-request part moved (`move`: to the end, or after the template)."""
     return [
-        replace(r, prompt_token_ids=reorder.reorder(r.prompt_token_ids, lay))
+        replace(r, prompt_token_ids=move(r.prompt_token_ids, lay))
         for r, lay in zip(requests, layouts, strict=True)
     ]
 
@@ -119,9 +122,11 @@ def analyze(
         by_session = run(requests, bs, num_gpu_blocks, replicas, "session", max_model_len)
     layouts = reorder.layouts([r.prompt_token_ids for r in requests], bs)
     shape = structure(requests, bs, layouts, decode)
-    moved = None
+    moved = after = None
     if any(layouts):
         moved = run(reordered(requests, layouts), bs, num_gpu_blocks, replicas, routing, max_model_len)
+        after_template = reordered(requests, layouts, reorder.reorder_after_template)
+        after = run(after_template, bs, num_gpu_blocks, replicas, routing, max_model_len)
     needed = None
     if unbounded.hit_ratio - observed.hit_ratio >= SIGNIFICANT:
         needed = _blocks_for(requests, unbounded.hit_ratio, bs, num_gpu_blocks, replicas, routing, run)
@@ -152,6 +157,7 @@ def analyze(
     }
     report = Report(settings, observed, unbounded, one, by_session, moved, needed, shape, diagnoses, notes)
     report.host_tier = None if tier is None else tier.to_dict()
+    report.dynamic_moved_after_template = after
     return report
 
 
@@ -196,9 +202,9 @@ def _moved_lines(moved: Replay | None, observed: float) -> list[str]:
     if moved is None:
         return []
     if moved.hit_ratio >= observed:
-        return [f"  per-request part moved after    {moved.hit_ratio:6.3f}  (exact replay)"]
+        return [f"  per-request part moved to end   {moved.hit_ratio:6.3f}  (exact replay)"]
     return [
-        f"  per-request part moved after    no gain: its replay reads {moved.hit_ratio:.3f}, below this "
+        f"  per-request part moved to end   no gain: its replay reads {moved.hit_ratio:.3f}, below this "
         f"cache's {observed:.3f} (what reads as a per-request part already follows the shared content: "
         "moving it further splits content the requests share)"
     ]
@@ -236,10 +242,14 @@ def render_text(report: Report) -> str:
     if report.session_routing is not None:
         lines.append(f"  routing by session              {report.session_routing.hit_ratio:6.3f}")
     lines += _moved_lines(report.dynamic_moved_last, report.observed.hit_ratio)
+    after = report.dynamic_moved_after_template
+    end = report.dynamic_moved_last
+    if after is not None and end is not None and abs(after.hit_ratio - end.hit_ratio) >= 0.0005:
+        lines.append(f"    ... after the template instead {after.hit_ratio:6.3f}  (exact replay)")
     lines += hosttier.render_text(report.host_tier)
     if report.reordered_estimate is not None:
         lines.append(
-            f"  the same, estimated live        {report.reordered_estimate:6.3f}  (hits + prefix_diverged)"
+            f"  moved to end, estimated live    {report.reordered_estimate:6.3f}  (hits + prefix_diverged)"
         )
     st = report.structure
     lines += [

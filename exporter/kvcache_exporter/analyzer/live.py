@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..accuracy.harness import Sidecar
 from ..derive.attribution import CAUSES
+from ..derive.layouts import LAYOUTS
 from ..derive.reorder import reordered_hit_ratio
 from ..simulator.engine import Engine, EngineConfig, Request
 from ..simulator.kv_events import encode_batch
@@ -32,6 +33,8 @@ class LiveView:
     misses_by_cause: dict[str, int]
     """computed prompt tokens by the sidecar's causes (every cause, in rule order), and partial_block"""
     decode_tokens: int
+    reorder_tokens: dict[str, int]
+    """of the prefix_diverged tokens, those a reorder to each layout would hit (derive/layouts.py)"""
 
     @property
     def reordered_estimate(self) -> float | None:
@@ -39,6 +42,10 @@ class LiveView:
         return reordered_hit_ratio(
             self.hit_tokens, self.prompt_tokens, self.misses_by_cause["prefix_diverged"]
         )
+
+    def layout_estimate(self, layout: str) -> float | None:
+        """The sidecar's estimate of a reorder to `layout` (derive/layouts.py's LAYOUTS)."""
+        return reordered_hit_ratio(self.hit_tokens, self.prompt_tokens, self.reorder_tokens[layout])
 
 
 class _Replica:
@@ -104,4 +111,8 @@ def live_view(
             causes[cause] += tokens
     causes[PARTIAL] = max(prompt_tokens - hit_tokens - sum(causes.values()), 0)
     decode = sum(each.sidecar.decode_tokens() for each in fleet)
-    return LiveView(prompt_tokens, hit_tokens, causes, decode)
+    layouts = {
+        layout: sum(each.sidecar.attribution.totals.reorder_tokens[layout] for each in fleet)
+        for layout in LAYOUTS
+    }
+    return LiveView(prompt_tokens, hit_tokens, causes, decode, layouts)
