@@ -42,6 +42,8 @@ class Report:
     reordered_estimate: float | None = None
     """the sidecar's estimate of the reorder (observed hits + the curve's prefix_diverged tokens), beside the
     exact replay `dynamic_moved_last`"""
+    layout_estimates: dict[str, float | None] | None = None
+    """the sidecar's estimate of the reorder per layout (derive/layouts.py), filled in by the caller"""
     dynamic_moved_after_template: Replay | None = None
     """the same, the per-request part moved right after the shared template instead (before what follows)"""
     units: list[dict] | None = None
@@ -210,6 +212,33 @@ def _moved_lines(moved: Replay | None, observed: float) -> list[str]:
     ]
 
 
+def _layout_lines(report: Report) -> list[str]:
+    """The sidecar's estimate per layout (live.py) beside the exact replays; after the template only where
+    the two layouts differ."""
+    live, end, after = (
+        report.layout_estimates or {},
+        report.dynamic_moved_last,
+        report.dynamic_moved_after_template,
+    )
+    lines = []
+    if live.get("end") is not None:
+        name = "    estimated live              " if end is not None else "  moved to end, estimated live  "
+        lines.append(f"{name}  {live['end']:6.3f}  (prefix_diverged reached in order)")
+    differ = after is not None and end is not None and abs(after.hit_ratio - end.hit_ratio) >= 0.0005
+    if differ or (live.get("after_template") is not None and live["after_template"] != live.get("end")):
+        if after is not None:
+            lines.append(f"  ... moved after the template    {after.hit_ratio:6.3f}  (exact replay)")
+        if live.get("after_template") is not None:
+            lines.append(
+                f"    estimated live                {live['after_template']:6.3f}  (up to the template's end)"
+            )
+    if report.reordered_estimate is not None:
+        lines.append(
+            f"  known content behind fields     {report.reordered_estimate:6.3f}  (hits + prefix_diverged)"
+        )
+    return lines
+
+
 def _a(kind: str) -> str:
     return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
@@ -242,15 +271,8 @@ def render_text(report: Report) -> str:
     if report.session_routing is not None:
         lines.append(f"  routing by session              {report.session_routing.hit_ratio:6.3f}")
     lines += _moved_lines(report.dynamic_moved_last, report.observed.hit_ratio)
-    after = report.dynamic_moved_after_template
-    end = report.dynamic_moved_last
-    if after is not None and end is not None and abs(after.hit_ratio - end.hit_ratio) >= 0.0005:
-        lines.append(f"    ... after the template instead {after.hit_ratio:6.3f}  (exact replay)")
+    lines += _layout_lines(report)
     lines += hosttier.render_text(report.host_tier)
-    if report.reordered_estimate is not None:
-        lines.append(
-            f"  moved to end, estimated live    {report.reordered_estimate:6.3f}  (hits + prefix_diverged)"
-        )
     st = report.structure
     lines += [
         "",

@@ -248,6 +248,7 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace, encoder=None):
         curve.misses_by_cause = seen.misses_by_cause  # serve's own rule on the same stream
         report.curve = curve.to_dict()
         report.reordered_estimate = seen.reordered_estimate
+        report.layout_estimates = {layout: seen.layout_estimate(layout) for layout in seen.reorder_tokens}
         report.units = hitunit.unit_rows(
             parsed.requests, parsed.traces, bs, None, args.replicas, args.routing
         )
