@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
-from . import hosttier, reorder
+from . import hosttier, live, reorder
 from .curvereport import ASSUMED, assumed_notes, render_curve, render_diagnoses, render_units
 from .diagnoses import SIGNIFICANT, Diagnosis, diagnose
 from .replay import Replay, blocks_needed_unbounded, concurrent_replay, replay
@@ -42,6 +42,8 @@ class Report:
     reordered_estimate: float | None = None
     """the sidecar's estimate of the reorder (observed hits + the curve's prefix_diverged tokens), beside the
     exact replay `dynamic_moved_last`"""
+    misses_by_cause: dict[str, int] | None = None
+    """computed prompt tokens by cause, by serve's own rule on the replayed stream (live.py; sequential)"""
     layout_estimates: dict[str, float | None] | None = None
     """the sidecar's estimate of the reorder per layout (derive/layouts.py), filled in by the caller"""
     dynamic_moved_after_template: Replay | None = None
@@ -124,6 +126,9 @@ def analyze(
         by_session = run(requests, bs, num_gpu_blocks, replicas, "session", max_model_len)
     layouts = reorder.layouts([r.prompt_token_ids for r in requests], bs)
     shape = structure(requests, bs, layouts, decode)
+    seen = live.live_view(requests, bs, num_gpu_blocks, replicas, routing, max_model_len, restarts, decode)
+    if shape.dynamic_field is not None and seen.field is not None:  # named as serve names it
+        shape.dynamic_field.field, shape.dynamic_field.shape = seen.field
     moved = after = None
     if any(layouts):
         moved = run(reordered(requests, layouts), bs, num_gpu_blocks, replicas, routing, max_model_len)
@@ -160,6 +165,9 @@ def analyze(
     report = Report(settings, observed, unbounded, one, by_session, moved, needed, shape, diagnoses, notes)
     report.host_tier = None if tier is None else tier.to_dict()
     report.dynamic_moved_after_template = after
+    report.misses_by_cause = seen.misses_by_cause
+    report.reordered_estimate = seen.reordered_estimate
+    report.layout_estimates = {layout: seen.layout_estimate(layout) for layout in seen.reorder_tokens}
     return report
 
 

@@ -27,7 +27,6 @@ from . import (
     hosttier,
     html,
     lines,
-    live,
     mrc,
     progress,
     replay,
@@ -242,13 +241,8 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace, encoder=None):
             getattr(encoder, "decode", None),
             getattr(args, "host_tier", None),
         )
-        seen = live.live_view(
-            parsed.traces, bs, args.num_gpu_blocks, args.replicas, args.routing, args.max_model_len, restarts
-        )
-        curve.misses_by_cause = seen.misses_by_cause  # serve's own rule on the same stream
+        curve.misses_by_cause = report.misses_by_cause  # serve's own rule on the same stream (live.py)
         report.curve = curve.to_dict()
-        report.reordered_estimate = seen.reordered_estimate
-        report.layout_estimates = {layout: seen.layout_estimate(layout) for layout in seen.reorder_tokens}
         report.units = hitunit.unit_rows(
             parsed.requests, parsed.traces, bs, None, args.replicas, args.routing
         )

@@ -10,11 +10,13 @@ token stream: one rule set, offline and live (the analyzer/sidecar agreement tes
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..accuracy.harness import Sidecar
 from ..derive.attribution import CAUSES
+from ..derive.front_fields import FrontFields
 from ..derive.layouts import LAYOUTS
 from ..derive.reorder import reordered_hit_ratio
 from ..simulator.engine import Engine, EngineConfig, Request
@@ -35,6 +37,8 @@ class LiveView:
     decode_tokens: int
     reorder_tokens: dict[str, int]
     """of the prefix_diverged tokens, those a reorder to each layout would hit (derive/layouts.py)"""
+    field: tuple[str, str] | None = None
+    """(kind, redacted shape) of the field that broke the prefix, as serve names it (front_fields.py)"""
 
     @property
     def reordered_estimate(self) -> float | None:
@@ -49,9 +53,12 @@ class LiveView:
 
 
 class _Replica:
-    def __init__(self, config: EngineConfig, index: int) -> None:
+    def __init__(self, config: EngineConfig, index: int, decode=None) -> None:
         self.config, self.index = config, index
         self.sidecar = Sidecar()
+        if decode is not None:  # every front named: no rate or CPU limit offline
+            fields = FrontFields(decode, per_second=1 << 62, timer=lambda: 0.0)
+            self.sidecar.attribution.fields = fields
         self.restart()
 
     def restart(self) -> None:
@@ -83,8 +90,10 @@ def live_view(
     routing: str = "round-robin",
     max_model_len: int | None = None,
     restarts: frozenset[int] = frozenset(),
+    decode=None,
 ) -> LiveView:
-    """One sidecar per replica (a KV-event stream is one engine's), as `serve` reads a DP deployment."""
+    """One sidecar per replica (a KV-event stream is one engine's), as `serve` reads a DP deployment.
+    `decode` (the model's tokenizer): the field that broke the prefix is named as serve names it."""
     longest = max((len(r.prompt_token_ids) + r.max_tokens for r in requests), default=1)
     config = EngineConfig(
         block_size=block_size,
@@ -92,7 +101,7 @@ def live_view(
         max_model_len=max(max_model_len or 0, longest),
         max_num_batched_tokens=max(8192, longest),
     )
-    fleet = [_Replica(config, i) for i in range(replicas)]
+    fleet = [_Replica(config, i, decode) for i in range(replicas)]
     prompt_tokens = hit_tokens = 0
     for n, (r, replica) in enumerate(zip(requests, route(requests, replicas, routing), strict=True)):
         if n in restarts:
@@ -110,9 +119,24 @@ def live_view(
         for cause, tokens in each.sidecar.attribution.totals.tokens.items():
             causes[cause] += tokens
     causes[PARTIAL] = max(prompt_tokens - hit_tokens - sum(causes.values()), 0)
-    decode = sum(each.sidecar.decode_tokens() for each in fleet)
+    decoded = sum(each.sidecar.decode_tokens() for each in fleet)
     layouts = {
         layout: sum(each.sidecar.attribution.totals.reorder_tokens[layout] for each in fleet)
         for layout in LAYOUTS
     }
-    return LiveView(prompt_tokens, hit_tokens, causes, decode, layouts)
+    return LiveView(prompt_tokens, hit_tokens, causes, decoded, layouts, _named(fleet))
+
+
+def _named(fleet: Sequence[_Replica]) -> tuple[str, str] | None:
+    """The kind with the most prefix_diverged tokens, and its most common redacted shape."""
+    tokens: Counter[str] = Counter()
+    shapes: Counter[tuple[str, str]] = Counter()
+    for each in fleet:
+        fields = each.sidecar.attribution.fields
+        if fields is not None:
+            tokens.update(fields.tokens)
+            shapes.update({(seen["field"], shape): seen["fronts"] for shape, seen in fields.recent.items()})
+    if not tokens or not tokens.most_common(1)[0][1]:
+        return None
+    kind = tokens.most_common(1)[0][0]
+    return kind, max((n, shape) for (k, shape), n in shapes.items() if k == kind)[1] if shapes else ""
