@@ -162,9 +162,9 @@ def test_a_reorder_below_the_observed_ratio_is_explained_not_offered(normalized_
     observed = normalized_report.observed
     lower = replace(observed, hit_ratio=observed.hit_ratio - 0.03)
     text = analysis.render_text(replace(normalized_report, dynamic_moved_last=lower))
-    line = next(line for line in text.splitlines() if "moved after" in line)
+    line = next(line for line in text.splitlines() if "moved to end" in line)
     said = f"no gain: its replay reads {lower.hit_ratio:.3f}, below this cache's {observed.hit_ratio:.3f}"
     assert said in line
     higher = replace(observed, hit_ratio=min(observed.hit_ratio + 0.03, 1.0))
     text = analysis.render_text(replace(normalized_report, dynamic_moved_last=higher))
-    assert f"moved after    {higher.hit_ratio:6.3f}  (exact replay)" in text
+    assert f"moved to end   {higher.hit_ratio:6.3f}  (exact replay)" in text
