@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from ..sources.kv_events_decode import IN_ORDER, Batch, Dropped, Event, KvEventDrain, Mark, SeqCursor
 from .content_causes import foreign_span, moved_span, rewritten_span
 from .fingerprints import FingerprintSet, Generations, anchors
-from .layouts import LAYOUTS, AnchorOrder, layout_served
+from .layouts import LAYOUTS, AnchorOrder, layout_served, pair_keys
 from .reorder import (
     KnownRun,
     first_known_run,
@@ -232,6 +232,7 @@ class Attribution:
         unit, length = self.hit_unit or size, count * size
         before = 0 if parent_hash is None else None if depth is None else (depth + 1) * size
         found = anchors(event.token_ids)
+        keys = pair_keys(found[1])
         known = self._known(event.token_ids, found, length, rewritable)
         run, served, spans = None, 0, ()
         if known is not None:
@@ -260,17 +261,20 @@ class Attribution:
             marked = (start // size, -(-stop // size))
             diverged_span = next((span[1:] for span in spans if span[0] == "prefix_diverged"), None)
             if diverged_span is not None:
-                self._layouts(known, diverged_span, run.start if run.fronted else 0, unit, count * size)
+                served_at = run.start if run.fronted else 0
+                self._layouts(known[0], keys, diverged_span, served_at, unit, count * size)
             if not diverged and depth is not None and run.fronted:
                 self._observe_offset(depth * size + run.start)
                 if self.fields is not None:
                     self.fields.observe(event, run.start, served)
-        self._order.learn(found[1])
+        self._order.learn(keys, found[1])
         self._track(hashes, depth, marked, 0, turns)
 
-    def _layouts(self, known: tuple, span: tuple[int, int], run_start: int, unit: int, length: int) -> None:
+    def _layouts(
+        self, positions, keys, span: tuple[int, int], run_start: int, unit: int, length: int
+    ) -> None:
         """Of the prefix_diverged span, what a reorder to each layout would hit (layouts.py)."""
-        end, template = layout_served(self._order, known[0], known[1], span, run_start, unit, length)
+        end, template = layout_served(self._order, positions, keys, span, run_start, unit, length)
         tokens = self.totals.reorder_tokens
         tokens["end"] += end
         tokens["after_template"] += template

@@ -20,49 +20,72 @@ not reached, at least K past the last one reached; both count whole hit units fr
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
-from itertools import pairwise
+from itertools import repeat
+from operator import lshift, xor
 
-from .fingerprints import FingerprintSet, Generations, K
+from .fingerprints import K
 
 LAYOUTS = ("end", "after_template")
-_BRANCH = -1  # in `following`: the anchor was followed by more than one anchor
+# What `AnchorOrder` keeps per anchor pair: the anchor that followed it, or one of these.
+_BRANCH = -1  # followed by more than one anchor: requests went their own ways there
+_END = -2  # an event's last pair: nothing after it seen yet
+
+
+def pair_keys(prints: Sequence[int]) -> list[int]:
+    """One key per pair of consecutive anchors (an anchor in the context of the one before it); the
+    fingerprints are hashes already, so a shift and an exclusive or (at C speed) keep the order."""
+    return list(map(xor, prints, map(lshift, prints[1:], repeat(1))))
 
 
 class AnchorOrder:
-    """Which anchor followed which, in the stored stream: pairs seen, and branch points. Bounded."""
+    """Which anchor followed which pair of anchors, in the stored stream: a map from pair keys, bounded
+    as two generations (fingerprints.Generations' scheme)."""
 
     def __init__(self, bound: int) -> None:
-        self.pairs = FingerprintSet(bound)
-        self.following = Generations(bound)
+        self.half = max(bound // 2, 1)
+        self.new: dict[int, int] = {}
+        self.old: dict[int, int] = {}
 
     def __len__(self) -> int:
-        return len(self.pairs) + len(self.following)
+        return len(self.new) + len(self.old)
 
-    def learn(self, prints: Sequence[int]) -> None:
-        """Remember an event's anchors in order (after reading it: an event never matches itself)."""
-        if len(prints) < 2:
+    def learn(self, keys: list[int], prints: Sequence[int]) -> None:
+        """Remember an event's anchors in order (after reading it: an event never matches itself);
+        `keys`: pair_keys(prints)."""
+        if not keys:
             return
-        pairs, following = self.pairs, self.following
-        keys = [hash(pair) for pair in pairwise(prints)]
-        pairs.update(keys)  # (also the key of what follows the pair's second anchor: its context)
-        for before, after in zip(keys, prints[2:], strict=False):
-            seen = following.get(before)
-            if seen is None:
-                following.put(before, after)
-            elif seen != after and seen != _BRANCH:
-                following.put(before, _BRANCH)
+        new, old = self.new, self.old
+        after = [*prints[2:], _END]
+        fresh = dict(zip(keys, after, strict=True))
+        before = list(map(new.get, keys))
+        if old and None in before:
+            before = [b if b is not None else old.get(k) for b, k in zip(before, keys, strict=True)]
+        for key, was in () if before == after else zip(keys, before, strict=True):
+            if was is None or was == fresh[key]:
+                continue
+            if was == _BRANCH or fresh[key] == _END:  # a follower other than before: rare
+                fresh[key] = was
+            elif was != _END:
+                fresh[key] = _BRANCH
+        new.update(fresh)
+        if len(new) >= self.half:
+            self.old, self.new = new, {}
 
-    def reached(self, prints: Sequence[int], first: int) -> tuple[int, int]:
+    def reached(self, keys: list[int], first: int) -> tuple[int, int]:
         """From anchor `first`: (the last anchor reached in order, the first branch point on the way or
         that last one when there is none)."""
-        pairs, following = self.pairs, self.following
-        last, branch = first, None
-        while last + 1 < len(prints) and (key := hash((prints[last], prints[last + 1]))) in pairs:
-            last += 1
-            if branch is None and following.get(key) == _BRANCH:
-                branch = last
-        return last, last if branch is None else branch
+        new, old = self.new, self.old
+        followers = list(map(new.get, keys[first:]))
+        if old and None in followers:
+            followers = [
+                f if f is not None else old.get(k) for f, k in zip(followers, keys[first:], strict=True)
+            ]
+        steps = followers.index(None) if None in followers else len(followers)
+        last = first + steps
+        branch = followers.index(_BRANCH, 0, steps) if _BRANCH in followers[:steps] else None
+        return last, last if branch is None else first + branch + 1
 
 
 def stop_after(positions: Sequence[int], last: int, length: int) -> int:
@@ -76,7 +99,7 @@ def stop_after(positions: Sequence[int], last: int, length: int) -> int:
 def layout_served(
     order: AnchorOrder,
     positions: Sequence[int],
-    prints: Sequence[int],
+    keys: list[int],
     span: tuple[int, int],
     run_start: int,
     unit: int,
@@ -84,12 +107,13 @@ def layout_served(
 ) -> tuple[int, int]:
     """(end, after_template): the tokens of the served `span` (start, stop) a reorder to each layout would
     hit, in whole hit units from the span's start; the walk starts at the first anchor of the known run
-    (from `run_start`: the span may start before it, where the run's tail made it longer)."""
+    (from `run_start`: the span may start before it, where the run's tail made it longer). `keys`: the
+    event's pair_keys."""
     start, stop = span
-    first = next((i for i, p in enumerate(positions) if p >= run_start), None)
-    if first is None or unit <= 0:
+    first = bisect_left(positions, run_start)
+    if first >= len(positions) or unit <= 0:
         return 0, 0
-    last, branch = order.reached(prints, first)
+    last, branch = (min(i, len(positions) - 1) for i in order.reached(keys, first))  # anchors cut: hostile
     end = min(stop_after(positions, last, length), stop) if last + 1 < len(positions) else stop
     template = min(stop_after(positions, branch, length), end)
     return (end - start) // unit * unit, max(template - start, 0) // unit * unit
