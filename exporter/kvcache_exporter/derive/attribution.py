@@ -136,7 +136,7 @@ class Attribution:
         self.resident = 0
         self.resident_peak = 0
         self._blocks = Generations(max_blocks)
-        self._content_prints = FingerprintSet(max_fingerprints - 2 * (max_fingerprints // 8))
+        self._content_prints = FingerprintSet(max_fingerprints - 3 * (max_fingerprints // 8))
         self._generated = FingerprintSet(max_fingerprints // 8)  # of decode-filled blocks: generated text
         self._foreign = FingerprintSet(max_fingerprints // 8)  # of adapters' and salted chains, untagged
         self._order = AnchorOrder(max_fingerprints // 8)  # which anchor followed which: the layouts' worth
