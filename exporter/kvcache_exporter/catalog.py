@@ -130,6 +130,7 @@ EXPORTER_ERRORS_TOTAL = "kvcache_exporter_errors_total"
 EXPORTER_HTTP_REJECTED_TOTAL = "kvcache_exporter_http_rejected_total"
 EXPORTER_BUILD_INFO = "kvcache_exporter_build_info"
 PREFIX_CACHE_MISS_TOKENS_TOTAL = "kvcache_prefix_cache_miss_tokens_total"
+PREFIX_CACHE_REORDER_HIT_TOKENS_TOTAL = "kvcache_prefix_cache_reorder_hit_tokens_total"
 KV_BLOCK_LIFETIME_SECONDS = "kvcache_kv_block_lifetime_seconds"
 KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS = "kvcache_kv_block_idle_before_evict_seconds"
 KV_BLOCK_REUSE_GAP_SECONDS = "kvcache_kv_block_reuse_gap_seconds"
@@ -149,6 +150,7 @@ PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED = "kvcache_prefix_cache_miss_attribution_t
 PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED_LIMIT = "kvcache_prefix_cache_miss_attribution_tracked_limit"
 PREFIX_CACHE_HIT_RATIO_ESTIMATE = "kvcache_prefix_cache_hit_ratio_estimate"
 PREFIX_CACHE_HIT_RATIO_REORDERED_ESTIMATE = "kvcache_prefix_cache_hit_ratio_reordered_estimate"
+PREFIX_CACHE_HIT_RATIO_REORDERED_LAYOUT_ESTIMATE = "kvcache_prefix_cache_hit_ratio_reordered_layout_estimate"
 PREFIX_CACHE_HIT_RATIO_HOST_TIER_ESTIMATE = "kvcache_prefix_cache_hit_ratio_host_tier_estimate"
 HOST_TIER_LOAD_BYTES_PER_SECOND_ESTIMATE = "kvcache_host_tier_load_bytes_per_second_estimate"
 FLEET_STORED_TOKENS_TOTAL = "kvcache_fleet_stored_tokens_total"
@@ -1198,6 +1200,18 @@ CATALOG: tuple[Metric, ...] = (
         "each stored block classified in stream order; decode-filled blocks excluded",
     ),
     _m(
+        PREFIX_CACHE_REORDER_HIT_TOKENS_TOTAL,
+        "counter",
+        "Of the prefix_diverged miss tokens, those a reorder would have served, per layout: end (the "
+        "per-request fields after everything the requests share) or after_template (right after the shared "
+        "template, before what follows it such as the question); docs/kv-events.md.",
+        ("layout",),
+        "tokens",
+        "attribution",
+        "BlockStored token_ids (anchor fingerprints and the order they came in)",
+        "prefix_diverged tokens reached in an earlier order; after_template: up to a branch point",
+    ),
+    _m(
         KV_EVENTS_DECODE_TOKENS_TOTAL,
         "counter",
         "Tokens of blocks filled during decode (one block extending a request's still-open last block); "
@@ -1317,6 +1331,21 @@ CATALOG: tuple[Metric, ...] = (
         "kvcache_prefix_cache_miss_tokens_total{cause=prefix_diverged}; "
         "vllm:prefix_cache_{hits,queries}_total",
         "(increase(hits) + increase(prefix_diverged tokens)) / increase(queries); docs/kv-events.md",
+    ),
+    _m(
+        PREFIX_CACHE_HIT_RATIO_REORDERED_LAYOUT_ESTIMATE,
+        "gauge",
+        "Estimated prefix-cache hit ratio over the window had the per-request fields been moved, per layout: "
+        "layout=end (after everything the requests share) or after_template (right after the shared "
+        "template, before what follows it such as the question). Of the prefix_diverged tokens, those "
+        "reached in the order earlier requests had them (and, after_template, before the first point "
+        "where requests sharing the template went their own ways) would have hit.",
+        ("window", "layout"),
+        "ratio",
+        "attribution",
+        "kvcache_prefix_cache_miss_tokens_total{cause=prefix_diverged}; "
+        "vllm:prefix_cache_{hits,queries}_total",
+        "(increase(hits) + increase(reorder tokens of the layout)) / increase(queries); docs/kv-events.md",
     ),
     _m(
         PREFIX_CACHE_HIT_RATIO_HOST_TIER_ESTIMATE,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from dataclasses import replace
 
 import pytest
 
@@ -153,3 +154,17 @@ def test_a_restart_in_a_closed_loop_replay_is_the_sequential_restart(seed_lines)
     assert restarted.per_request_hits != replay(requests, 32, 96).per_request_hits
     one_client = concurrent_replay(requests, 32, 96, concurrency=1, restarts=frozenset({200}))
     assert one_client.per_request_hits == restarted.per_request_hits
+
+
+def test_a_reorder_below_the_observed_ratio_is_explained_not_offered(normalized_report):
+    """A template-first log whose 'per-request part' replays below what the cache already hits: the line
+    says there is no gain and why, never a bare lower figure beside the observed one."""
+    observed = normalized_report.observed
+    lower = replace(observed, hit_ratio=observed.hit_ratio - 0.03)
+    text = analysis.render_text(replace(normalized_report, dynamic_moved_last=lower))
+    line = next(line for line in text.splitlines() if "moved to end" in line)
+    said = f"no gain: its replay reads {lower.hit_ratio:.3f}, below this cache's {observed.hit_ratio:.3f}"
+    assert said in line
+    higher = replace(observed, hit_ratio=min(observed.hit_ratio + 0.03, 1.0))
+    text = analysis.render_text(replace(normalized_report, dynamic_moved_last=higher))
+    assert f"moved to end   {higher.hit_ratio:6.3f}  (exact replay)" in text

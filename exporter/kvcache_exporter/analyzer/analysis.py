@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
-from . import hosttier, reorder
+from . import hosttier, live, reorder
 from .curvereport import ASSUMED, assumed_notes, render_curve, render_diagnoses, render_units
 from .diagnoses import SIGNIFICANT, Diagnosis, diagnose
 from .replay import Replay, blocks_needed_unbounded, concurrent_replay, replay
@@ -31,8 +31,8 @@ class Report:
     session_routing: Replay | None
     """same cache, routing by session (only when replicas > 1 and routing is round-robin)"""
     dynamic_moved_last: Replay | None
-    """same cache, each request's per-request part moved after the shared content (reorder.py; only
-    when some request has one)"""
+    """same cache, each request's per-request part moved to the very end (reorder.py; only when some
+    request has one)"""
     capacity_blocks_needed: int | None
     structure: Structure
     diagnoses: list[Diagnosis]
@@ -42,6 +42,12 @@ class Report:
     reordered_estimate: float | None = None
     """the sidecar's estimate of the reorder (observed hits + the curve's prefix_diverged tokens), beside the
     exact replay `dynamic_moved_last`"""
+    misses_by_cause: dict[str, int] | None = None
+    """computed prompt tokens by cause, by serve's own rule on the replayed stream (live.py; sequential)"""
+    layout_estimates: dict[str, float | None] | None = None
+    """the sidecar's estimate of the reorder per layout (derive/layouts.py), filled in by the caller"""
+    dynamic_moved_after_template: Replay | None = None
+    """the same, the per-request part moved right after the shared template instead (before what follows)"""
     units: list[dict] | None = None
     """hit ratio with no eviction per hit unit (hitunit.unit_rows), filled in by the caller"""
     host_tier: dict | None = None
@@ -49,16 +55,17 @@ class Report:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        for key in ("observed", "unbounded", "one_replica", "session_routing", "dynamic_moved_last"):
+        keys = ("observed", "unbounded", "one_replica", "session_routing", "dynamic_moved_last")
+        for key in (*keys, "dynamic_moved_after_template"):
             if out[key] is not None:
                 out[key].pop("per_request_hits", None)
         return out
 
 
-def reordered(requests: Sequence[TraceRequest], layouts) -> list[TraceRequest]:
-    """The same requests with their per-request part moved after the shared content."""
+def reordered(requests: Sequence[TraceRequest], layouts, move=reorder.reorder) -> list[TraceRequest]:
+    """The same requests with their per-request part moved (`move`: to the end, or after the template)."""
     return [
-        replace(r, prompt_token_ids=reorder.reorder(r.prompt_token_ids, lay))
+        replace(r, prompt_token_ids=move(r.prompt_token_ids, lay))
         for r, lay in zip(requests, layouts, strict=True)
     ]
 
@@ -119,9 +126,14 @@ def analyze(
         by_session = run(requests, bs, num_gpu_blocks, replicas, "session", max_model_len)
     layouts = reorder.layouts([r.prompt_token_ids for r in requests], bs)
     shape = structure(requests, bs, layouts, decode)
-    moved = None
+    seen = live.live_view(requests, bs, num_gpu_blocks, replicas, routing, max_model_len, restarts, decode)
+    if shape.dynamic_field is not None and seen.field is not None:  # named as serve names it
+        shape.dynamic_field.field, shape.dynamic_field.shape = seen.field
+    moved = after = None
     if any(layouts):
         moved = run(reordered(requests, layouts), bs, num_gpu_blocks, replicas, routing, max_model_len)
+        after_template = reordered(requests, layouts, reorder.reorder_after_template)
+        after = run(after_template, bs, num_gpu_blocks, replicas, routing, max_model_len)
     needed = None
     if unbounded.hit_ratio - observed.hit_ratio >= SIGNIFICANT:
         needed = _blocks_for(requests, unbounded.hit_ratio, bs, num_gpu_blocks, replicas, routing, run)
@@ -152,6 +164,10 @@ def analyze(
     }
     report = Report(settings, observed, unbounded, one, by_session, moved, needed, shape, diagnoses, notes)
     report.host_tier = None if tier is None else tier.to_dict()
+    report.dynamic_moved_after_template = after
+    report.misses_by_cause = seen.misses_by_cause
+    report.reordered_estimate = seen.reordered_estimate
+    report.layout_estimates = {layout: seen.layout_estimate(layout) for layout in seen.reorder_tokens}
     return report
 
 
@@ -191,6 +207,46 @@ def facts(bs, num_gpu_blocks, replicas, routing, observed, unbounded, one, by_se
     }
 
 
+def _moved_lines(moved: Replay | None, observed: float) -> list[str]:
+    """The reorder's exact replay; below the observed ratio it is no remedy, and the line says why."""
+    if moved is None:
+        return []
+    if moved.hit_ratio >= observed:
+        return [f"  per-request part moved to end   {moved.hit_ratio:6.3f}  (exact replay)"]
+    return [
+        f"  per-request part moved to end   no gain: its replay reads {moved.hit_ratio:.3f}, below this "
+        f"cache's {observed:.3f} (what reads as a per-request part already follows the shared content: "
+        "moving it further splits content the requests share)"
+    ]
+
+
+def _layout_lines(report: Report) -> list[str]:
+    """The sidecar's estimate per layout (live.py) beside the exact replays; after the template only where
+    the two layouts differ."""
+    live, end, after = (
+        report.layout_estimates or {},
+        report.dynamic_moved_last,
+        report.dynamic_moved_after_template,
+    )
+    lines = []
+    if live.get("end") is not None:
+        name = "    estimated live              " if end is not None else "  moved to end, estimated live  "
+        lines.append(f"{name}  {live['end']:6.3f}  (prefix_diverged reached in order)")
+    differ = after is not None and end is not None and abs(after.hit_ratio - end.hit_ratio) >= 0.0005
+    if differ or (live.get("after_template") is not None and live["after_template"] != live.get("end")):
+        if after is not None:
+            lines.append(f"  ... moved after the template    {after.hit_ratio:6.3f}  (exact replay)")
+        if live.get("after_template") is not None:
+            lines.append(
+                f"    estimated live                {live['after_template']:6.3f}  (up to the template's end)"
+            )
+    if report.reordered_estimate is not None:
+        lines.append(
+            f"  known content behind fields     {report.reordered_estimate:6.3f}  (hits + prefix_diverged)"
+        )
+    return lines
+
+
 def _a(kind: str) -> str:
     return f"an {kind}" if kind[0] in "aeiou" else f"a {kind}"
 
@@ -222,15 +278,9 @@ def render_text(report: Report) -> str:
         lines.append(f"  one replica, unbounded          {report.one_replica.hit_ratio:6.3f}")
     if report.session_routing is not None:
         lines.append(f"  routing by session              {report.session_routing.hit_ratio:6.3f}")
-    if report.dynamic_moved_last is not None:
-        lines.append(
-            f"  per-request part moved after    {report.dynamic_moved_last.hit_ratio:6.3f}  (exact replay)"
-        )
+    lines += _moved_lines(report.dynamic_moved_last, report.observed.hit_ratio)
+    lines += _layout_lines(report)
     lines += hosttier.render_text(report.host_tier)
-    if report.reordered_estimate is not None:
-        lines.append(
-            f"  the same, estimated live        {report.reordered_estimate:6.3f}  (hits + prefix_diverged)"
-        )
     st = report.structure
     lines += [
         "",

@@ -29,7 +29,6 @@ from . import (
     lines,
     mrc,
     progress,
-    reorder,
     replay,
     tokenize,
     trace,
@@ -242,12 +241,8 @@ def _report(parsed: blocktrace.Parsed, args: argparse.Namespace, encoder=None):
             getattr(encoder, "decode", None),
             getattr(args, "host_tier", None),
         )
+        curve.misses_by_cause = report.misses_by_cause  # serve's own rule on the same stream (live.py)
         report.curve = curve.to_dict()
-        report.reordered_estimate = reorder.live_estimate(
-            report.observed.hit_tokens,
-            report.observed.prompt_tokens,
-            curve.misses_by_cause["prefix_diverged"],
-        )
         report.units = hitunit.unit_rows(
             parsed.requests, parsed.traces, bs, None, args.replicas, args.routing
         )

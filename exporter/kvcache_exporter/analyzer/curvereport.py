@@ -66,7 +66,7 @@ def render_curve(curve: dict, num_gpu_blocks: int, block_size: int) -> list[str]
     misses = curve["misses_by_cause"]
     total = sum(misses.values()) or 1
     lines += ["", "computed prompt tokens by cause (at this pool)"]
-    lines += [f"  {cause:16s} {tokens:12d}  {tokens / total:6.1%}" for cause, tokens in misses.items()]
+    lines += [f"  {cause:18s} {tokens:12d}  {tokens / total:6.1%}" for cause, tokens in misses.items()]
     if curve["restarts"]:
         lines.append(f"  restarts replayed: {curve['restarts']}")
     return lines

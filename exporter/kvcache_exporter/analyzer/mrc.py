@@ -22,13 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
-from ..derive.fingerprints import anchors
-from ..derive.reorder import first_known_run, overlaps, served_span, served_tokens
 from ..routing import route_all
 from ..simulator.blocks import BlockPool
 from .blocktrace import BlockRequest, fresh_keys, prompt_keys, total_blocks
 
-CAUSES = ("cold", "evicted", "restart", "prefix_diverged", "other_replica")
+CAUSES = ("cold", "evicted", "restart", "other_replica")  # a block's history alone, without its content
 
 
 def curve_sizes(num_gpu_blocks: int, steps_per_doubling: int = 2) -> list[int]:
@@ -223,8 +221,6 @@ def stack_curve(
     entries = sum(len(r.groups) + 1 for r in requests) + 1
     stacks = [Stack(entries) for _ in range(replicas)]
     before_restart: list[set[int]] = [set() for _ in range(replicas)]
-    prints: set[int] = set()
-    marked: set[int] = set()
     restarts = restart_points(requests, restart_at)
     causes = dict.fromkeys((*CAUSES, "partial_block"), 0)
     per_request, prompt_tokens, unbounded = [], 0, 0
@@ -240,8 +236,7 @@ def stack_curve(
         unbounded += _unbounded_hits(r, stack, bs)
         per_request.append(hits * bs)
         prompt_tokens += r.prompt_tokens
-        served = _served_by_reorder(r, hits, prints, marked, bs)
-        _classify(r, replica, hits, stacks, before_restart[replica], served, causes, bs)
+        _classify(r, replica, hits, stacks, before_restart[replica], causes, bs)
         _use(r, stack, bs)
     below = tally.hits_below()
     return Curve(
@@ -302,42 +297,16 @@ def _unbounded_hits(r: BlockRequest, stack: Stack, bs: int) -> int:
     return hits
 
 
-def _served_by_reorder(r: BlockRequest, hits: int, prints: set[int], marked: set[int], bs: int) -> list[int]:
-    """Per computed full prompt block (from `hits` on): the tokens a reorder would have served, by the
-    live rule itself (derive/reorder.py: the first known run behind a per-request front, in whole hit
-    units; derive/attribution.py applies it to each BlockStored). `prints`: fingerprints of the content
-    computed before; `marked`: groups whose blocks were served (a chain continuing one is served from its
-    start). The computed blocks' prints are then remembered."""
-    count = r.prompt_tokens // bs - hits
-    if r.tokens is None or count <= 0:
-        return []
-    positions, found = anchors(r.tokens[hits * bs : (hits + count) * bs])
-    seen = [p in prints for p in found]
-    prints.update(found)
-    length = count * bs
-    run = first_known_run(positions, seen, length, hits == 0, bs, hits * bs) if any(seen) else None
-    served = served_tokens(run, length, bs, hits > 0 and r.groups[hits - 1] in marked, bs // 2)
-    if not served:
-        return [0] * count
-    start, stop = served_span(run, length, served)
-    marked.update(r.groups[hits + b] for b in range(start // bs, -(-stop // bs)))
-    return overlaps(start, stop, bs, count)
-
-
-def _classify(r, replica, hits, stacks, before_restart, served, causes, bs) -> None:
-    """Blame each computed prompt token on one cause, by what its block was (the live rules' order)."""
+def _classify(r, replica, hits, stacks, before_restart, causes, bs) -> None:
+    """Blame each computed prompt token on one cause, by what its block was (the live rules' order). The
+    content causes need the tokens: a token trace's table is the sidecar's own (live.py) instead."""
     hittable = (r.prompt_tokens - 1) // bs
     causes["partial_block"] += r.prompt_tokens - hittable * bs
     index = 0
     own = stacks[replica]
     for group, width in zip(r.groups, r.widths, strict=True):
         for j in range(max(index, hits), min(index + width, hittable)):
-            cause = _cause(group, j - index, own, stacks, replica, before_restart)
-            if served and cause == "cold" and served[j - hits]:  # never for hash traces: no content
-                causes["prefix_diverged"] += served[j - hits]
-                causes["cold"] += bs - served[j - hits]
-            else:
-                causes[cause] += bs
+            causes[_cause(group, j - index, own, stacks, replica, before_restart)] += bs
         index += width
         if index >= hittable:
             break
@@ -350,7 +319,7 @@ def _cause(group, j, own, stacks, replica, before_restart) -> str:
         return "restart"
     if any(i != replica and j < s.widest(group) for i, s in enumerate(stacks)):
         return "other_replica"
-    return "cold"  # or prefix_diverged, for the tokens a reorder would have served
+    return "cold"
 
 
 def _use(r: BlockRequest, stack: Stack, bs: int) -> None:

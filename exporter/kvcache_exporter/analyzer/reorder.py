@@ -6,7 +6,9 @@ end to the start of the template), and the *template* (the first run, at least o
 content frequent in the trace: 8-token n-grams found in at least 30% of the requests). The chat template's
 own role header is shared by every request, so it is the head, never the template: a timestamp or a
 customer id right after it is the dynamic part. The reorder keeps the head, then everything after the
-dynamic part, then the dynamic part: per-request fields moved after the shared content.
+dynamic part, then the dynamic part: per-request fields moved to the very end. `reorder_after_template`
+puts them right after the template instead (before a per-request question): where content after the
+template recurs (questions asked again), the two layouts hit differently.
 
 `reordered_prompts` is the seam the sidecar's estimator plugs into (derive: the same rule for live and
 offline); the analyzer replays its output exactly to say what the reorder is worth.
@@ -134,6 +136,15 @@ def reorder(prompt: Sequence[int], layout: Layout | None) -> list[int]:
         return list(prompt)
     h, t = layout.head, layout.template
     return [*prompt[:h], *prompt[t:], *prompt[h:t]]
+
+
+def reorder_after_template(prompt: Sequence[int], layout: Layout | None) -> list[int]:
+    """The prompt with its dynamic part moved right after the shared template (before what follows it,
+    such as a per-request question): the other layout a fix can take."""
+    if layout is None:
+        return list(prompt)
+    h, t, e = layout.head, layout.template, layout.template_end
+    return [*prompt[:h], *prompt[t:e], *prompt[h:t], *prompt[e:]]
 
 
 def reordered_prompts(prompts: Sequence[Sequence[int]], unit: int) -> list[list[int]]:

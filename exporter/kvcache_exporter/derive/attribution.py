@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from ..sources.kv_events_decode import IN_ORDER, Batch, Dropped, Event, KvEventDrain, Mark, SeqCursor
 from .content_causes import foreign_span, moved_span, rewritten_span
 from .fingerprints import FingerprintSet, Generations, anchors
+from .layouts import LAYOUTS, AnchorOrder, layout_served, pair_keys
 from .reorder import (
     KnownRun,
     first_known_run,
@@ -106,6 +107,8 @@ class Totals:
     offset_sum: float = 0.0
     rewritten_turn_counts: list[int] = field(default_factory=lambda: [0] * (len(TURN_BUCKETS) + 1))
     rewritten_turn_sum: int = 0
+    reorder_tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LAYOUTS, 0))
+    """of the prefix_diverged tokens, those a reorder to each layout would hit (layouts.py)"""
     batches: int = 0
     missed_batches: int = 0
     restarts: int = 0
@@ -133,9 +136,10 @@ class Attribution:
         self.resident = 0
         self.resident_peak = 0
         self._blocks = Generations(max_blocks)
-        self._content_prints = FingerprintSet(max_fingerprints - 2 * (max_fingerprints // 8))
+        self._content_prints = FingerprintSet(max_fingerprints - 3 * (max_fingerprints // 8))
         self._generated = FingerprintSet(max_fingerprints // 8)  # of decode-filled blocks: generated text
         self._foreign = FingerprintSet(max_fingerprints // 8)  # of adapters' and salted chains, untagged
+        self._order = AnchorOrder(max_fingerprints // 8)  # which anchor followed which: the layouts' worth
         self.limits = (max_blocks, max_fingerprints)
         self._stored = 0  # blocks stored so far: the clock of the what-if estimate
         self._era = 0
@@ -151,7 +155,8 @@ class Attribution:
     @property
     def tracked(self) -> tuple[int, int]:
         """(tracked hashes, tracked fingerprints): never above the bounds."""
-        return len(self._blocks), len(self._content_prints) + len(self._generated) + len(self._foreign)
+        prints = len(self._content_prints) + len(self._generated) + len(self._foreign)
+        return len(self._blocks), prints + len(self._order)
 
     def ingest(self, drain: KvEventDrain) -> None:
         """A poll's drained stream, read alone (the poll state passes marks to `apply` instead):
@@ -226,7 +231,9 @@ class Attribution:
                     return
         unit, length = self.hit_unit or size, count * size
         before = 0 if parent_hash is None else None if depth is None else (depth + 1) * size
-        known = self._known(event.token_ids, length, rewritable)
+        found = anchors(event.token_ids)
+        keys = pair_keys(found[1])
+        known = self._known(event.token_ids, found, length, rewritable)
         run, served, spans = None, 0, ()
         if known is not None:
             run, served, spans = self._content(
@@ -252,11 +259,25 @@ class Attribution:
         if served:
             start, stop = served_span(run, count * size, served)
             marked = (start // size, -(-stop // size))
+            diverged_span = next((span[1:] for span in spans if span[0] == "prefix_diverged"), None)
+            if diverged_span is not None:
+                served_at = run.start if run.fronted else 0
+                self._layouts(known[0], keys, diverged_span, served_at, unit, count * size)
             if not diverged and depth is not None and run.fronted:
                 self._observe_offset(depth * size + run.start)
                 if self.fields is not None:
                     self.fields.observe(event, run.start, served)
+        self._order.learn(keys, found[1])
         self._track(hashes, depth, marked, 0, turns)
+
+    def _layouts(
+        self, positions, keys, span: tuple[int, int], run_start: int, unit: int, length: int
+    ) -> None:
+        """Of the prefix_diverged span, what a reorder to each layout would hit (layouts.py)."""
+        end, template = layout_served(self._order, positions, keys, span, run_start, unit, length)
+        tokens = self.totals.reorder_tokens
+        tokens["end"] += end
+        tokens["after_template"] += template
 
     def _count_each(self, hashes: Sequence, spans: Sequence[tuple[str, int, int]], size: int) -> None:
         """Count blocks by the first rule that holds; `spans`: the content causes' tokens (cause,
@@ -313,13 +334,16 @@ class Attribution:
                 spans.append(("content_moved", *moved))
         return run, served, spans
 
-    def _known(self, tokens: Sequence[int], length: int, rewritable: bool) -> tuple | None:
+    def _known(
+        self, tokens: Sequence[int], found: tuple[list[int], list[int]], length: int, rewritable: bool
+    ) -> tuple | None:
         """The event's anchors (positions, fingerprints); the known ones among them; the ones of
         generated text (`rewritable`: behind a known cached prefix whose last block had been extended
         before, not an append to a finished chain's open tip); per anchor whether it was seen under another
         adapter or salt only (when nothing is known otherwise). None when none of these holds. The
-        event's own fingerprints are added afterwards, so a block never matches itself."""
-        positions, prints = anchors(tokens)
+        event's own fingerprints are added afterwards, so a block never matches itself. `found`: the
+        event's anchors (positions, fingerprints)."""
+        positions, prints = found
         content, foreign, generated = self._content_prints, self._foreign, self._generated
         found = content.new.intersection(prints)
         if content.old:

@@ -14,6 +14,7 @@ from ..samples import Sample
 from ..sources.vllm_snapshot import EngineSample, VllmSnapshot
 from .attribution import CAPACITY_FACTORS, OFFSET_BUCKETS, TURN_BUCKETS, Totals
 from .cache_config import config_number
+from .layouts import LAYOUTS
 from .reorder import reordered_hit_ratio
 from .whatif import host_hit_ratio
 from .windows import Delta, SeriesHistory
@@ -65,6 +66,7 @@ def _counters(totals: Totals) -> dict[str, float]:
     counters = {"attributed": float(totals.prompt_miss_tokens)}
     counters |= {f"extra_{f}": float(n) for f, n in totals.extra_hit_tokens.items()}
     counters["diverged"] = float(totals.tokens["prefix_diverged"])
+    counters |= {f"reorder_{layout}": float(n) for layout, n in totals.reorder_tokens.items()}
     counters["window_expired"] = float(totals.tokens["window_expired"])  # the audit's window_retention
     if totals.host_hit_tokens is not None:
         counters["extra_host"] = float(totals.host_hit_tokens)
@@ -76,6 +78,8 @@ def totals_samples(totals: Totals) -> list[Sample]:
     tokens = totals.tokens.items()
     out = [Sample(c.PREFIX_CACHE_MISS_TOKENS_TOTAL, {"cause": cause}, n) for cause, n in tokens]
     out.append(Sample(c.KV_EVENTS_DECODE_TOKENS_TOTAL, {}, totals.decode_tokens))
+    for layout, n in totals.reorder_tokens.items():
+        out.append(Sample(c.PREFIX_CACHE_REORDER_HIT_TOKENS_TOTAL, {"layout": layout}, n))
     running = 0
     for bound, count in zip((*OFFSET_BUCKETS, float("inf")), totals.offset_counts, strict=True):
         running += count
@@ -126,6 +130,12 @@ def window_samples(
     reordered = reordered_hit_ratio(hits, queries, mine["diverged"]) if "diverged" in mine else None
     if reordered is not None:
         out.append(Sample(c.PREFIX_CACHE_HIT_RATIO_REORDERED_ESTIMATE, {"window": label}, reordered))
+    for layout in LAYOUTS:
+        moved = mine.get(f"reorder_{layout}")
+        estimate = None if moved is None else reordered_hit_ratio(hits, queries, moved)
+        if estimate is not None:
+            labels = {"window": label, "layout": layout}
+            out.append(Sample(c.PREFIX_CACHE_HIT_RATIO_REORDERED_LAYOUT_ESTIMATE, labels, estimate))
     host = host_hit_ratio(hits, queries, mine["extra_host"]) if "extra_host" in mine else None
     if host is not None:
         out.append(Sample(c.PREFIX_CACHE_HIT_RATIO_HOST_TIER_ESTIMATE, {"window": label}, host))

@@ -1,0 +1,119 @@
+"""What a reorder is worth per layout: the per-request fields moved to the very end, or right after the
+shared template. Pure, bounded.
+
+The prefix_diverged tokens (reorder.py) are known content behind a per-request front. Content is known
+when its anchors were seen anywhere before; a prefix cache hits only content that follows, in order, what
+an earlier request had in the same order. A question asked before after other history, or sentences that
+questions share, are known but would not hit: counting them ran the estimate high. So each layout's worth
+is the part of the served span reached *in order*:
+
+- `end` (fields after everything shared): from the run's first anchor, while each next anchor was seen
+  right after the one before it (an anchor pair seen before);
+- `after_template` (fields between the shared template and what follows it, such as the question): the
+  same, and only up to the first *branch point*, an anchor seen followed by two different anchors (in
+  the context of the anchor before it: a phrase a template repeats is no branch): where requests that
+  share a template go their own ways.
+
+Both stop where `_run_from` ends a known run (reorder.py): K / 2 tokens into the window of the first anchor
+not reached, at least K past the last one reached; both count whole hit units from the run's start.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from itertools import repeat
+from operator import lshift, xor
+
+from .fingerprints import K
+
+LAYOUTS = ("end", "after_template")
+# What `AnchorOrder` keeps per anchor pair: the anchor that followed it, or one of these.
+_BRANCH = -1  # followed by more than one anchor: requests went their own ways there
+_END = -2  # an event's last pair: nothing after it seen yet
+
+
+def pair_keys(prints: Sequence[int]) -> list[int]:
+    """One key per pair of consecutive anchors (an anchor in the context of the one before it); the
+    fingerprints are hashes already, so a shift and an exclusive or (at C speed) keep the order."""
+    return list(map(xor, prints, map(lshift, prints[1:], repeat(1))))
+
+
+class AnchorOrder:
+    """Which anchor followed which pair of anchors, in the stored stream: a map from pair keys, bounded
+    as two generations (fingerprints.Generations' scheme)."""
+
+    def __init__(self, bound: int) -> None:
+        self.half = max(bound // 2, 1)
+        self.new: dict[int, int] = {}
+        self.old: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.new) + len(self.old)
+
+    def learn(self, keys: list[int], prints: Sequence[int]) -> None:
+        """Remember an event's anchors in order (after reading it: an event never matches itself);
+        `keys`: pair_keys(prints)."""
+        if not keys:
+            return
+        new, old = self.new, self.old
+        after = [*prints[2:], _END]
+        fresh = dict(zip(keys, after, strict=True))
+        before = list(map(new.get, keys))
+        if old and None in before:
+            before = [b if b is not None else old.get(k) for b, k in zip(before, keys, strict=True)]
+        for key, was in () if before == after else zip(keys, before, strict=True):
+            if was is None or was == fresh[key]:
+                continue
+            if was == _BRANCH or fresh[key] == _END:  # a follower other than before: rare
+                fresh[key] = was
+            elif was != _END:
+                fresh[key] = _BRANCH
+        new.update(fresh)
+        if len(new) >= self.half:
+            self.old, self.new = new, {}
+
+    def reached(self, keys: list[int], first: int) -> tuple[int, int]:
+        """From anchor `first`: (the last anchor reached in order, the first branch point on the way or
+        that last one when there is none)."""
+        new, old = self.new, self.old
+        followers = list(map(new.get, keys[first:]))
+        if old and None in followers:
+            followers = [
+                f if f is not None else old.get(k) for f, k in zip(followers, keys[first:], strict=True)
+            ]
+        steps = followers.index(None) if None in followers else len(followers)
+        last = first + steps
+        branch = followers.index(_BRANCH, 0, steps) if _BRANCH in followers[:steps] else None
+        return last, last if branch is None else first + branch + 1
+
+
+def stop_after(positions: Sequence[int], last: int, length: int) -> int:
+    """Where content reached up to anchor `last` ends: K / 2 into the next anchor's window, at least
+    K past `last`'s (reorder.py's rule for a known run's end); the end of the tokens after the last."""
+    if last + 1 >= len(positions):
+        return length
+    return min(max(positions[last] + K, positions[last + 1] + K // 2), length)
+
+
+def layout_served(
+    order: AnchorOrder,
+    positions: Sequence[int],
+    keys: list[int],
+    span: tuple[int, int],
+    run_start: int,
+    unit: int,
+    length: int,
+) -> tuple[int, int]:
+    """(end, after_template): the tokens of the served `span` (start, stop) a reorder to each layout would
+    hit, in whole hit units from the span's start; the walk starts at the first anchor of the known run
+    (from `run_start`: the span may start before it, where the run's tail made it longer). `keys`: the
+    event's pair_keys."""
+    start, stop = span
+    first = bisect_left(positions, run_start)
+    if first >= len(positions) or unit <= 0:
+        return 0, 0
+    last, branch = (min(i, len(positions) - 1) for i in order.reached(keys, first))  # anchors cut: hostile
+    end = min(stop_after(positions, last, length), stop) if last + 1 < len(positions) else stop
+    template = min(stop_after(positions, branch, length), end)
+    return (end - start) // unit * unit, max(template - start, 0) // unit * unit
