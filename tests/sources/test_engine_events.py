@@ -207,3 +207,13 @@ def test_without_tokens_the_engine_rules_still_apply_and_media_are_kept():
         "CPU_PINNED",
         "s",
     )
+
+
+def test_the_same_text_under_another_cache_salt_is_identity_isolated():
+    """SGLang seeds the hash chain with the salt and names it in the event (vLLM: in extra_keys)."""
+    plain = stored(list(range(100, 108)))
+    salted = stored(list(range(200, 208)), cache_salt="tenant-b")
+    state = fold([batch(plain, seq=0), batch(salted, seq=1)])
+    assert state.attribution.totals.tokens["identity_isolated"] == 32
+    unsalted = fold([batch(plain, seq=0), batch(stored(list(range(200, 208))), seq=1)])
+    assert unsalted.attribution.totals.tokens["identity_isolated"] == 0

@@ -208,7 +208,9 @@ class UnitView:
             if not hashes or size not in sizes or event.lora_name or event.session_id is not None:
                 break
             if event.parent is None and (
-                resident.issuperset(hashes) or _first_extra_key(getattr(event, "extra_keys", None))
+                resident.issuperset(hashes)
+                or _first_extra_key(getattr(event, "extra_keys", None))
+                or getattr(event, "cache_salt", None)
             ):
                 break
             if len(resident) + len(hashes) > self.max_blocks:
@@ -352,7 +354,10 @@ class UnitView:
             if inherited is not None:
                 return inherited
         lora = getattr(event, "lora_name", None)
-        first = _first_extra_key(getattr(event, "extra_keys", None)) if parent is None else b""
+        first = b""
+        if parent is None:  # vLLM's salt is the first extra key; SGLang's a field of its own
+            first = _first_extra_key(getattr(event, "extra_keys", None))
+            first = first or (getattr(event, "cache_salt", None) or "").encode()
         if not lora and not first:
             return 0
         return (crc32(first, crc32((lora or "").encode())) & 0xFF) | 1
