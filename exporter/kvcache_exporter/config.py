@@ -441,7 +441,8 @@ AGGREGATE_OPTIONS: tuple[Option, ...] = (
         "replica.targets",
         str,
         [],
-        "TARGET[,KV_ENDPOINT] of a replica (host:port or URL); repeat, whitespace-separated in the env",
+        "TARGET[,KV_ENDPOINT[,ENGINE]] of a replica (host:port or URL; ENGINE vllm, sglang or trtllm);"
+        " repeat, whitespace-separated in the env",
         multiple=True,
         flag_name="--replica",
         separator=None,
