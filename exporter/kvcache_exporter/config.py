@@ -348,6 +348,13 @@ OPTIONS: tuple[Option, ...] = (
         "content fingerprints miss attribution remembers (~2 per 32 tokens stored; ~70 bytes each)",
     ),
     Option(
+        "kv_events.engine",
+        choice("vllm", "sglang", "trtllm"),
+        "vllm",
+        "the engine publishing the KV events named by --kv-events.endpoint: its media and page rules"
+        " (vllm, sglang, trtllm; discovery sets it from what the server says)",
+    ),
+    Option(
         "whatif.host_tier_bytes",
         size,
         None,
@@ -434,7 +441,8 @@ AGGREGATE_OPTIONS: tuple[Option, ...] = (
         "replica.targets",
         str,
         [],
-        "TARGET[,KV_ENDPOINT] of a replica (host:port or URL); repeat, whitespace-separated in the env",
+        "TARGET[,KV_ENDPOINT[,ENGINE]] of a replica (host:port or URL; ENGINE vllm, sglang or trtllm);"
+        " repeat, whitespace-separated in the env",
         multiple=True,
         flag_name="--replica",
         separator=None,

@@ -29,6 +29,7 @@ from .sources.base import SourceError
 from .sources.kv_events_decode import Batch, Dropped, KvEventDrain, SeqCursor
 from .sources.vllm_snapshot import VllmSnapshot
 
+GPU_MEDIA = (None, "GPU")  # a lower tier's events (vLLM's CPU, SGLang's CPU_PINNED) are not the pool's
 log = logging.getLogger("kvcache_exporter.fleet")
 
 MAX_BUFFERED = 65_536  # deltas: at ~2 a batch, minutes of a busy replica's stream
@@ -190,7 +191,9 @@ class FleetPublisher:
             if event.type == "AllBlocksCleared":
                 self._enqueue(engine, batch.ts, pending)
                 self._new_epoch("cleared")
-            elif event.type in ("BlockStored", "BlockRemoved"):
+            elif (
+                event.type in ("BlockStored", "BlockRemoved") and getattr(event, "medium", None) in GPU_MEDIA
+            ):
                 stored = event.type == "BlockStored"
                 key = (
                     stored,

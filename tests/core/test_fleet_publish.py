@@ -183,3 +183,22 @@ def test_hash_sampling_applies_before_publishing_and_shards_of_another_sampling_
         whole.delta(subject, payload)
     assert sampled.fleet.replicas["a"].resident == 32 and sampled.dropped == {}
     assert whole.dropped == {"sampling_mismatch": 32} and "a" not in whole.fleet.replicas
+
+
+def test_a_host_tiers_copies_are_not_published_as_the_pools_residency():
+    """SGLang's HiCache backs every GPU store up as CPU_PINNED and evicts host copies on its own; vLLM's
+    offload tier publishes CPU events: neither is GPU residency, so neither reaches the pool view."""
+    fleet = FleetResidency()
+    intake = DeltaIntake(fleet, POOL)
+    publisher = FleetPublisher(NatsOptions("nats://127.0.0.1:1"), POOL, "a")
+    hashes = (3 << 58, 4 << 58)
+    events = (
+        Event("BlockStored", hashes, medium="GPU"),
+        Event("BlockStored", hashes, medium="CPU_PINNED"),
+        Event("BlockRemoved", hashes[:1], medium="CPU_PINNED"),  # the host copy evicted, the GPU's held
+        Event("BlockStored", (5 << 58,), medium="CPU"),
+    )
+    publisher.offer(0, KvEventDrain((Batch(0, 1.0, events),)))
+    for subject, payload in queued(publisher):
+        intake.delta(subject, payload)
+    assert fleet.replicas["a"].resident == 2 and fleet.replicas["a"].stored == 2

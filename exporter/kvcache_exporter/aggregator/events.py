@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import zmq
 
 from ..sources.base import SourceError
+from ..sources.engine_events import decode_engine_message
 from ..sources.kv_events import MAX_PENDING, POLL_MS, queue_drop, subscriber_socket
 from ..sources.kv_events_decode import (
     Batch,
@@ -40,7 +41,6 @@ from ..sources.kv_events_decode import (
     KvEventDecodeError,
     KvEventDrain,
     TokenBucket,
-    decode_message,
     peek_seq,
     weight,
 )
@@ -77,6 +77,7 @@ class _Inbox:
 
     bucket: TokenBucket
     max_hashes: int
+    engine: str = "vllm"  # whose media and page rules its events follow (sources/engine_events.py)
     items: list[Batch | Dropped] = field(default_factory=list)
     hashes: int = 0
 
@@ -127,10 +128,11 @@ class FleetEvents:
 
     # --- the poll loop's side ---------------------------------------------------------------
 
-    def add(self, name: Hashable, endpoint: str, mode: str = "connect") -> None:
+    def add(self, name: Hashable, endpoint: str, mode: str = "connect", engine: str = "vllm") -> None:
         """Follow `endpoint`: connect (vLLM binds it) or bind (vLLM connects to it)."""
         with self.lock:
-            self._inboxes[name] = _Inbox(TokenBucket(self.rate, time.monotonic), self.max_pending_hashes)
+            bucket = TokenBucket(self.rate, time.monotonic)
+            self._inboxes[name] = _Inbox(bucket, self.max_pending_hashes, engine)
             self._problems[name] = SourceError("not_started", f"KV events {endpoint}: not subscribed yet")
         self._commands.put(("add", name, endpoint, mode))
         if self._thread is None:
@@ -270,7 +272,8 @@ class FleetEvents:
                 inbox.drop("budget_exceeded", peek_seq(frames))
                 return
         try:
-            batch = decode_message(frames)  # outside the lock: the poll loop may drain meanwhile
+            # outside the lock: the poll loop may drain meanwhile
+            batch = decode_engine_message(frames, engine=inbox.engine)
         except KvEventDecodeError as err:
             with self.lock:
                 inbox.drop(err.reason, err.seq)  # parse_error or batch_too_heavy

@@ -32,6 +32,14 @@ from .fleet_sessions import SessionSpread
 
 SPACE = 1 << 64
 MASK = SPACE - 1
+VLLM = "vllm"
+GPU_MEDIA = (None, "GPU")
+
+
+def _namespaced(keep, engine: str, hashes: Sequence[int | bytes]) -> list[tuple[str, int | bytes]]:
+    """A non-vLLM replica's kept hashes keyed by its engine: two engines' opaque hashes (SGLang's
+    SHA-256 over u32 tokens, vLLM's over its own encoding) are never one block, so never shared."""
+    return [(engine, block_hash) for block_hash in keep(hashes)]
 
 
 def hash_position(block_hash: int | bytes) -> int:
@@ -88,6 +96,7 @@ class ReplicaView:
     blocks. `bit` is rank 0's, the replica's own in the session masks; `mask` all its ranks' bits."""
 
     bit: int
+    engine: str = "vllm"
     mask: int = 0
     ranks: dict[int, RankView] = field(default_factory=dict)
     resident: int = 0
@@ -113,7 +122,7 @@ class FleetResidency:
         self.sessions = sessions or SessionSpread()  # every event's session, whatever the hash range
         self.replicas: dict[str, ReplicaView] = {}
         self.duplicates = 0  # hashes held by >= 2 replicas
-        self._owners: dict[int | bytes, int] = {}  # hash -> the bits of the ranks holding it
+        self._owners: dict[int | bytes | tuple[str, int | bytes], int] = {}  # hash -> its ranks' bits
         self._mask_of: dict[int, int] = {}  # a rank's bit -> its replica's mask
         self._free_bits: list[int] = []
         self._next_bit = 1
@@ -127,9 +136,9 @@ class FleetResidency:
     def distinct(self) -> int:
         return len(self._owners)
 
-    def add_replica(self, name: str) -> ReplicaView:
+    def add_replica(self, name: str, engine: str = "vllm") -> ReplicaView:
         if name not in self.replicas:
-            view = self.replicas[name] = ReplicaView(0)
+            view = self.replicas[name] = ReplicaView(0, engine)
             view.bit = self._rank(view, 0).bit
         return self.replicas[name]
 
@@ -173,6 +182,10 @@ class FleetResidency:
         self._mark(view, state, mark)
         view.batches += 1
         keep = self.hash_range.keep
+        if view.engine != VLLM:  # another engine's hashes never match vLLM's, nor each other's
+            keep = partial(_namespaced, keep, view.engine)
+            # a lower tier's copy (HiCache's CPU_PINNED backup) is not on the pool's GPUs
+            events = [event for event in events if event.medium in GPU_MEDIA]
         for event in events:
             if event.type == "BlockStored":
                 self._store(view, state, keep(event.block_hashes))

@@ -222,16 +222,16 @@ class Aggregator:
         """Subscribe the replicas the open-file budget left out, as far as it now allows (replicas
         gone free descriptors); one log line whenever how many are left out changes."""
         waiting_streams = (
-            (key, stream)
+            (key, stream, self.members[name].replica.engine)
             for name in sorted(self.members)
             for stream in self.members[name].replica.streams()
             if (key := stream_name(name, stream.rank)) not in self.fds.subscribed
         )
-        for key, stream in waiting_streams:
+        for key, stream, engine in waiting_streams:
             if self.fds.full():  # each take costs a pass over the subscribed: none once none fits
                 break
             if self.fds.take(key, stream.endpoint, bind=stream.mode == "bind"):
-                self.events.add(key, stream.endpoint, stream.mode)
+                self.events.add(key, stream.endpoint, stream.mode, engine)
         waiting = self.unsubscribed()
         if len(waiting) != self._logged_unsubscribed and waiting:
             log.warning(
@@ -266,7 +266,7 @@ class Aggregator:
     def _member(self, replica: Replica) -> Member:
         s = self.settings
         retention = max(s.windows) + 2 * s.interval
-        self.fleet.add_replica(replica.name)
+        self.fleet.add_replica(replica.name, replica.engine)
         member = Member(replica, SeriesHistory(retention), SeriesHistory(retention))
         source = VllmSource(replica.metrics_url, s.timeout, s.max_body_bytes, keep_alive=False)
         member.poll = Poll(

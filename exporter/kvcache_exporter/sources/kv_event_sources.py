@@ -49,6 +49,7 @@ class Stream:
     mode: str
     topic: str = ""
     replay_endpoint: str | None = None
+    engine: str = "vllm"  # sources/engine_events.py: whose media and page rules the events follow
 
 
 @dataclass(frozen=True)
