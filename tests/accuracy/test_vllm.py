@@ -2,6 +2,8 @@
 Sending, waiting for the events and attributing them run against the real server in
 tests/integration/test_real_vllm_accuracy.py."""
 
+import pytest
+
 from kvcache_exporter.accuracy.vllm import NOT_ON_VLLM, counters_from, llama_shape, stored_tokens
 from kvcache_exporter.simulator.blocks import BlockRemoved, BlockStored
 from kvcache_exporter.simulator.kv_events import encode_batch
@@ -41,3 +43,24 @@ def test_the_llama_shape_takes_twelve_injected_kinds():
     shape = llama_shape()
     assert (shape.unit, shape.capacity_tokens, shape.max_prompt) == (32, 2048, 1023)
     assert not NOT_ON_VLLM & set(shape.kinds) and len(shape.kinds) == 14
+
+
+def test_a_recorded_run_replays_its_events_and_answers_and_refuses_other_cases(tmp_path):
+    from kvcache_exporter.accuracy.vllm import Replayed, Sent, load_recording, save_recording
+    from kvcache_exporter.accuracy.workload import Request
+
+    frame = [
+        b"kv",
+        (3).to_bytes(8, "big"),
+        encode_batch([BlockStored([7], None, list(range(20, 52)), 32)], 0, 1.0),
+    ]
+    recorded = [Sent(40, (frame,), (5, 6)), Sent(10, (), ())]
+    path = tmp_path / "run.jsonl.gz"
+    save_recording(path, {"seed": 3}, recorded)
+    header, loaded = load_recording(path)
+    assert header == {"seed": 3} and loaded == recorded
+    replayed = Replayed(llama_shape(), loaded)
+    batches, generated = replayed.send(Request(tuple(range(40)), "append_turn", None))
+    assert generated == (5, 6) and stored_tokens(batches[0]) == 32
+    with pytest.raises(ValueError, match="not of these cases"):
+        replayed.send(Request(tuple(range(11)), "append_turn", None))

@@ -48,8 +48,15 @@ def progress(cases: Iterator[list], every: int) -> Iterator[list]:
         yield case
 
 
+LLAMA_NOTE = (
+    "A real vLLM 0.32 CPU server (tiny Llama, dummy weights, 32-token blocks, 64-block cache), requests one "
+    "at a time; {cases} cases a kind, seed {seed}, {minutes:.0f} minutes; {late} requests whose events did "
+    "not cover what vLLM computed within the wait."
+)
+
+
 def real_vllm(args: argparse.Namespace) -> dict:
-    from .vllm import RealVllm, launch, llama_shape
+    from .vllm import RealVllm, launch, llama_shape, save_recording
 
     def measure(url: str, endpoint: str) -> dict:
         backend = RealVllm(url, endpoint, llama_shape())
@@ -61,13 +68,10 @@ def real_vllm(args: argparse.Namespace) -> dict:
             took = time.monotonic() - started
         finally:
             backend.close()
-        note = (
-            f"A real vLLM 0.32 CPU server (tiny Llama, dummy weights, 32-token blocks, 64-block cache), "
-            f"requests one at a time; {args.vllm_cases} cases a kind, seed {args.seed}, "
-            f"{took / 60:.0f} minutes; {backend.late} requests whose events did not cover what vLLM "
-            f"computed within the wait."
-        )
-        return {**table.to_json(), "note": note}
+        header = {"cases": args.vllm_cases, "seed": args.seed, "minutes": took / 60, "late": backend.late}
+        if args.vllm_record:
+            save_recording(Path(args.vllm_record), header, backend.recorded)
+        return {**table.to_json(), "note": LLAMA_NOTE.format(**header)}
 
     if args.vllm_url:
         return measure(args.vllm_url, args.kv_events_endpoint)
@@ -76,6 +80,18 @@ def real_vllm(args: argparse.Namespace) -> dict:
         launch(Path(args.vllm_python), Path(args.model), Path(tmp)) as (url, endpoint),
     ):
         return measure(url, endpoint)
+
+
+def replayed_vllm(path: Path) -> dict:
+    """The real-vLLM table again from a recorded run's events, scored by today's rules."""
+    from .vllm import Replayed, llama_shape, load_recording
+
+    header, recorded = load_recording(path)
+    backend = Replayed(llama_shape(), recorded)
+    cases = Generator(backend.shape, header["seed"]).cases(header["cases"] * len(backend.shape.kinds))
+    table = tabulate(backend.shape.name, run(backend, cases))
+    note = LLAMA_NOTE.format(**header) + " Scored from the run's recorded events (`--vllm-replay`)."
+    return {**table.to_json(), "note": note}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,14 +106,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kv-events-endpoint", help="with --vllm-url: the endpoint its KV-event PUB connects to"
     )
+    parser.add_argument("--vllm-record", help="with --vllm: save every request's raw events here (.jsonl.gz)")
+    parser.add_argument("--vllm-replay", help="rewrite --vllm-json from a --vllm-record file, no server")
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     parser.add_argument("--model", default="tests/fixtures/tiny-llama")
     args = parser.parse_args(argv)
     if args.vllm_url and not args.kv_events_endpoint:
         parser.error("--vllm-url needs --kv-events-endpoint")
     vllm_json = Path(args.vllm_json)
-    if args.vllm:
-        vllm_json.write_text(json.dumps({"tables": [real_vllm(args)]}, indent=1, sort_keys=True) + "\n")
+    if args.vllm or args.vllm_replay:
+        table = replayed_vllm(Path(args.vllm_replay)) if args.vllm_replay else real_vllm(args)
+        vllm_json.write_text(json.dumps({"tables": [table]}, indent=1, sort_keys=True) + "\n")
     sections = []
     if vllm_json.exists():
         sections = [
