@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import gzip
 import json
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import zmq
 
@@ -59,14 +59,20 @@ class Counters:
 
 
 class RealVllm:
-    def __init__(self, base_url: str, kv_events_endpoint: str, shape: Shape, model: str = "tiny"):
-        self.base_url, self.shape, self.model = base_url, shape, model
+    def __init__(
+        self,
+        base_url: str,
+        kv_events_endpoint: str,
+        shape: Shape,
+        model: str = "tiny",
+        record: IO | None = None,
+    ):
+        self.base_url, self.shape, self.model, self.record = base_url, shape, model, record
         self.socket = zmq.Context.instance().socket(zmq.SUB)
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.bind(kv_events_endpoint)
         self.late = 0  # requests whose events never covered what vLLM computed (see `send`)
-        self.recorded: list[Sent] = []  # every request's raw event frames and answer, for `replay`
         self.counters = self._counters()
 
     def close(self) -> None:
@@ -99,7 +105,11 @@ class RealVllm:
         computed = int((after.queries - before.queries) - (after.hits - before.hits))
         fed = computed + max(len(generated) - 1, 0)  # the generated tokens fed back: all but the last
         frames = self._frames(fed // BLOCK_SIZE * BLOCK_SIZE)
-        self.recorded.append(Sent(len(request.prompt), tuple(frames), generated))
+        if self.record is not None:  # a line a request, flushed: a run cut short still replays
+            self.record.write(
+                json.dumps(Sent(len(request.prompt), tuple(frames), generated).to_json()) + "\n"
+            )
+            self.record.flush()
         return [decode_message(f, with_tokens=True) for f in frames], generated
 
     def _complete(self, prompt: list[int], identity: str | None, answer: int = 0) -> tuple[int, ...]:
@@ -179,17 +189,23 @@ class Replayed:
         return [decode_message(f, with_tokens=True) for f in sent.frames], sent.generated
 
 
-def save_recording(path: Path, header: dict, recorded: list[Sent]) -> None:
-    with gzip.open(path, "wt") as out:
-        out.write(json.dumps(header) + "\n")
-        for sent in recorded:
-            out.write(json.dumps(sent.to_json()) + "\n")
-
-
 def load_recording(path: Path) -> tuple[dict, list[Sent]]:
-    with gzip.open(path, "rt") as lines:
-        header = json.loads(next(lines))
-        return header, [Sent.from_json(json.loads(line)) for line in lines]
+    """A recording's first line (what was planned; the run's figures when it finished: `minutes`) and
+    its requests; a last line cut off mid-write is left out."""
+    header, recorded = {}, []
+    with open(path) as lines:
+        for number, line in enumerate(lines):
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            if number == 0:
+                header = data
+            elif "prompt_tokens" in data:
+                recorded.append(Sent.from_json(data))
+            else:
+                header |= data
+    return header, recorded
 
 
 def counters_from(text: str) -> Counters:
