@@ -96,7 +96,9 @@ renders the vLLM part from docs/accuracy-vllm.json, so `make check` catches a do
 a simulator result that moved. `--vllm-record FILE` keeps every request's raw KV-event messages and
 answer as the run goes (a line each); `--vllm-replay FILE` scores a recorded run again with today's
 rules, no server (the whole cases it holds: a run stopped at a deadline still scores). The committed
-real table is such a replay.
+real table is such a replay. On the same recorded events the rules as round 4 found them named
+1,761 of 2,135 right (82.5 %; `short_shared_prefix` 16, the two history kinds 238 of 274), today's
+1,846 (86.5 %; 80 and 259).
 """
 
 
