@@ -91,9 +91,12 @@ test: preflight venv system-deps vllm-venv lint
 
 # The injected-cause suite at full size: the real vLLM part (tiny Llama on the CPU build, ~30 min on
 # two cores) into docs/accuracy-vllm.json, then docs/accuracy.md with the simulator part, which
-# `make generate` reruns (seeded) while it renders the vLLM part from that JSON.
+# `make generate` reruns (seeded) while it renders the vLLM part from that JSON. The run's raw events
+# go to build/accuracy-vllm.jsonl: `--vllm-replay build/accuracy-vllm.jsonl` scores them again.
 accuracy: venv vllm-venv
-	$(PY) -m kvcache_exporter.accuracy --vllm --output docs/accuracy.md --vllm-json docs/accuracy-vllm.json
+	mkdir -p build
+	$(PY) -m kvcache_exporter.accuracy --vllm --output docs/accuracy.md --vllm-json docs/accuracy-vllm.json \
+	  --vllm-record build/accuracy-vllm.jsonl
 
 # Property tests at full strength: every test module named *fuzz* with 100,000 cases per property;
 # an input that breaks one is kept under tests/fixtures/fuzz/ and replayed by `make test` from then on.

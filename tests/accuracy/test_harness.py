@@ -83,3 +83,14 @@ def test_the_sidecar_reads_a_request_as_its_own_delta():
     batch = decode_message([b"kv", (0).to_bytes(8, "big"), encode_batch([store], 0, 1.0)], with_tokens=True)
     assert sidecar.feed([batch]) == {"cold": 32}
     assert sidecar.feed([]) == {}  # the next request's delta starts from there
+
+
+def test_a_host_tier_load_is_tier_restored_and_a_short_shared_prefix_never_another_fault(table):
+    """The CPU tier's loads are read from the restored tokens serve exports apart (not a miss); shared
+    content short of a unit is below_hit_unit where an anchor sees it, else cold (docs/accuracy.md)."""
+    if "host_tier_load" in table.counts:
+        assert table.right("host_tier_load") == table.scored("host_tier_load"), table.counts["host_tier_load"]
+    short = table.counts["short_shared_prefix"]
+    assert set(short) <= {"below_hit_unit", "cold"}, short
+    if table.shape == "simulator deepseek-v4":  # 256-token units: the shared part holds anchors
+        assert short["below_hit_unit"] == short.total(), short

@@ -2,7 +2,20 @@
 Sending, waiting for the events and attributing them run against the real server in
 tests/integration/test_real_vllm_accuracy.py."""
 
-from kvcache_exporter.accuracy.vllm import NOT_ON_VLLM, counters_from, llama_shape, stored_tokens
+import json
+
+import pytest
+
+from kvcache_exporter.accuracy.vllm import (
+    NOT_ON_VLLM,
+    Replayed,
+    Sent,
+    counters_from,
+    llama_shape,
+    load_recording,
+    stored_tokens,
+)
+from kvcache_exporter.accuracy.workload import Request
 from kvcache_exporter.simulator.blocks import BlockRemoved, BlockStored
 from kvcache_exporter.simulator.kv_events import encode_batch
 from kvcache_exporter.sources.kv_events_decode import decode_message
@@ -41,3 +54,22 @@ def test_the_llama_shape_takes_twelve_injected_kinds():
     shape = llama_shape()
     assert (shape.unit, shape.capacity_tokens, shape.max_prompt) == (32, 2048, 1023)
     assert not NOT_ON_VLLM & set(shape.kinds) and len(shape.kinds) == 14
+
+
+def test_a_recorded_run_replays_its_events_and_answers_and_refuses_other_cases(tmp_path):
+    frame = [
+        b"kv",
+        (3).to_bytes(8, "big"),
+        encode_batch([BlockStored([7], None, list(range(20, 52)), 32)], 0, 1.0),
+    ]
+    recorded = [Sent(40, (frame,), (5, 6)), Sent(10, (), ())]
+    path = tmp_path / "run.jsonl"
+    lines = [{"seed": 3}, *(sent.to_json() for sent in recorded), {"minutes": 2.5}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"prompt_tok')  # cut mid-write
+    header, loaded = load_recording(path)
+    assert header == {"seed": 3, "minutes": 2.5} and loaded == recorded
+    replayed = Replayed(llama_shape(), loaded)
+    batches, generated = replayed.send(Request(tuple(range(40)), "append_turn", None))
+    assert generated == (5, 6) and stored_tokens(batches[0]) == 32
+    with pytest.raises(ValueError, match="not of these cases"):
+        replayed.send(Request(tuple(range(11)), "append_turn", None))

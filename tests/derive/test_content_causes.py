@@ -17,7 +17,9 @@ def test_whole_units_cut_a_span_or_none():
 
 def test_rewritten_history_runs_from_the_divergence_point_to_the_last_generated_content():
     positions = [5, 30, 70, 120, 150]
-    assert rewritten_span(positions, [False, True, False, True, False], 200, 16) == (0, 128)  # 120 + 8
+    # the last generated anchor at 120, the next (not generated) at 150: its content ends at 150 + 4
+    assert rewritten_span(positions, [False, True, False, True, False], 200, 16) == (0, 144)
+    assert rewritten_span([5, 30, 70, 120, 125], [False, True, False, True, False], 200, 16) == (0, 128)
     assert rewritten_span(positions, [False, False, False, False, True], 200, 16) == (0, 192)  # to the end
     assert rewritten_span(positions, [False] * 5, 200, 16) is None
     assert rewritten_span([3], [True], 12, 16) is None  # less than a unit
@@ -43,5 +45,7 @@ def test_runs_joined_by_a_seam_are_moved_and_a_gap_of_new_content_is_not():
 def test_content_known_only_under_another_identity_is_the_isolated_span():
     positions = [0, 40, 80, 120]
     assert foreign_span(positions, [True, True, True, True], 160, 32) == (0, 160)
-    assert foreign_span(positions, [False, True, True, False], 160, 32) == (40, 72)  # 88 - 40 = 48: one unit
+    # the last foreign anchor at 80, the next at 120: its content ends at 124; 84 tokens from 40: two units
+    assert foreign_span(positions, [False, True, True, False], 160, 32) == (40, 104)
+    assert foreign_span([0, 40, 80, 90], [False, True, True, False], 160, 32) == (40, 72)  # ends at 94
     assert foreign_span(positions, [False] * 4, 160, 32) is None

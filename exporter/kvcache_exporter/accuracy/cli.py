@@ -9,12 +9,14 @@ JSON first.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from .harness import Table, run, tabulate
 from .report import render
@@ -48,11 +50,23 @@ def progress(cases: Iterator[list], every: int) -> Iterator[list]:
         yield case
 
 
+LLAMA_NOTE_CUT = (
+    "A real vLLM 0.32 CPU server (tiny Llama, dummy weights, 32-token blocks, 64-block cache), requests one "
+    "at a time; the first {whole:,} of {planned:,} cases planned (kinds in turn; the run was stopped at the "
+    "deadline), seed {seed}."
+)
+LLAMA_NOTE = (
+    "A real vLLM 0.32 CPU server (tiny Llama, dummy weights, 32-token blocks, 64-block cache), requests one "
+    "at a time; {cases} cases a kind, seed {seed}, {minutes:.0f} minutes; {late} requests whose events did "
+    "not cover what vLLM computed within the wait."
+)
+
+
 def real_vllm(args: argparse.Namespace) -> dict:
     from .vllm import RealVllm, launch, llama_shape
 
-    def measure(url: str, endpoint: str) -> dict:
-        backend = RealVllm(url, endpoint, llama_shape())
+    def measure(url: str, endpoint: str, record: IO | None) -> dict:
+        backend = RealVllm(url, endpoint, llama_shape(), record=record)
         try:
             backend.warm_up()
             started = time.monotonic()
@@ -61,21 +75,43 @@ def real_vllm(args: argparse.Namespace) -> dict:
             took = time.monotonic() - started
         finally:
             backend.close()
-        note = (
-            f"A real vLLM 0.32 CPU server (tiny Llama, dummy weights, 32-token blocks, 64-block cache), "
-            f"requests one at a time; {args.vllm_cases} cases a kind, seed {args.seed}, "
-            f"{took / 60:.0f} minutes; {backend.late} requests whose events did not cover what vLLM "
-            f"computed within the wait."
-        )
-        return {**table.to_json(), "note": note}
+        done = {"minutes": took / 60, "late": backend.late}
+        if record is not None:
+            record.write(json.dumps(done) + "\n")
+        return {**table.to_json(), "note": LLAMA_NOTE.format(cases=args.vllm_cases, seed=args.seed, **done)}
 
-    if args.vllm_url:
-        return measure(args.vllm_url, args.kv_events_endpoint)
-    with (
-        tempfile.TemporaryDirectory(prefix="accuracy-vllm-") as tmp,
-        launch(Path(args.vllm_python), Path(args.model), Path(tmp)) as (url, endpoint),
-    ):
-        return measure(url, endpoint)
+    with contextlib.ExitStack() as stack:
+        record = None
+        if args.vllm_record:
+            record = stack.enter_context(open(args.vllm_record, "w"))
+            record.write(json.dumps({"cases": args.vllm_cases, "seed": args.seed}) + "\n")
+        if args.vllm_url:
+            return measure(args.vllm_url, args.kv_events_endpoint, record)
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="accuracy-vllm-"))
+        url, endpoint = stack.enter_context(launch(Path(args.vllm_python), Path(args.model), Path(tmp)))
+        return measure(url, endpoint, record)
+
+
+def replayed_vllm(path: Path) -> dict:
+    """The real-vLLM table again from a recorded run's events, scored by today's rules: the cases the
+    recording holds whole (all of them unless the run was cut short)."""
+    from .vllm import Replayed, llama_shape, load_recording
+
+    header, recorded = load_recording(path)
+    backend = Replayed(llama_shape(), recorded)
+    kinds = len(backend.shape.kinds)
+    planned, requests, whole = header["cases"] * kinds, 0, []
+    for case in Generator(backend.shape, header["seed"]).cases(planned):
+        requests += len(case)
+        if requests > len(recorded):
+            break
+        whole.append(case)
+    table = tabulate(backend.shape.name, run(backend, whole))
+    if "minutes" in header:
+        note = LLAMA_NOTE.format(**header)
+    else:
+        note = LLAMA_NOTE_CUT.format(whole=len(whole), planned=planned, seed=header["seed"])
+    return {**table.to_json(), "note": note + " Scored from the run's recorded events (`--vllm-replay`)."}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,14 +126,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kv-events-endpoint", help="with --vllm-url: the endpoint its KV-event PUB connects to"
     )
+    parser.add_argument(
+        "--vllm-record", help="with --vllm: save every request's raw events here (JSON lines)"
+    )
+    parser.add_argument("--vllm-replay", help="rewrite --vllm-json from a --vllm-record file, no server")
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     parser.add_argument("--model", default="tests/fixtures/tiny-llama")
     args = parser.parse_args(argv)
     if args.vllm_url and not args.kv_events_endpoint:
         parser.error("--vllm-url needs --kv-events-endpoint")
     vllm_json = Path(args.vllm_json)
-    if args.vllm:
-        vllm_json.write_text(json.dumps({"tables": [real_vllm(args)]}, indent=1, sort_keys=True) + "\n")
+    if args.vllm or args.vllm_replay:
+        table = replayed_vllm(Path(args.vllm_replay)) if args.vllm_replay else real_vllm(args)
+        vllm_json.write_text(json.dumps({"tables": [table]}, indent=1, sort_keys=True) + "\n")
     sections = []
     if vllm_json.exists():
         sections = [

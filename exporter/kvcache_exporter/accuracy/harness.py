@@ -4,8 +4,8 @@ The sidecar's path is `serve`'s own (server.py, derive/state.py): a poll state's
 sequence cursor, event view, group model (derive/units.py) and miss attribution (derive/attribution.py)
 take each decoded batch; `end_poll` hands the group model's hit unit to the attribution. After each
 request's batches the delta of `Attribution.totals.tokens` is that request's miss tokens by cause, read
-generically (a cause added to the attribution shows up here unasked); its largest cause is the named
-one, "hit" when it has none.
+generically (a cause added to the attribution shows up here unasked), with the tokens it says a host
+tier restored; its largest cause is the named one, "hit" when it has none.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ..derive.units import UnitView
 from ..sources.kv_events_decode import Batch, KvEventDrain
 from .workload import FAULTS, KINDS, Request, Shape
 
-HIT, DECODE = "hit", "decode"
+HIT, DECODE, TIER_RESTORED = "hit", "decode", "tier_restored"
 
 
 class Backend(Protocol):
@@ -45,12 +45,18 @@ class Sidecar:
 
     def feed(self, batches: Sequence[Batch]) -> dict[str, int]:
         """Apply one request's batches as one poll; its miss tokens by cause (only those that moved)."""
-        before = dict(self.attribution.totals.tokens)
+        before = self._counted()
         self.clock += 1.0
         self.part.ingest(KvEventDrain(tuple(batches)), self.clock)
         self.state.end_poll(self.clock)
-        after = self.attribution.totals.tokens
+        after = self._counted()
         return {cause: n - before.get(cause, 0) for cause, n in after.items() if n != before.get(cause, 0)}
+
+    def _counted(self) -> dict[str, int]:
+        """Miss tokens by cause, and the tokens loaded back from a host tier: not a miss, but what the
+        sidecar says happened to them (serve exports them apart)."""
+        totals = self.attribution.totals
+        return {**totals.tokens, TIER_RESTORED: totals.tier_restored_tokens}
 
     def decode_tokens(self) -> int:
         return self.attribution.totals.decode_tokens

@@ -44,19 +44,18 @@ FOOTER = """
   text holds no anchor window there. The named cause is the largest: the span `history_rewritten`
   claims ends at the last generated text, so a follow-up question longer than the re-rendered
   answer reads `cold`; the follow-up is kept short (8-32 tokens) for the truth to be the request's
-  main miss. The committed real-vLLM run predates this: it sent the answers as prompt tokens
-  (nothing generated), so its two history rows read 0 % by construction; `make accuracy` measures
-  the generated path (a 12-case-a-kind run of it, seed 29: 21 of 24 named right, 3 `cold`; append
-  turns 110 `cold`, 3 `decode`, none a fault). Append-only turns of the other kinds still carry a
-  reply sent as prompt tokens.
-- `short_shared_prefix`: two prompts of a unit and a bit sharing their first 50-90 % of a unit. The
-  kind is below what fingerprints resolve on small units: a shared stretch is seen only through an
-  anchor (about one every 16 tokens) whose 8-token window lies inside it, which 8-14 shared tokens
-  on a 16-token unit seldom hold (`cold`). Where one is seen, at a chain's root a known run whose
-  first anchor comes more than a quarter spacing in reads as fronted by a per-request field (the
-  rule that names `timestamp_first`), so it is not counted short of a unit: `cold`, or
-  `prefix_diverged` when the run is long. Large units (DeepSeek-V4's 256 tokens) show it more,
-  a third; the generator is right, the rule cannot tell a late first anchor from a front field.
+  main miss. The real-vLLM run measures the generated path (round 4; the round-3 run sent the
+  answers as prompt tokens, so its two history rows read 0 % by construction). Append-only turns of
+  the other kinds still carry a reply sent as prompt tokens.
+- `short_shared_prefix`: two prompts of a unit and a bit sharing their first 50-90 % of a unit. A
+  shared stretch is seen only through an anchor (about one every 16 tokens) whose 8-token window
+  lies inside it. Where one is, the stream shows known content from the chain's first token that
+  ends short of a unit, or a single stored unit every anchor of which was seen yet whose hash is
+  new: both read `below_hit_unit` (round 4: before, a first anchor more than a quarter spacing in
+  read as a per-request front, so the run was not counted short of a unit: `cold`). Where none is,
+  nothing known shows and the request reads `cold`: the generator is right, the stream cannot show
+  it. 8-14 shared tokens on the simulator's 16-token llama unit seldom hold an anchor (1-2 of 12);
+  16-28 on a 32-token unit mostly do; DeepSeek-V4's 128-230 always.
 - `field_after_system`: the field (3-16 tokens) sits behind a system prompt of more than two hit
   units. Behind a cached prefix that deep the rule credits a per-request front only through an
   unseen anchor in it (an anchor-free unique middle followed by content that recurs is not taken
@@ -64,7 +63,16 @@ FOOTER = """
   `cold`, by design. A field with one is named `prefix_diverged` mostly; when a seen anchor of the
   shared text before it lies in the same new block, the known runs around the field read as
   `content_moved`. On the simulator's llama layout, 120 cases: 57 of 80 fields with an anchor
-  named right, 0 of 40 without.
+  named right, 0 of 40 without. On the sliding-window layouts (gemma-2/-3, deepseek-v4) the shared
+  part before the field does not hit at all (its window part was freed as the first prompt went
+  on), so the whole prompt is stored from its root: known content, the field, known content again,
+  read as `prefix_diverged` up to the field and `content_moved` after it.
+- `documents_reranked`, `tools_reordered`: a move shows only at a seam whose straddling anchor is
+  unseen (a junction, content_causes.py). Where no anchor straddles any seam every anchor of the new
+  blocks was seen: the stream shows known content behind a cached prefix with new hashes, which real
+  traffic also shows for content that merely recurs (the seed scenario's normalized phase: questions
+  sharing sentences), so it stays `cold`; a rule naming it a fault failed that real stream
+  (tests/derive/test_attribution_real.py) and was not kept.
 
 ## What is not measured here, and why
 
@@ -82,10 +90,15 @@ FOOTER = """
   be all hit.
 
 Rerun: `make accuracy` starts the tiny Llama on vLLM's CPU build and sends about 5,000 requests
-(the committed run: 39 minutes on two cores shared with other work, plus 2-6 minutes for vLLM to
-start); `make generate` reruns only the simulator part (seeded: the same tables on every machine) and
+(40-90 minutes on two cores shared with other work, plus 2-6 minutes for vLLM to start);
+`make generate` reruns only the simulator part (seeded: the same tables on every machine) and
 renders the vLLM part from docs/accuracy-vllm.json, so `make check` catches a doc edited by hand or
-a simulator result that moved.
+a simulator result that moved. `--vllm-record FILE` keeps every request's raw KV-event messages and
+answer as the run goes (a line each); `--vllm-replay FILE` scores a recorded run again with today's
+rules, no server (the whole cases it holds: a run stopped at a deadline still scores). The committed
+real table is such a replay. On the same recorded events the rules as round 4 found them named
+1,761 of 2,135 right (82.5 %; `short_shared_prefix` 16, the two history kinds 238 of 274), today's
+1,846 (86.5 %; 80 and 259).
 """
 
 

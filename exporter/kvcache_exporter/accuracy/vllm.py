@@ -12,26 +12,37 @@ block is computed but never stored).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
-import os
-import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import zmq
 
 from ..sources.kv_events_decode import Batch, decode_message
-from ..tools.harness import StartError, free_ports, http_get, stop, wait_until
+from ..tools.harness import (
+    TINY_LLAMA_ARGS,
+    TINY_LLAMA_BLOCK,
+    StartError,
+    free_ports,
+    http_get,
+    spawn_logged,
+    stop,
+    vllm_argv,
+    vllm_env,
+    wait_until,
+)
 from .workload import KINDS, Request, Shape
 
 # A reset is vLLM's /reset_prefix_cache (VLLM_SERVER_DEV_MODE=1); restarting vLLM per case takes ~25 s,
 # the tiny Llama has no sliding window and this server no host tier.
 NOT_ON_VLLM = frozenset({"engine_restart", "window_dropped", "host_tier_load"})
-BLOCK_SIZE, KV_CACHE_BYTES, MAX_MODEL_LEN = 32, "2M", 1024  # conftest.py's: 64 blocks of 32 tokens
+BLOCK_SIZE, MAX_MODEL_LEN = TINY_LLAMA_BLOCK, 1024  # TINY_LLAMA_ARGS: 64 blocks of 32 tokens
 EVENTS_TIMEOUT_S = 10.0
 COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 
@@ -48,8 +59,15 @@ class Counters:
 
 
 class RealVllm:
-    def __init__(self, base_url: str, kv_events_endpoint: str, shape: Shape, model: str = "tiny"):
-        self.base_url, self.shape, self.model = base_url, shape, model
+    def __init__(
+        self,
+        base_url: str,
+        kv_events_endpoint: str,
+        shape: Shape,
+        model: str = "tiny",
+        record: IO | None = None,
+    ):
+        self.base_url, self.shape, self.model, self.record = base_url, shape, model, record
         self.socket = zmq.Context.instance().socket(zmq.SUB)
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
         self.socket.setsockopt(zmq.LINGER, 0)
@@ -86,7 +104,13 @@ class RealVllm:
         self.counters = after = self._counted(before, len(request.prompt))
         computed = int((after.queries - before.queries) - (after.hits - before.hits))
         fed = computed + max(len(generated) - 1, 0)  # the generated tokens fed back: all but the last
-        return self._batches(fed // BLOCK_SIZE * BLOCK_SIZE), generated
+        frames = self._frames(fed // BLOCK_SIZE * BLOCK_SIZE)
+        if self.record is not None:  # a line a request, flushed: a run cut short still replays
+            self.record.write(
+                json.dumps(Sent(len(request.prompt), tuple(frames), generated).to_json()) + "\n"
+            )
+            self.record.flush()
+        return [decode_message(f, with_tokens=True) for f in frames], generated
 
     def _complete(self, prompt: list[int], identity: str | None, answer: int = 0) -> tuple[int, ...]:
         """The completion; the token ids it generated (read back only when `answer` asks for some)."""
@@ -117,18 +141,71 @@ class RealVllm:
             time.sleep(0.01)
         return now
 
-    def _batches(self, want: int) -> list[Batch]:
-        """Batches until their GPU stores hold `want` tokens, then any that follow within 20 ms."""
-        batches, seen, deadline = [], 0, time.monotonic() + EVENTS_TIMEOUT_S
+    def _frames(self, want: int) -> list[list[bytes]]:
+        """Event messages until their GPU stores hold `want` tokens, then any that follow within 20 ms."""
+        frames, seen, deadline = [], 0, time.monotonic() + EVENTS_TIMEOUT_S
         while seen < want and time.monotonic() < deadline:
             if self.socket.poll(100):
-                batches.append(decode_message(self.socket.recv_multipart(), with_tokens=True))
-                seen += stored_tokens(batches[-1])
+                frames.append(self.socket.recv_multipart())
+                seen += stored_tokens(decode_message(frames[-1], with_tokens=True))
         if seen < want:
             self.late += 1
         while self.socket.poll(20):
-            batches.append(decode_message(self.socket.recv_multipart(), with_tokens=True))
-        return batches
+            frames.append(self.socket.recv_multipart())
+        return frames
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One request as a real server answered it: its prompt's length, the KV-event messages it caused
+    (raw, as received) and the token ids it generated."""
+
+    prompt_tokens: int
+    frames: tuple[list[bytes], ...]
+    generated: tuple[int, ...]
+
+    def to_json(self) -> dict:
+        frames = [[base64.b64encode(part).decode() for part in frame] for frame in self.frames]
+        return {"prompt_tokens": self.prompt_tokens, "frames": frames, "generated": list(self.generated)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Sent:
+        frames = tuple([base64.b64decode(part) for part in frame] for frame in data["frames"])
+        return cls(data["prompt_tokens"], frames, tuple(data["generated"]))
+
+
+class Replayed:
+    """A recorded real run sent again: the same server's events for the same requests, so that rules
+    changed since are scored on real bytes without the server. The cases must be the ones recorded
+    (same generator, seed and shape): a request whose prompt length differs from the record's stops it."""
+
+    def __init__(self, shape: Shape, recorded: list[Sent]):
+        self.shape, self.recorded = shape, iter(recorded)
+
+    def send(self, request: Request) -> tuple[list[Batch], tuple[int, ...]]:
+        sent = next(self.recorded, None)
+        if sent is None or sent.prompt_tokens != len(request.prompt):
+            raise ValueError("the recording is not of these cases (regenerate it: make accuracy)")
+        return [decode_message(f, with_tokens=True) for f in sent.frames], sent.generated
+
+
+def load_recording(path: Path) -> tuple[dict, list[Sent]]:
+    """A recording's first line (what was planned; the run's figures when it finished: `minutes`) and
+    its requests; a last line cut off mid-write is left out."""
+    header, recorded = {}, []
+    with open(path) as lines:
+        for number, line in enumerate(lines):
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            if number == 0:
+                header = data
+            elif "prompt_tokens" in data:
+                recorded.append(Sent.from_json(data))
+            else:
+                header |= data
+    return header, recorded
 
 
 def counters_from(text: str) -> Counters:
@@ -152,38 +229,15 @@ def stored_tokens(batch: Batch) -> int:
 
 
 @contextlib.contextmanager
-def launch(python: Path, model: Path, workdir: Path, timeout: float = 900.0) -> Iterator[tuple[str, str]]:
-    """A real vLLM CPU server on loopback with conftest.py's flags: (base URL, KV-event endpoint)."""
+def launch(
+    python: Path, model: Path, workdir: Path, args: tuple[str, ...] = TINY_LLAMA_ARGS, timeout: float = 900.0
+) -> Iterator[tuple[str, str]]:
+    """A real vLLM CPU server on loopback, launched as the integration suite launches it (tools/harness.py):
+    (base URL, KV-event endpoint)."""
     port, kv_port = free_ports(2)
-    kv_events = {
-        "enable_kv_cache_events": True,
-        "publisher": "zmq",
-        "endpoint": f"tcp://127.0.0.1:{kv_port}",
-        "topic": "kv",
-    }
-    command = [
-        str(python.absolute()), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model.absolute()), "--load-format", "dummy", "--served-model-name", "tiny",
-        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN),
-        "--enforce-eager", "--enable-prefix-caching", "--block-size", str(BLOCK_SIZE),
-        "--kv-cache-memory-bytes", KV_CACHE_BYTES, "--kv-events-config", json.dumps(kv_events),
-    ]  # fmt: skip
-    env = {
-        **os.environ,
-        "TMPDIR": str(workdir),
-        "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"),
-        "HF_HOME": str(workdir / "hf"),
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache, loopback only
-    }
-    env.pop("VIRTUAL_ENV", None)
+    argv = vllm_argv(python.absolute(), model.absolute(), port, kv_port, *args)
     log_path = workdir / "vllm.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
+    proc = spawn_logged(argv, workdir, vllm_env(workdir), log_path)
     base_url = f"http://127.0.0.1:{port}"
     try:
 

@@ -311,7 +311,7 @@ class Attribution:
             isolated = foreign_span(positions, elsewhere, length, unit) if elsewhere else None
             return None, 0, [] if isolated is None else [("identity_isolated", *isolated)]
         seen = None
-        if found.issuperset(prints):  # all known (the common case when any is): the run is the rest
+        if found.issuperset(prints) and not root:  # all known (the common case when any is): the rest
             start = max(positions[0] - lead(positions, length), 0)
             run = KnownRun(start, length, front_without_anchors(start, root, unit, depth))
         else:

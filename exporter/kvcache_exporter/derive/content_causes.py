@@ -42,10 +42,13 @@ def rewritten_span(
 
 
 def _end(positions: Sequence[int], flags: Sequence[bool], length: int) -> int:
-    """Where the content of the last flagged anchor ends: its window's end, the end of the new
-    tokens when no anchor follows it."""
+    """Where the content of the last flagged anchor ends: K / 2 tokens into the next anchor's window
+    (at least its own window's end; as a known run's end is estimated, reorder.py), the end of the
+    new tokens when no anchor follows it."""
     last = len(flags) - 1 - flags[::-1].index(True)
-    return length if last == len(flags) - 1 else min(positions[last] + K, length)
+    if last == len(flags) - 1:
+        return length
+    return min(max(positions[last] + K, positions[last + 1] + K // 2), length)
 
 
 def known_runs(

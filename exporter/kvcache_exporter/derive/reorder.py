@@ -23,6 +23,8 @@ fingerprints were seen before (fingerprints.py). The rule (docs/kv-events.md, "p
   unit or more at the divergence point ends the search there).
 - Known content at the divergence point that falls short of a whole hit unit can never hit:
   `unit_shortfall_tokens` (DeepSeek-V4's 256-token units leave 105 tokens of a 361-token template).
+  At a chain's root, known content from the first token that ends short of a unit is that, not a
+  fronted run; one unit all seen with a new hash differs where no anchor could see (its last K).
 """
 
 from __future__ import annotations
@@ -89,6 +91,11 @@ def _run_from(
     start = max(floor, positions[first] - lead(positions, length))
     end = length if after is None else min(max(positions[after - 1] + K, positions[after] + K // 2), length)
     fronted = first > 0 or ((root or after is None) and front_without_anchors(start, root, unit, depth))
+    if root and not first and unit > 0:
+        if after is None and length <= unit:  # one unit, all seen, yet its hash is new
+            end = min(max(positions[-1] + K, unit - K), length)
+        if end < unit:  # short of a unit: whatever came before it, it can never hit
+            fronted = False
     return KnownRun(start, max(end, start), fronted)
 
 

@@ -14,6 +14,7 @@ not answer in time raises StartError with the end of its log. `serve` never impo
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -255,3 +256,55 @@ def scrape_config(*targets: Service, interval: str = "1s", job: str = "kvcache-e
         f"global: {{scrape_interval: {interval}, evaluation_interval: {interval}}}\n"
         f"scrape_configs:\n- job_name: {job}\n  static_configs: [{{targets: [{hosts}]}}]\n"
     )
+
+
+# --- a real vLLM CPU server: one launcher for tests/integration/conftest.py and `make accuracy` ----------
+
+TINY_LLAMA_BLOCK = 32
+TINY_LLAMA_ARGS = (  # 64 blocks of 32 tokens: small enough that a workload evicts
+    "--max-model-len", "1024", "--block-size", str(TINY_LLAMA_BLOCK), "--kv-cache-memory-bytes", "2M",
+)  # fmt: skip
+
+
+def vllm_argv(python: Path, model: Path, port: int, kv_port: int, *args: str) -> list[str]:
+    """A real vLLM's OpenAI server on loopback: dummy weights served as "tiny", eager, prefix caching, its
+    KV events published on ZMQ to tcp://127.0.0.1:`kv_port` (rank r on kv_port + r; a subscriber binds)."""
+    kv_events = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://127.0.0.1:{kv_port}",
+        "topic": "kv",
+    }
+    return [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--load-format", "dummy", "--served-model-name", "tiny",
+        "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--enable-prefix-caching",
+        "--kv-events-config", json.dumps(kv_events), *args,
+    ]  # fmt: skip
+
+
+def vllm_env(workdir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """vLLM's environment: caches and temp files in `workdir`, offline, the dev-mode reset endpoint."""
+    env = {
+        **os.environ,
+        "TMPDIR": str(workdir),
+        "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"),
+        "HF_HOME": str(workdir / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache (AllBlocksCleared), loopback only
+        "PYTHONUNBUFFERED": "1",
+        **(extra or {}),
+    }
+    env.pop("VIRTUAL_ENV", None)
+    return env
+
+
+def spawn_logged(argv: Sequence[str], workdir: Path, env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    """`argv` in a session of its own (stop() reaches its children), output appended to `log_path`."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            list(argv), cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
