@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import zmq
 
+from ..logs import Throttled
 from .base import SourceError
 from .kv_events_decode import (
     Batch,
@@ -51,6 +52,11 @@ RETRY_SECONDS = 1.0
 REPLAY_BACKOFF_SECONDS = 30.0
 POLL_MS = 100  # how often the receive thread looks at its stop flag when the stream is idle
 REFUSED_LOG_SECONDS = 60.0
+# libzmq's own bound on one message. Past it libzmq reads and discards the message without a word
+# (no monitor event, the connection kept: only the next message's seq gap shows it, as missed), so
+# it is set 16x above the bytes bound the decoder refuses at (MAX_BATCH_BYTES, 4 MiB), where the
+# refusal is ours, counted by reason and logged: what one message may cost in memory at most.
+ZMQ_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_PENDING = 100_000  # batches queued between two polls; past it, messages are only counted
 # The work queued between two polls (dropped past it as `budget_exceeded`): what one poll applies
 # and what the queue holds in memory (a decoded hash ~45-110 bytes, a token id ~36). A saturated
@@ -84,7 +90,7 @@ def subscriber_socket(ctx: zmq.Context, topic: str, max_message_bytes: int) -> z
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.RCVHWM, RCV_HWM)
-    sub.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)  # larger messages: the peer is disconnected
+    sub.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)  # larger: discarded by libzmq, seen as a gap
     sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
     return sub
 
@@ -105,7 +111,7 @@ class KvEventSubscriber:
         topic: str = "",
         replay_endpoint: str | None = None,
         max_batches_per_second: float = 20000,
-        max_message_bytes: int = 16 * 1024 * 1024,
+        max_message_bytes: int = ZMQ_MAX_MESSAGE_BYTES,
         replay_timeout: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         with_tokens: bool = False,
@@ -131,7 +137,8 @@ class KvEventSubscriber:
         self._stop = threading.Event()
         self._replay_paused_until = 0.0
         self._logged: set[str] = set()
-        self._refused_quiet_until = float("-inf")
+        self._refused_log = Throttled(log, REFUSED_LOG_SECONDS)
+        self._dropped_log = Throttled(log, REFUSED_LOG_SECONDS)
         self._bucket = TokenBucket(max_batches_per_second, clock)
         self._expected: int | None = None  # the seq expected next (thread only), to ask replay for gaps
         self._pending: list[Batch | Dropped] = []
@@ -203,16 +210,11 @@ class KvEventSubscriber:
 
     def _log_refused(self, batch: Batch) -> None:
         """One line a minute at most: a buggy engine refuses events in every batch."""
-        now = time.monotonic()
-        if now >= self._refused_quiet_until:
-            self._refused_quiet_until = now + REFUSED_LOG_SECONDS
-            log.warning(
-                "KV events refused (%s), the rest of the batch kept: %s (next such line in %.0f s at the "
-                "earliest)",
-                ", ".join(sorted(set(batch.refused))),
-                batch.problem,
-                REFUSED_LOG_SECONDS,
-            )
+        self._refused_log.warning(
+            "KV events refused (%s), the rest of the batch kept: %s",
+            ", ".join(sorted(set(batch.refused))),
+            batch.problem,
+        )
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -248,7 +250,7 @@ class KvEventSubscriber:
         try:
             batch = decode_message(frames, self.with_tokens)
         except KvEventDecodeError as err:
-            log.debug("dropping KV-event message: %s", err)
+            self._dropped_log.warning("KV-event message dropped (%s): %s", err.reason, err)
             self._drop(err.reason, err.seq)  # parse_error or batch_too_heavy
             return
         if batch.refused:

@@ -49,6 +49,7 @@ class Scraper(threading.Thread):
     def __init__(self, url: str):
         super().__init__(daemon=True)
         self.url, self.ok, self.failed, self.slowest, self.tracked = url, 0, 0, 0.0, 0
+        self.body = ""  # the last page answered
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -56,7 +57,7 @@ class Scraper(threading.Thread):
             started = time.monotonic()
             try:
                 body = urllib.request.urlopen(self.url, timeout=10).read().decode()
-                self.ok += 1
+                self.ok, self.body = self.ok + 1, body
                 line = next((x for x in body.splitlines() if x.startswith(TRACKED_BLOCKS)), None)
                 self.tracked = int(float(line.split()[-1])) if line else self.tracked
             except OSError:
