@@ -5,6 +5,8 @@ the poison."""
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 import pytest
 import zmq
@@ -87,3 +89,43 @@ def test_a_message_over_the_size_bound_is_counted_and_logged_not_lost_silently(s
     assert value(text, "kvcache_kv_events_missed_batches_total") == 1  # the one over libzmq's bound
     logged = [line for line in served.exporter.log_path.read_text().splitlines() if "batch_too_heavy" in line]
     assert len(logged) == 1 and "bytes, over" in logged[0], logged  # one line a minute, not one a message
+
+
+@pytest.mark.timeout(300)
+def test_ranks_no_publisher_ever_connects_to_are_shown_and_logged_once(services):
+    """--kv-events.data-parallel-size 3 with publishers on ranks 0 and 2 only: rank 1 reads
+    never_connected (one log line), not a healthy rank with no traffic; a publisher that leaves
+    reads disconnected."""
+    served = kv_serve(services, "--kv-events.data-parallel-size", "3")
+    ctx = zmq.Context()
+    pubs = {rank: xpub(ctx) for rank in (0, 2)}
+
+    def state(text: str, rank: int) -> str:
+        states = ("connected", "disconnected", "never_connected")
+        shown = [
+            s for s in states if value(text, "kvcache_kv_events_publisher_state", engine=str(rank), state=s)
+        ]
+        return ",".join(shown)
+
+    try:
+        for rank, pub in pubs.items():
+            pub.connect(f"tcp://127.0.0.1:{served.kv_port + rank}")  # vLLM's rank ports: the base + rank
+            subscribed(pub)
+            pub.send_multipart([b"kv", bytes(8), msgspec.msgpack.encode([1.0, [stored(rank + 1)], rank])])
+        text = scrape_until(served.url, lambda t: state(t, 2) == "connected" and state(t, 0) == "connected")
+        assert [state(text, rank) for rank in range(3)] == ["connected", "never_connected", "connected"]
+        pubs.pop(2).close()
+        text = scrape_until(served.url, lambda t: state(t, 2) == "disconnected")
+        assert [state(text, rank) for rank in range(3)] == ["connected", "never_connected", "disconnected"]
+    finally:
+        for pub in pubs.values():
+            pub.close()
+        ctx.term()
+    log = served.exporter.log_path
+
+    def warned() -> list[str]:
+        return [line for line in log.read_text().splitlines() if "no publisher has connected" in line]
+
+    scrape_until(served.url, lambda _: bool(warned()), seconds=30)  # 12 polls of 0.5 s
+    time.sleep(3)  # and no second line for the same rank
+    assert len(warned()) == 1 and "kv_events 1" in warned()[0], warned()

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from ..logs import Throttled
 from .base import SourceError
@@ -57,6 +58,7 @@ REFUSED_LOG_SECONDS = 60.0
 # it is set 16x above the bytes bound the decoder refuses at (MAX_BATCH_BYTES, 4 MiB), where the
 # refusal is ours, counted by reason and logged: what one message may cost in memory at most.
 ZMQ_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+PEER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
 MAX_PENDING = 100_000  # batches queued between two polls; past it, messages are only counted
 # The work queued between two polls (dropped past it as `budget_exceeded`): what one poll applies
 # and what the queue holds in memory (a decoded hash ~45-110 bytes, a token id ~36). A saturated
@@ -133,6 +135,9 @@ class KvEventSubscriber:
         self.last_message_time: float | None = None  # time.time() of the last message received
         self._ctx = zmq.Context()
         self._sub: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
+        self._peers = 0  # publishers connected now, as the socket monitor tells (thread only)
+        self._ever_connected = False
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._replay_paused_until = 0.0
@@ -167,6 +172,13 @@ class KvEventSubscriber:
         return self.drain()
 
     @property
+    def publisher_state(self) -> str:
+        """connected, disconnected or never_connected (kv_event_streams.PUBLISHER_STATES)."""
+        if self._peers > 0:
+            return "connected"
+        return "disconnected" if self._ever_connected else "never_connected"
+
+    @property
     def queued(self) -> int:
         """Messages the next collect hands over, applied or dropped (a run of drops by its count)."""
         with self.lock:
@@ -189,13 +201,28 @@ class KvEventSubscriber:
             self._fail(err)
             raise
         self.last_endpoint = sub.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self._monitor = sub.get_monitor_socket(PEER_EVENTS)
         self._sub, self.healthy, self.problem = sub, True, None
 
     def _close(self) -> None:
         if self._sub is not None:
+            if self._monitor is not None:
+                self._sub.disable_monitor()
+                self._monitor.close(linger=0)
+                self._monitor, self._peers = None, 0
             self._sub.close(linger=0)
             self._sub = None
         self.healthy = False
+
+    def _watch_peers(self) -> None:
+        """Publishers connecting and leaving, from the socket monitor (never blocks)."""
+        while self._monitor is not None and self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)["event"]
+            if event == zmq.EVENT_DISCONNECTED:
+                self._peers = max(self._peers - 1, 0)
+            else:
+                self._peers += 1
+                self._ever_connected = True
 
     def _fail(self, err: Exception) -> None:
         """Logged by the poll loop, once per reason, when collect() raises it."""
@@ -224,6 +251,7 @@ class KvEventSubscriber:
                 assert self._sub is not None
                 if self._sub.poll(POLL_MS):
                     self._drain(self._sub)
+                self._watch_peers()
             except Exception as err:  # the exporter must outlive any socket or stream trouble
                 self._fail(err)
                 self._close()
