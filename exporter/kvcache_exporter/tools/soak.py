@@ -140,6 +140,9 @@ def report(points: list[Point], window_s: float) -> str:
         "",
         "![RSS over time](soak.svg)",
         "",
+        "The fleet view on NATS (replicas publishing through nats-server to `aggregate`, with a marked",
+        "outage) has its own soak: [soak-fleet.md](soak-fleet.md) (`make soak-fleet`).",
+        "",
     ]
     if after:
         first, last = after[0], after[-1]
