@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
 APT_PACKAGES := prometheus prometheus-alertmanager docker-compose chromium nats-server
 
-.PHONY: demo test lint generate check bench soak fuzz accuracy venv system-deps demo-deps container-deps image-test vllm-venv sglang-venv preflight clean
+.PHONY: demo test lint generate check bench soak soak-exporter soak-fleet fuzz accuracy venv system-deps demo-deps container-deps image-test vllm-venv sglang-venv preflight clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -109,8 +109,16 @@ bench: venv
 	$(PY) -m kvcache_exporter.tools.bench --output docs/benchmarks.md
 	@if [ "$(SOAK_SECONDS)" != 0 ]; then $(MAKE) --no-print-directory soak; fi
 
-soak: venv
+# Both soaks (`make -j2 soak` runs them side by side): one exporter (docs/soak.md), and the fleet
+# view on NATS with a marked nats-server outage (docs/soak-fleet.md, needs nats-server).
+SOAK_FLEET_SECONDS ?= 7200
+soak: soak-exporter soak-fleet
+
+soak-exporter: venv
 	$(PY) -m kvcache_exporter.tools.soak --seconds $(SOAK_SECONDS) --output docs/soak.md
+
+soak-fleet: venv
+	$(PY) -m kvcache_exporter.tools.soak_fleet --seconds $(SOAK_FLEET_SECONDS) --output docs/soak-fleet.md
 
 # `make demo` installs only Prometheus and Alertmanager (its alerts), as root, and says so first.
 DEMO_PACKAGES := prometheus prometheus-alertmanager

@@ -104,6 +104,7 @@ KV_EVENTS_DISCOVERY_STATE = "kvcache_kv_events_discovery_state"
 KV_EVENTS_DISCOVERY_REJECTED = "kvcache_kv_events_discovery_rejected"
 KV_EVENTS_DISCOVERY_CHANGES_TOTAL = "kvcache_kv_events_discovery_changes_total"
 KV_EVENTS_GROUP_INFO = "kvcache_kv_events_group_info"
+KV_EVENTS_PUBLISHER_STATE = "kvcache_kv_events_publisher_state"
 OFFLOAD_BYTES_PER_SECOND = "kvcache_offload_bytes_per_second"
 OFFLOAD_BUSY_RATIO = "kvcache_offload_busy_ratio"
 OFFLOAD_HOST_HIT_RATIO = "kvcache_offload_host_hit_ratio"
@@ -747,6 +748,17 @@ CATALOG: tuple[Metric, ...] = (
         "",
         "events",
         "vLLM GET /kv_event_sources",
+    ),
+    _m(
+        KV_EVENTS_PUBLISHER_STATE,
+        "gauge",
+        "1 for the state of this rank's KV-event publisher, 0 for the others: connected (a vLLM "
+        "publisher holds a connection), disconnected (one did, none does now), never_connected (none "
+        "since the subscriber started: a rank past vLLM's data-parallel size, or a wrong endpoint).",
+        ("state",),
+        "",
+        "events",
+        "ZMQ socket monitor (accepted, connected, disconnected)",
     ),
     _m(
         KV_EVENTS_DISCOVERY_REJECTED,

@@ -27,6 +27,9 @@ log = logging.getLogger("kvcache_exporter")
 # budget_exceeded): vLLM's series are published when the poll ends, never a whole interval late.
 KV_EVENTS_APPLY_SHARE = 0.25
 STATES = ("unknown", "found", "none_published", "no_route")
+PUBLISHER_STATES = ("connected", "disconnected", "never_connected")  # as sources/kv_events.py has them
+# Polls after which a rank no publisher ever connected to is logged (60 s at the default 5 s interval).
+NEVER_CONNECTED_POLLS = 12
 
 
 def rank_endpoint(endpoint: str, rank: int) -> str:
@@ -67,6 +70,10 @@ class RankStream:
                 engine=stream.engine,
             )
             self.current.start()  # needs the running event loop: build_exporter is called from serve()
+
+    @property
+    def publisher_state(self) -> str | None:
+        return self.current.publisher_state if self.current is not None else None
 
     async def collect(self) -> Any:
         await self._close_retired()
@@ -119,7 +126,38 @@ def kv_events_poll(
         budget=KV_EVENTS_APPLY_SHARE * s.collect_interval,
     )
     into = events.ingest if wiring.publisher is None else wiring.publisher.tee(rank, events.ingest)
-    return Poll(source, into, labels, offload=True)  # up to 100k batches a poll
+    return RankPoll(source, into, labels, offload=True)  # up to 100k batches a poll
+
+
+@dataclass
+class RankPoll(Poll):
+    """One rank's poll, with its publisher's state; a rank no publisher has connected to for
+    NEVER_CONNECTED_POLLS polls is logged once (a data-parallel size above vLLM's, a wrong port)."""
+
+    silent_polls: int = 0
+
+    async def run(self, clock: Callable[[], float], deadline: float) -> None:
+        await super().run(clock, deadline)
+        if self.source.publisher_state != "never_connected":
+            self.silent_polls = 0
+            return
+        self.silent_polls += 1
+        if self.silent_polls == NEVER_CONNECTED_POLLS:
+            log.warning(
+                "KV events of %s: no publisher has connected to %s in %d polls (is vLLM's data-parallel "
+                "size smaller than --kv-events.data-parallel-size, or the endpoint wrong?)",
+                self.title,
+                self.source.stream.endpoint if self.source.stream else "?",
+                NEVER_CONNECTED_POLLS,
+            )
+
+    def samples(self) -> list[Sample]:
+        state = self.source.publisher_state
+        own = [
+            Sample(c.KV_EVENTS_PUBLISHER_STATE, {**self.labels, "state": s}, float(s == state))
+            for s in PUBLISHER_STATES
+        ]
+        return super().samples() + (own if state is not None else [])
 
 
 @dataclass

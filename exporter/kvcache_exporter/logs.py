@@ -48,3 +48,19 @@ def setup(level: str, fmt: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS[level])
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+class Throttled:
+    """A warning at most once per `seconds` (hostile input repeats; the log must not flood)."""
+
+    def __init__(self, logger: logging.Logger, seconds: float = 60.0):
+        self.logger, self.seconds = logger, seconds
+        self._quiet_until = float("-inf")
+
+    def warning(self, message: str, *args: object) -> bool:
+        now = time.monotonic()
+        if now < self._quiet_until:
+            return False
+        self._quiet_until = now + self.seconds
+        self.logger.warning(message + " (next such line in %.0f s at the earliest)", *args, self.seconds)
+        return True

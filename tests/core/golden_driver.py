@@ -195,6 +195,8 @@ async def run(gpu: str) -> bytes:
     deadline = time.monotonic() + 30
     while subscriber.queued < len(frames) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
+    while subscriber.publisher_state != "disconnected" and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)  # the publisher has left: its state is settled before the polls
     state = Path(tempfile.mkdtemp()) / "nvml-state"
     os.environ["FAKE_NVML_STATE"] = str(state)
     try:

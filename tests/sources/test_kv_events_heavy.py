@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from kvcache_exporter.derive.attribution import Attribution
-from kvcache_exporter.derive.kv_budget import CHUNK_HASHES, as_dropped, within_budget
+from kvcache_exporter.derive.kv_budget import CHUNK_HASHES, Budget, as_dropped
 from kvcache_exporter.derive.kv_events import EventState
 from kvcache_exporter.derive.state import PollState
 from kvcache_exporter.sources.kv_events import KvEventSubscriber
@@ -121,8 +121,8 @@ def test_a_drain_is_applied_within_its_budget_and_the_rest_is_dropped_not_missed
 
 def test_without_a_budget_the_drain_is_applied_whole():
     drain = KvEventDrain(tuple(batch(seq, 100) for seq in range(50)))
-    assert list(within_budget(drain, None, Ticks())) == [drain]
-    slices = list(within_budget(drain, 1e9, Ticks()))
+    assert list(Budget(None, Ticks()).slices(drain)) == [drain]
+    slices = list(Budget(1e9, Ticks()).slices(drain))
     assert tuple(item for part in slices for item in part.items) == drain.items
 
 
@@ -196,3 +196,25 @@ def test_replay_fetches_no_more_than_the_queue_can_take():
     assert requests == [1]
     assert (state.batches, state.missed, sum(state.dropped.values())) == (5, 7, 0)
     assert state.cached_blocks == 900
+
+
+def test_a_heavy_batch_is_cut_between_events_and_its_rest_applied_first_by_the_next_poll():
+    """Issue 33 item 4: one valid batch at every bound costs ~0.4 s of attribution; cut between its
+    events, a poll stops within its budget and the next one goes on with the rest, nothing lost."""
+    half = CHUNK_HASHES // 2
+    heavy = Batch(
+        0, 1.0, tuple(Event("BlockStored", tuple(range(i * half, (i + 1) * half))) for i in range(8))
+    )
+    state = PollState(retention=60)
+    part = state.add_kv_events(EventState(), attribution=Attribution(), budget=1.5)
+    part.clock = Ticks()  # deadline 1 + 1.5: the first slice (two events) in, then out of time
+    part.ingest(KvEventDrain((heavy, batch(1, 10))), 1.0)
+    events, totals = part.events, part.attribution.totals
+    assert (events.batches, events.cached_blocks, events.dropped["budget_exceeded"]) == (1, CHUNK_HASHES, 1)
+    assert len(part.carry) == 1 and len(part.carry[0].events) == 6 and part.carry[0].continued
+    part.budget = None
+    part.ingest(KvEventDrain(), 2.0)  # the rest first, counted with its start, not again
+    assert (events.batches, events.cached_blocks, events.missed, part.carry) == (1, 4 * CHUNK_HASHES, 0, ())
+    assert (totals.batches, totals.missed_batches) == (1, 0)
+    part.ingest(KvEventDrain((batch(2, 10),)), 3.0)  # seq 1 was dropped, counted: 2 follows in order
+    assert (events.batches, events.missed, totals.missed_batches) == (2, 0, 0)

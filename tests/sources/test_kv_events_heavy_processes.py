@@ -20,6 +20,8 @@ import zmq
 from kvcache_exporter.sources.kv_events_decode import MAX_HASHES_PER_BATCH
 from kvcache_exporter.tools.harness import CLI, free_port, wait_showing
 
+from .kv_processes import kv_serve, samples, subscribed, xpub
+
 
 def batch(events: int, hashes: int) -> bytes:
     """`events` BlockStored of `hashes` one-byte hashes each, in vLLM 0.32's encoding."""
@@ -32,15 +34,6 @@ UNDER = batch(1, MAX_HASHES_PER_BATCH)  # at every per-message bound: 64 KiB, ap
 ROUND = [HEAVY] + [UNDER] * 20
 FRESH_SECONDS = 10.0  # a scrape whose latest vLLM poll is older than this shows stale series (interval 0.5 s)
 RSS_BOUND_MIB = 200.0
-_SAMPLE = re.compile(r"^(\w+)(?:\{([^}]*)\})? (\S+)$", re.M)
-
-
-def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
-    out = []
-    for metric, labels, value in _SAMPLE.findall(text):
-        if metric == name:
-            out.append((dict(re.findall(r'(\w+)="([^"]*)"', labels)), float(value)))
-    return out
 
 
 def peak_rss_mib(pid: int) -> float:
@@ -70,12 +63,6 @@ class Scraper(threading.Thread):
                 self.fresh += 1
 
 
-def subscribed(pub: zmq.Socket) -> None:
-    """XPUB: wait for the exporter's subscription, so no batch is lost before it arrives."""
-    pub.setsockopt(zmq.RCVTIMEO, 30_000)
-    assert pub.recv()[:1] == b"\x01"
-
-
 def flood(pubs: list[zmq.Socket], rounds: int) -> None:
     """`rounds` times ROUND from each publisher, seqs 0, 1, ... per publisher, half a second apart."""
     for round_number in range(rounds):
@@ -83,13 +70,6 @@ def flood(pubs: list[zmq.Socket], rounds: int) -> None:
             for i, payload in enumerate(ROUND, round_number * len(ROUND)):
                 pub.send_multipart([b"kv", i.to_bytes(8, "big"), payload])
         time.sleep(0.5)
-
-
-def xpub(ctx: zmq.Context) -> zmq.Socket:
-    pub = ctx.socket(zmq.XPUB)
-    pub.setsockopt(zmq.SNDHWM, 0)  # nothing dropped on our side: whatever is lost, the exporter lost
-    pub.setsockopt(zmq.LINGER, 0)
-    return pub
 
 
 def accounted(text: str, replica: str | None = None) -> float:
@@ -130,14 +110,8 @@ def watch_flood(url: str, pubs: list[zmq.Socket], rounds: int, done) -> Scraper:
 @pytest.mark.timeout(300)
 def test_serve_stays_fresh_and_bounded_under_heavy_batches(services):
     rounds = 6
-    simulator = services.simulator("--rate", "5")
-    kv_port = free_port()
-    exporter = services.exporter(
-        "--vllm.url", f"http://127.0.0.1:{simulator.port}/metrics", "--gpu.source", "none",
-        "--collect.interval", "0.5s", "--kv-events.endpoint", f"tcp://127.0.0.1:{kv_port}",
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{exporter.port}/metrics"
-    wait_showing(url, "kvcache_vllm_up 1.0")
+    served = kv_serve(services)
+    url, kv_port, exporter = served.url, served.kv_port, served.exporter
     ctx = zmq.Context()
     pub = xpub(ctx)
     try:

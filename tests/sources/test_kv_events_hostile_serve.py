@@ -1,6 +1,7 @@
-"""Issue 33's hostile KV events sent to a real `serve` over real ZMQ (items 0, 2, 3): a block size the
-event contradicts, one bad event in a batch of 200, control characters in a session id. Each bad
-event is refused and counted, its batch kept, and no counter or label takes the poison."""
+"""Issue 33's hostile KV events sent to a real `serve` over real ZMQ (items 0, 2, 3, 5): a block size the
+event contradicts, one bad event in a batch of 200, control characters in a session id, messages over
+the size bounds. Each bad event is refused and counted, its batch kept, and no counter or label takes
+the poison."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import msgspec
 import pytest
 import zmq
 
+from kvcache_exporter.sources.kv_events import ZMQ_MAX_MESSAGE_BYTES
+from kvcache_exporter.sources.kv_events_decode import MAX_BATCH_BYTES
 from kvcache_exporter.tools.harness import free_port, wait_showing
 from tests.conftest import SHARED_FIXTURES
 
-from .test_kv_events_heavy_processes import samples, subscribed, xpub
+from .kv_processes import kv_serve, scrape_until, subscribed, value, xpub
 
 
 def stored(block_hash: int, block_size: int = 16, **fields) -> dict:
@@ -27,32 +30,10 @@ def stored(block_hash: int, block_size: int = 16, **fields) -> dict:
     } | fields
 
 
-def scrape_until(url: str, done, seconds: float = 60.0) -> str:
-    import urllib.request
-
-    deadline, text = time.monotonic() + seconds, ""
-    while time.monotonic() < deadline:
-        text = urllib.request.urlopen(url, timeout=10).read().decode()
-        if done(text):
-            return text
-        time.sleep(0.3)
-    return text
-
-
-def value(text: str, name: str, **labels: str) -> float:
-    return sum(v for got, v in samples(text, name) if labels.items() <= got.items())
-
-
 @pytest.mark.timeout(300)
 def test_serve_refuses_each_poisoned_event_and_keeps_its_batch(services):
-    simulator = services.simulator("--rate", "5")
-    kv_port = free_port()
-    exporter = services.exporter(
-        "--vllm.url", f"http://127.0.0.1:{simulator.port}/metrics", "--gpu.source", "none",
-        "--collect.interval", "0.5s", "--kv-events.endpoint", f"tcp://127.0.0.1:{kv_port}",
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{exporter.port}/metrics"
-    wait_showing(url, "kvcache_vllm_up 1.0")
+    served = kv_serve(services)
+    url, kv_port = served.url, served.kv_port
     huge = (1 << 64) - 1
     batches = [
         [stored(1, huge), stored(2, huge)],  # the issue's batch, three times: 7.4e19 stored tokens before
@@ -133,3 +114,70 @@ def test_serve_reads_an_sglang_stream_by_sglangs_rules(services):
     assert value(text, "kvcache_kv_events_dropped_total", reason="invalid_block_size") == 3
     assert value(text, "kvcache_kv_events_dropped_total", reason="invalid_event") == 1
     assert value(text, "kvcache_kv_events_tier_hit_tokens_total", medium="CPU_PINNED") == 28
+
+
+@pytest.mark.timeout(300)
+def test_a_message_over_the_size_bound_is_counted_and_logged_not_lost_silently(services):
+    """Over our bytes bound and under libzmq's: refused by us, counted by reason, one log line. Over
+    libzmq's own bound libzmq discards it without a word: the next message's seq gap counts it."""
+    served = kv_serve(services)
+    small = msgspec.msgpack.encode([1.0, [stored(1)], 0])
+    over_ours = b"\x93" + bytes(MAX_BATCH_BYTES * 4)  # 16 MiB: the old libzmq bound, silent before
+    over_zmq = bytes(ZMQ_MAX_MESSAGE_BYTES + 1024)
+    payloads = [small, over_ours, over_ours, small, over_zmq, small]
+    ctx = zmq.Context()
+    pub = xpub(ctx)
+    try:
+        pub.connect(f"tcp://127.0.0.1:{served.kv_port}")
+        subscribed(pub)
+        for seq, payload in enumerate(payloads):
+            pub.send_multipart([b"kv", seq.to_bytes(8, "big"), payload])
+        text = scrape_until(served.url, lambda t: value(t, "kvcache_kv_events_batches_total") >= 3)
+    finally:
+        pub.close()
+        ctx.term()
+    assert value(text, "kvcache_kv_events_batches_total") == 3
+    assert value(text, "kvcache_kv_events_dropped_total", reason="batch_too_heavy") == 2
+    assert value(text, "kvcache_kv_events_missed_batches_total") == 1  # the one over libzmq's bound
+    logged = [line for line in served.exporter.log_path.read_text().splitlines() if "batch_too_heavy" in line]
+    assert len(logged) == 1 and "bytes, over" in logged[0], logged  # one line a minute, not one a message
+
+
+@pytest.mark.timeout(300)
+def test_ranks_no_publisher_ever_connects_to_are_shown_and_logged_once(services):
+    """--kv-events.data-parallel-size 3 with publishers on ranks 0 and 2 only: rank 1 reads
+    never_connected (one log line), not a healthy rank with no traffic; a publisher that leaves
+    reads disconnected."""
+    served = kv_serve(services, "--kv-events.data-parallel-size", "3")
+    ctx = zmq.Context()
+    pubs = {rank: xpub(ctx) for rank in (0, 2)}
+
+    def state(text: str, rank: int) -> str:
+        states = ("connected", "disconnected", "never_connected")
+        shown = [
+            s for s in states if value(text, "kvcache_kv_events_publisher_state", engine=str(rank), state=s)
+        ]
+        return ",".join(shown)
+
+    try:
+        for rank, pub in pubs.items():
+            pub.connect(f"tcp://127.0.0.1:{served.kv_port + rank}")  # vLLM's rank ports: the base + rank
+            subscribed(pub)
+            pub.send_multipart([b"kv", bytes(8), msgspec.msgpack.encode([1.0, [stored(rank + 1)], rank])])
+        text = scrape_until(served.url, lambda t: state(t, 2) == "connected" and state(t, 0) == "connected")
+        assert [state(text, rank) for rank in range(3)] == ["connected", "never_connected", "connected"]
+        pubs.pop(2).close()
+        text = scrape_until(served.url, lambda t: state(t, 2) == "disconnected")
+        assert [state(text, rank) for rank in range(3)] == ["connected", "never_connected", "disconnected"]
+    finally:
+        for pub in pubs.values():
+            pub.close()
+        ctx.term()
+    log = served.exporter.log_path
+
+    def warned() -> list[str]:
+        return [line for line in log.read_text().splitlines() if "no publisher has connected" in line]
+
+    scrape_until(served.url, lambda _: bool(warned()), seconds=30)  # 12 polls of 0.5 s
+    time.sleep(3)  # and no second line for the same rank
+    assert len(warned()) == 1 and "kv_events 1" in warned()[0], warned()

@@ -32,9 +32,10 @@ from urllib.parse import urlsplit
 
 import zmq
 
+from ..logs import Throttled
 from ..sources.base import SourceError
 from ..sources.engine_events import decode_engine_message
-from ..sources.kv_events import MAX_PENDING, POLL_MS, queue_drop, subscriber_socket
+from ..sources.kv_events import MAX_PENDING, POLL_MS, ZMQ_MAX_MESSAGE_BYTES, queue_drop, subscriber_socket
 from ..sources.kv_events_decode import (
     Batch,
     Dropped,
@@ -112,7 +113,7 @@ class FleetEvents:
         topic: str = "",
         max_batches_per_second: float = 20000,
         max_pending_hashes: int = 131_072,
-        max_message_bytes: int = 16 * 1024 * 1024,
+        max_message_bytes: int = ZMQ_MAX_MESSAGE_BYTES,
     ):
         self.topic, self.rate, self.max_message_bytes = topic, max_batches_per_second, max_message_bytes
         self.max_pending_hashes = max_pending_hashes
@@ -125,6 +126,7 @@ class FleetEvents:
         self._commands: queue.SimpleQueue[tuple[str, Hashable, str, str]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._dropped_log = Throttled(log)
 
     # --- the poll loop's side ---------------------------------------------------------------
 
@@ -277,6 +279,7 @@ class FleetEvents:
         except KvEventDecodeError as err:
             with self.lock:
                 inbox.drop(err.reason, err.seq)  # parse_error or batch_too_heavy
+            self._dropped_log.warning("KV-event message of %s dropped (%s): %s", name, err.reason, err)
             return
         with self.lock:
             inbox.put(batch)

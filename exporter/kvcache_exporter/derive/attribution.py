@@ -181,7 +181,8 @@ class Attribution:
             mark = self.cursor.advance(batch.seq)
         if mark is not IN_ORDER:
             self.mark(mark)
-        self.totals.batches += 1
+        if not batch.continued:
+            self.totals.batches += 1
         removed: list[int | bytes] = []  # consecutive BlockRemoved (one per evicted block) applied at once
         for event in batch.events:
             kind = event.type

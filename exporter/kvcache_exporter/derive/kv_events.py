@@ -82,7 +82,8 @@ class EventState:
             mark = self.cursor.advance(batch.seq)
         if mark is not IN_ORDER:
             self.mark(mark)
-        self.batches += 1
+        if not batch.continued:  # the rest of a batch cut by the poll budget: counted with its start
+            self.batches += 1
         for reason in batch.refused:  # single events the decoder left out, their batch kept
             self.dropped[reason] += 1
         overflow, blocks, removals, removed = False, self.resident, 0, []

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..sources.gpu import GpuSnapshot
-from ..sources.kv_events_decode import Dropped, SeqCursor
+from ..sources.kv_events_decode import IN_ORDER, Batch, Dropped, SeqCursor
 from ..sources.vllm_snapshot import EngineKey, VllmSnapshot
 from .attribution import Attribution
 from .gpu import GpuHistory
-from .kv_budget import within_budget
+from .kv_budget import Budget
 from .kv_events import EventState, KvEventDrain
 from .miss_windows import MissHistory, num_gpu_blocks
 from .units import UnitView
@@ -90,6 +90,7 @@ class KvEventsState:
     clock: Callable[[], float] = time.monotonic
     cursor: SeqCursor = field(default_factory=SeqCursor)
     excess_quiet_until: float = float("-inf")
+    carry: tuple[Batch, ...] = ()  # the rest of a batch the last poll's budget ran out in
 
     def report_excess(self, tokens: float) -> None:
         """Attributed tokens above computed (miss_windows.window_samples): one line a minute at most."""
@@ -106,9 +107,11 @@ class KvEventsState:
 
     def ingest(self, drain: KvEventDrain | None, ts: float) -> None:
         attribution = self.attribution if self.misses is not None else None
-        if drain is not None:
-            for part in within_budget(drain, self.budget, self.clock):
+        if drain is not None or self.carry:
+            budget = Budget(self.budget, self.clock, self.carry)
+            for part in budget.slices(drain or KvEventDrain()):
                 self._apply(part, attribution)
+            self.carry = budget.carry
         if attribution is not None and self.misses is not None:
             if self.units is not None:  # loads back from a tier: never passed on, counted apart
                 attribution.totals.tier_restored_tokens = sum(self.units.totals.tier_hit_tokens.values())
@@ -123,7 +126,7 @@ class KvEventsState:
                 if attribution is not None:
                     attribution.mark(mark)
                 continue
-            mark = self.cursor.advance(item.seq)
+            mark = IN_ORDER if item.continued else self.cursor.advance(item.seq)
             if mark.restart and units is not None:
                 units.restart()
             self.events.apply(item, mark)

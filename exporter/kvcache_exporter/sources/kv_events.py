@@ -19,7 +19,9 @@ import time
 from collections.abc import Callable
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
+from ..logs import Throttled
 from .base import SourceError
 from .engine_events import decode_engine_message
 from .kv_events_decode import (
@@ -52,6 +54,12 @@ RETRY_SECONDS = 1.0
 REPLAY_BACKOFF_SECONDS = 30.0
 POLL_MS = 100  # how often the receive thread looks at its stop flag when the stream is idle
 REFUSED_LOG_SECONDS = 60.0
+# libzmq's own bound on one message. Past it libzmq reads and discards the message without a word
+# (no monitor event, the connection kept: only the next message's seq gap shows it, as missed), so
+# it is set 16x above the bytes bound the decoder refuses at (MAX_BATCH_BYTES, 4 MiB), where the
+# refusal is ours, counted by reason and logged: what one message may cost in memory at most.
+ZMQ_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+PEER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
 MAX_PENDING = 100_000  # batches queued between two polls; past it, messages are only counted
 # The work queued between two polls (dropped past it as `budget_exceeded`): what one poll applies
 # and what the queue holds in memory (a decoded hash ~45-110 bytes, a token id ~36). A saturated
@@ -85,7 +93,7 @@ def subscriber_socket(ctx: zmq.Context, topic: str, max_message_bytes: int) -> z
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.RCVHWM, RCV_HWM)
-    sub.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)  # larger messages: the peer is disconnected
+    sub.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)  # larger: discarded by libzmq, seen as a gap
     sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
     return sub
 
@@ -106,7 +114,7 @@ class KvEventSubscriber:
         topic: str = "",
         replay_endpoint: str | None = None,
         max_batches_per_second: float = 20000,
-        max_message_bytes: int = 16 * 1024 * 1024,
+        max_message_bytes: int = ZMQ_MAX_MESSAGE_BYTES,
         replay_timeout: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         with_tokens: bool = False,
@@ -130,11 +138,15 @@ class KvEventSubscriber:
         self.last_message_time: float | None = None  # time.time() of the last message received
         self._ctx = zmq.Context()
         self._sub: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
+        self._peers = 0  # publishers connected now, as the socket monitor tells (thread only)
+        self._ever_connected = False
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._replay_paused_until = 0.0
         self._logged: set[str] = set()
-        self._refused_quiet_until = float("-inf")
+        self._refused_log = Throttled(log, REFUSED_LOG_SECONDS)
+        self._dropped_log = Throttled(log, REFUSED_LOG_SECONDS)
         self._bucket = TokenBucket(max_batches_per_second, clock)
         self._expected: int | None = None  # the seq expected next (thread only), to ask replay for gaps
         self._pending: list[Batch | Dropped] = []
@@ -163,6 +175,13 @@ class KvEventSubscriber:
         return self.drain()
 
     @property
+    def publisher_state(self) -> str:
+        """connected, disconnected or never_connected (kv_event_streams.PUBLISHER_STATES)."""
+        if self._peers > 0:
+            return "connected"
+        return "disconnected" if self._ever_connected else "never_connected"
+
+    @property
     def queued(self) -> int:
         """Messages the next collect hands over, applied or dropped (a run of drops by its count)."""
         with self.lock:
@@ -185,13 +204,28 @@ class KvEventSubscriber:
             self._fail(err)
             raise
         self.last_endpoint = sub.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self._monitor = sub.get_monitor_socket(PEER_EVENTS)
         self._sub, self.healthy, self.problem = sub, True, None
 
     def _close(self) -> None:
         if self._sub is not None:
+            if self._monitor is not None:
+                self._sub.disable_monitor()
+                self._monitor.close(linger=0)
+                self._monitor, self._peers = None, 0
             self._sub.close(linger=0)
             self._sub = None
         self.healthy = False
+
+    def _watch_peers(self) -> None:
+        """Publishers connecting and leaving, from the socket monitor (never blocks)."""
+        while self._monitor is not None and self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)["event"]
+            if event == zmq.EVENT_DISCONNECTED:
+                self._peers = max(self._peers - 1, 0)
+            else:
+                self._peers += 1
+                self._ever_connected = True
 
     def _fail(self, err: Exception) -> None:
         """Logged by the poll loop, once per reason, when collect() raises it."""
@@ -206,16 +240,11 @@ class KvEventSubscriber:
 
     def _log_refused(self, batch: Batch) -> None:
         """One line a minute at most: a buggy engine refuses events in every batch."""
-        now = time.monotonic()
-        if now >= self._refused_quiet_until:
-            self._refused_quiet_until = now + REFUSED_LOG_SECONDS
-            log.warning(
-                "KV events refused (%s), the rest of the batch kept: %s (next such line in %.0f s at the "
-                "earliest)",
-                ", ".join(sorted(set(batch.refused))),
-                batch.problem,
-                REFUSED_LOG_SECONDS,
-            )
+        self._refused_log.warning(
+            "KV events refused (%s), the rest of the batch kept: %s",
+            ", ".join(sorted(set(batch.refused))),
+            batch.problem,
+        )
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -225,6 +254,7 @@ class KvEventSubscriber:
                 assert self._sub is not None
                 if self._sub.poll(POLL_MS):
                     self._drain(self._sub)
+                self._watch_peers()
             except Exception as err:  # the exporter must outlive any socket or stream trouble
                 self._fail(err)
                 self._close()
@@ -251,7 +281,7 @@ class KvEventSubscriber:
         try:
             batch = decode_engine_message(frames, self.with_tokens, self.engine)
         except KvEventDecodeError as err:
-            log.debug("dropping KV-event message: %s", err)
+            self._dropped_log.warning("KV-event message dropped (%s): %s", err.reason, err)
             self._drop(err.reason, err.seq)  # parse_error or batch_too_heavy
             return
         if batch.refused:

@@ -316,6 +316,7 @@ class Batch(NamedTuple):
     dp_rank: int | None = None
     refused: tuple[str, ...] = ()  # per event left out of `events`: its REFUSAL_REASONS reason
     problem: str = ""  # the first refused event's error, for the log line
+    continued: bool = False  # the rest of a batch already counted (derive/kv_budget.py cuts heavy ones)
 
 
 class KvEventDecodeError(SourceError):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import re
 import tempfile
 import threading
@@ -40,8 +41,28 @@ def heavy_batch(events: int = EVENTS, hashes: int = HASHES) -> bytes:
     return msgspec.msgpack.encode([time.time(), [stored] * events, 0])
 
 
-def publish(pub: zmq.Socket, payloads: list[bytes], first_seq: int = 0) -> None:
+def near_limit_batch(events: int = 4096, hashes: int = 16, block_size: int = 16, seed: int = 0) -> bytes:
+    """A valid batch just under every per-message bound (issue 33 item 4): `events` BlockStored of
+    `hashes` 64-bit hashes and block_size x hashes token ids (Llama-2-sized ids, 3 bytes each), 3.6 MiB."""
+    rng = random.Random(seed)
+    stored = [
+        {
+            "type": "BlockStored",
+            "block_hashes": [rng.getrandbits(63) for _ in range(hashes)],
+            "parent_block_hash": None,
+            "token_ids": [rng.randrange(32_000) for _ in range(block_size * hashes)],
+            "block_size": block_size,
+        }
+        for _ in range(events)
+    ]
+    return msgspec.msgpack.encode([time.time(), stored, 0])
+
+
+def publish(pub: zmq.Socket, payloads: list[bytes], first_seq: int = 0, pause_every: int = 0) -> None:
+    """Each payload in order; a second's pause after every `pause_every` of them (0: none)."""
     for seq, payload in enumerate(payloads, first_seq):
+        if pause_every and seq > first_seq and (seq - first_seq) % pause_every == 0:
+            time.sleep(1.0)
         pub.send_multipart([b"kv", seq.to_bytes(8, "big"), payload])
 
 
@@ -110,7 +131,9 @@ def settle(watch: Watch, want: float, timeout: float) -> None:
     time.sleep(1.0)
 
 
-def run_serve(label: str, payloads: list[bytes], workdir: Path, interval: str = "1s") -> dict:
+def run_serve(
+    label: str, payloads: list[bytes], workdir: Path, interval: str = "1s", pause_every: int = 0
+) -> dict:
     with Services(workdir) as services:
         simulator = services.simulator("--rate", "5")
         kv_port = free_port()
@@ -126,7 +149,7 @@ def run_serve(label: str, payloads: list[bytes], workdir: Path, interval: str = 
         before = rss_mib(exporter.proc.pid)
         with Watch(f"http://127.0.0.1:{exporter.port}/metrics", exporter.proc.pid) as watch:
             time.sleep(2.0)
-            publish(pub, payloads)
+            publish(pub, payloads, pause_every=pause_every)
             settle(watch, len(payloads), timeout=300)
         pub.close(linger=0)
         ctx.term()
@@ -193,11 +216,13 @@ def dropped(text: str) -> dict[str, float]:
 
 
 def rows() -> list[tuple[str, str]]:
-    """`make bench`: 4 of the probe's batches into serve, one into each of 4 aggregator replicas."""
-    heavy = heavy_batch()
+    """`make bench`: 4 of the probe's batches into serve (refused), 20 + 20 valid batches near every
+    bound into serve (issue 33), one probe batch into each of 4 aggregator replicas."""
+    heavy, near = heavy_batch(), [near_limit_batch(seed=i) for i in range(40)]
     with tempfile.TemporaryDirectory() as tmp:
         runs = [
             run_serve("4 x 14.4 MiB", [heavy] * 4, Path(tmp) / "serve"),
+            run_serve("20 + 20 valid x 3.6 MiB, a second apart", near, Path(tmp) / "near", pause_every=20),
             run_aggregate("4 replicas x 14.4 MiB", 4, [heavy], Path(tmp) / "aggregate"),
         ]
     return [
@@ -216,10 +241,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, nargs="*", default=[1, 4], help="heavy batches into serve")
     parser.add_argument("--replicas", type=int, nargs="*", default=[1, 4], help="replicas (one batch each)")
     parser.add_argument("--at-bound", type=int, nargs="*", default=[200], help="batches at the bounds")
+    parser.add_argument("--near-limit", type=int, nargs="*", default=[20], help="valid batches a second")
     args = parser.parse_args(argv)
     heavy, at_bound = heavy_batch(), heavy_batch(1, HASHES)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        for n in args.near_limit:
+            near = [near_limit_batch(seed=i) for i in range(2 * n)]
+            show(
+                run_serve(f"{n} + {n} x 3.6 MiB valid, near every bound", near, work / f"n{n}", pause_every=n)
+            )
         for n in args.batches:
             show(run_serve(f"{n} x 14.4 MiB", [heavy] * n, work / f"s{n}"))
         for n in args.replicas:

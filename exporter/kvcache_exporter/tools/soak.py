@@ -49,6 +49,7 @@ class Scraper(threading.Thread):
     def __init__(self, url: str):
         super().__init__(daemon=True)
         self.url, self.ok, self.failed, self.slowest, self.tracked = url, 0, 0, 0.0, 0
+        self.body = ""  # the last page answered
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -56,7 +57,7 @@ class Scraper(threading.Thread):
             started = time.monotonic()
             try:
                 body = urllib.request.urlopen(self.url, timeout=10).read().decode()
-                self.ok += 1
+                self.ok, self.body = self.ok + 1, body
                 line = next((x for x in body.splitlines() if x.startswith(TRACKED_BLOCKS)), None)
                 self.tracked = int(float(line.split()[-1])) if line else self.tracked
             except OSError:
@@ -138,6 +139,9 @@ def report(points: list[Point], window_s: float) -> str:
         "is full; memory settles once that window and the attribution memory are both full.",
         "",
         "![RSS over time](soak.svg)",
+        "",
+        "The fleet view on NATS (replicas publishing through nats-server to `aggregate`, with a marked",
+        "outage) has its own soak: [soak-fleet.md](soak-fleet.md) (`make soak-fleet`).",
         "",
     ]
     if after:
