@@ -15,7 +15,7 @@ from .derive.attribution import Attribution
 from .derive.fields import Rules
 from .derive.front_fields import FrontFields
 from .derive.kv_events import EventState
-from .derive.state import PollState
+from .derive.state import PollState, TargetState
 from .derive.units import UnitView
 from .samples import Sample
 from .settings import Settings
@@ -100,8 +100,10 @@ def kv_events_poll(
     stream: Stream | None,
     labels: dict[str, str],
     wiring: RankWiring,
+    target: TargetState | None = None,
 ) -> Poll:
-    """One rank's subscriber and its event view, miss attribution and hit units."""
+    """One rank's subscriber and its event view, miss attribution and hit units, joined with
+    `target` (the vLLM it belongs to)."""
     source = RankStream(s)
     source.point(stream)
     attribution = Attribution(s.kv_events_max_tracked_blocks, s.kv_events_max_fingerprints)
@@ -115,6 +117,7 @@ def kv_events_poll(
         attribution=attribution,
         units=UnitView(s.kv_events_max_tracked_blocks),
         budget=KV_EVENTS_APPLY_SHARE * s.collect_interval,
+        target=target,
     )
     into = events.ingest if wiring.publisher is None else wiring.publisher.tee(rank, events.ingest)
     return Poll(source, into, labels, offload=True)  # up to 100k batches a poll
@@ -131,6 +134,7 @@ class DiscoveredKvEvents:
     polls: list[Poll] = field(default_factory=list)  # the exporter's own list, set once it exists
     ranks: dict[int, RankStream] = field(default_factory=dict)
     answer: Settled = field(default_factory=Settled)
+    target: TargetState | None = None  # the vLLM asked: its streams are joined with its /metrics
     engine_labels: bool | None = None  # decided by the first answer with streams, then kept
 
     def into(self, found: Found | None, ts: float) -> None:
@@ -145,7 +149,8 @@ class DiscoveredKvEvents:
             self.engine_labels = len(wanted) > 1 or max(wanted) > 0
         for rank, stream in wanted.items():
             if rank not in self.ranks:
-                poll = kv_events_poll(self.settings, self.state, rank, None, self._labels(rank), self.wiring)
+                labels = self._labels(rank)
+                poll = kv_events_poll(self.settings, self.state, rank, None, labels, self.wiring, self.target)
                 self.ranks[rank] = poll.source
                 self.polls.append(poll)
             self.ranks[rank].point(stream)

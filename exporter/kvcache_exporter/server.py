@@ -13,7 +13,7 @@ from .derive.cost import Pricing
 from .derive.fields import Rules
 from .derive.front_fields import MAX_FRONT_TOKENS
 from .derive.registry import DeriveOptions
-from .derive.state import PollState
+from .derive.state import PollState, TargetState
 from .kv_event_streams import DiscoveredKvEvents, DiscoveryPoll, RankWiring, kv_events_poll, rank_endpoint
 from .model_tokenizer import load_tokenizer, safe_decoder
 from .settings import Settings
@@ -33,6 +33,7 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
         for url in s.vllm_url
     }
     polls = target_polls(state, vllm)
+    first = state.targets[0] if state.targets else None
     try:
         gpu = make_gpu_source(
             s.gpu_source,
@@ -65,12 +66,13 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
                 s.kv_events_replay_endpoint and rank_endpoint(s.kv_events_replay_endpoint, rank),
             )
             labels = {"engine": str(rank)} if s.kv_events_data_parallel_size > 1 else {}
-            polls.append(kv_events_poll(s, state, rank, stream, labels, wiring))
+            beside = target_beside(state, s.kv_events_endpoint) or first
+            polls.append(kv_events_poll(s, state, rank, stream, labels, wiring, beside))
     discovered = None
     if not s.kv_events_endpoint and s.kv_events_discovery == "on":
-        discovered = DiscoveredKvEvents(s, state, wiring)
-        first = next(iter(vllm.values()))  # the first vLLM: one set of streams, as with the flags
-        source = KvEventDiscovery(first.url, s.vllm_timeout, headers=first.headers)
+        discovered = DiscoveredKvEvents(s, state, wiring, target=first)
+        asked = next(iter(vllm.values()))  # the first vLLM: one set of streams, as with the flags
+        source = KvEventDiscovery(asked.url, s.vllm_timeout, headers=asked.headers)
         polls.append(DiscoveryPoll(source, discovered.into, view=discovered))
     if wiring.publisher is not None:
         from .fleet_publish import PublishPoll
@@ -92,6 +94,12 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
         fronts = wiring.fronts
         exporter.debug_pages = {"/debug/fields": lambda: {e: f.report() for e, f in fronts.items()}}
     return exporter
+
+
+def target_beside(state: PollState, endpoint: str) -> TargetState | None:
+    """The polled vLLM on the KV endpoint's host (a wildcard or ipc endpoint names none)."""
+    host = urlsplit(endpoint).hostname if "://" in endpoint else None
+    return next((t for t in state.targets if urlsplit(f"//{t.name}").hostname == host), None)
 
 
 def field_decoder(s: Settings) -> Callable[[list[int]], str] | None:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from ..sources.kv_events_decode import IN_ORDER, Batch, Event, Mark, SeqCursor, gap
+from ..sources.kv_events_decode import IN_ORDER, Batch, Event, Mark, SeqCursor
 from .fleet_sessions import SessionSpread
 
 SPACE = 1 << 64
@@ -126,7 +126,7 @@ class FleetResidency:
     def missing(self, name: str, seq: int) -> range:
         """Sequence numbers lost before `seq` on this replica, read as the sidecar reads them."""
         view = self.replicas.get(name)
-        return gap(view.cursor.next if view else None, seq)
+        return view.cursor.gap(seq) if view else range(0)
 
     def apply(self, name: str, batch: Batch) -> None:
         view = self.add_replica(name)
