@@ -27,6 +27,11 @@ log = logging.getLogger("kvcache_exporter")
 # budget_exceeded): vLLM's series are published when the poll ends, never a whole interval late.
 KV_EVENTS_APPLY_SHARE = 0.25
 STATES = ("unknown", "found", "none_published", "no_route")
+# Once vLLM gave the same answer this many asks in a row it is asked only every REASK_SECONDS, and
+# at once when its /metrics comes back up (a restart): an ask costs about as much as a /metrics
+# poll beside one vLLM (docs/benchmarks.md), for an answer that changes only when vLLM restarts.
+SETTLED_ASKS = 3
+REASK_SECONDS = 30.0
 
 
 def rank_endpoint(endpoint: str, rank: int) -> str:
@@ -182,3 +187,42 @@ class DiscoveryPoll(Poll):
 
     def samples(self) -> list[Sample]:
         return super().samples() + (self.view.samples() if self.view is not None else [])
+
+
+class PacedDiscovery:
+    """The discovery source asked every poll until its answer settles, then every `reask` seconds
+    or when `target` (the vLLM asked) comes back up; between asks the last answer stands."""
+
+    name = "kv_event_discovery"
+
+    def __init__(
+        self,
+        source: Any,
+        target: TargetState | None,
+        clock: Callable[[], float],
+        reask: float = REASK_SECONDS,
+    ):
+        self.source, self.target, self.clock, self.reask = source, target, clock, reask
+        self.last: Any = None  # the last answer (a Found)
+        self.same = 0  # asks in a row that gave `last`
+        self.asked_at = float("-inf")
+        self.was_up = True
+
+    async def collect(self) -> Any:
+        up = self.target is None or self.target.up
+        came_up, self.was_up = up and not self.was_up, up
+        settled = self.same >= SETTLED_ASKS and self.clock() - self.asked_at < self.reask
+        if settled and not came_up:
+            return self.last
+        self.asked_at = self.clock()
+        try:
+            found = await self.source.collect()
+        except Exception:
+            self.same = 0
+            raise
+        self.same = self.same + 1 if found == self.last else 1
+        self.last = found
+        return found
+
+    async def close(self) -> None:
+        await self.source.close()

@@ -14,7 +14,14 @@ from .derive.fields import Rules
 from .derive.front_fields import MAX_FRONT_TOKENS
 from .derive.registry import DeriveOptions
 from .derive.state import PollState, TargetState
-from .kv_event_streams import DiscoveredKvEvents, DiscoveryPoll, RankWiring, kv_events_poll, rank_endpoint
+from .kv_event_streams import (
+    DiscoveredKvEvents,
+    DiscoveryPoll,
+    PacedDiscovery,
+    RankWiring,
+    kv_events_poll,
+    rank_endpoint,
+)
 from .model_tokenizer import load_tokenizer, safe_decoder
 from .settings import Settings
 from .sources.base import SourceUnavailable
@@ -26,7 +33,9 @@ log = logging.getLogger("kvcache_exporter")
 
 
 def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Exporter:
-    """Every source as one Poll into one PollState: a new source is one more line here."""
+    """Every source as one Poll into one PollState. A new source is more than a line here: its
+    module in sources/, a part in derive/state.py, a derivation (derive/registry.py) and its
+    catalog entries, options (config.py) and settings (settings.py), then its Poll here."""
     state = PollState(retention=max(s.collect_windows) + 2 * s.collect_interval)
     vllm = {
         urlsplit(url).netloc: VllmSource(url, s.vllm_timeout, s.vllm_max_body_bytes, s.vllm_bearer_token_file)
@@ -73,6 +82,7 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
         discovered = DiscoveredKvEvents(s, state, wiring, target=first)
         asked = next(iter(vllm.values()))  # the first vLLM: one set of streams, as with the flags
         source = KvEventDiscovery(asked.url, s.vllm_timeout, headers=asked.headers)
+        source = PacedDiscovery(source, first, time.monotonic)
         polls.append(DiscoveryPoll(source, discovered.into, view=discovered))
     if wiring.publisher is not None:
         from .fleet_publish import PublishPoll

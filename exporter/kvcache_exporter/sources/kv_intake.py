@@ -44,7 +44,8 @@ class KvIntake:
         clock: Callable[[], float] = time.monotonic,
     ):
         self.with_tokens = with_tokens  # decode parents and token ids too: miss attribution needs them
-        self.bounds = (max_pending_hashes, max_pending_tokens)
+        # token ids left undecoded cost neither memory nor apply time: bounded only when decoded
+        self.bounds = (max_pending_hashes, max_pending_tokens if with_tokens else 1 << 62)
         self.lock = threading.Lock()
         self.cursor = SeqCursor()  # the receiving thread's: what was taken in or dropped
         self._bucket = TokenBucket(max_batches_per_second, clock)
