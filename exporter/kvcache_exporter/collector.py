@@ -195,7 +195,8 @@ class Exporter:
                     log.warning("poll failed: %s", error, extra={"collector": "poll"})
             delay = max(self.interval - (time.monotonic() - started), 0.0)
             try:
-                await asyncio.wait_for(stop.wait(), timeout=delay)
+                async with asyncio.timeout(delay):  # no task a poll, as wait_for makes
+                    await stop.wait()
             except TimeoutError:
                 pass
 

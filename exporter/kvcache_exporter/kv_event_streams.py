@@ -15,7 +15,7 @@ from .derive.attribution import Attribution
 from .derive.fields import Rules
 from .derive.front_fields import FrontFields
 from .derive.kv_events import EventState
-from .derive.state import PollState
+from .derive.state import PollState, TargetState
 from .derive.units import UnitView
 from .samples import Sample
 from .settings import Settings
@@ -30,6 +30,11 @@ STATES = ("unknown", "found", "none_published", "no_route")
 PUBLISHER_STATES = ("connected", "disconnected", "never_connected")  # as sources/kv_events.py has them
 # Polls after which a rank no publisher ever connected to is logged (60 s at the default 5 s interval).
 NEVER_CONNECTED_POLLS = 12
+# Once vLLM gave the same answer this many asks in a row it is asked only every REASK_SECONDS, and
+# at once when its /metrics comes back up (a restart): an ask costs about as much as a /metrics
+# poll beside one vLLM (docs/benchmarks.md), for an answer that changes only when vLLM restarts.
+SETTLED_ASKS = 3
+REASK_SECONDS = 30.0
 
 
 def rank_endpoint(endpoint: str, rank: int) -> str:
@@ -108,8 +113,10 @@ def kv_events_poll(
     stream: Stream | None,
     labels: dict[str, str],
     wiring: RankWiring,
+    target: TargetState | None = None,
 ) -> Poll:
-    """One rank's subscriber and its event view, miss attribution and hit units."""
+    """One rank's subscriber and its event view, miss attribution and hit units, joined with
+    `target` (the vLLM it belongs to)."""
     source = RankStream(s)
     source.point(stream)
     engine = stream.engine if stream is not None else "vllm"
@@ -124,6 +131,7 @@ def kv_events_poll(
         attribution=attribution,
         units=UnitView(s.kv_events_max_tracked_blocks, sessions_compute=engine == "sglang"),
         budget=KV_EVENTS_APPLY_SHARE * s.collect_interval,
+        target=target,
     )
     into = events.ingest if wiring.publisher is None else wiring.publisher.tee(rank, events.ingest)
     return RankPoll(source, into, labels, offload=True)  # up to 100k batches a poll
@@ -171,6 +179,7 @@ class DiscoveredKvEvents:
     polls: list[Poll] = field(default_factory=list)  # the exporter's own list, set once it exists
     ranks: dict[int, RankStream] = field(default_factory=dict)
     answer: Settled = field(default_factory=Settled)
+    target: TargetState | None = None  # the vLLM asked: its streams are joined with its /metrics
     engine_labels: bool | None = None  # decided by the first answer with streams, then kept
 
     def into(self, found: Found | None, ts: float) -> None:
@@ -185,7 +194,8 @@ class DiscoveredKvEvents:
             self.engine_labels = len(wanted) > 1 or max(wanted) > 0
         for rank, stream in wanted.items():
             if rank not in self.ranks:
-                poll = kv_events_poll(self.settings, self.state, rank, None, self._labels(rank), self.wiring)
+                labels = self._labels(rank)
+                poll = kv_events_poll(self.settings, self.state, rank, None, labels, self.wiring, self.target)
                 self.ranks[rank] = poll.source
                 self.polls.append(poll)
             self.ranks[rank].point(stream)
@@ -217,3 +227,42 @@ class DiscoveryPoll(Poll):
 
     def samples(self) -> list[Sample]:
         return super().samples() + (self.view.samples() if self.view is not None else [])
+
+
+class PacedDiscovery:
+    """The discovery source asked every poll until its answer settles, then every `reask` seconds
+    or when `target` (the vLLM asked) comes back up; between asks the last answer stands."""
+
+    name = "kv_event_discovery"
+
+    def __init__(
+        self,
+        source: Any,
+        target: TargetState | None,
+        clock: Callable[[], float],
+        reask: float = REASK_SECONDS,
+    ):
+        self.source, self.target, self.clock, self.reask = source, target, clock, reask
+        self.last: Any = None  # the last answer (a Found)
+        self.same = 0  # asks in a row that gave `last`
+        self.asked_at = float("-inf")
+        self.was_up = True
+
+    async def collect(self) -> Any:
+        up = self.target is None or self.target.up
+        came_up, self.was_up = up and not self.was_up, up
+        settled = self.same >= SETTLED_ASKS and self.clock() - self.asked_at < self.reask
+        if settled and not came_up:
+            return self.last
+        self.asked_at = self.clock()
+        try:
+            found = await self.source.collect()
+        except Exception:
+            self.same = 0
+            raise
+        self.same = self.same + 1 if found == self.last else 1
+        self.last = found
+        return found
+
+    async def close(self) -> None:
+        await self.source.close()

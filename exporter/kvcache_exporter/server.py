@@ -13,8 +13,15 @@ from .derive.cost import Pricing
 from .derive.fields import Rules
 from .derive.front_fields import MAX_FRONT_TOKENS
 from .derive.registry import DeriveOptions
-from .derive.state import PollState
-from .kv_event_streams import DiscoveredKvEvents, DiscoveryPoll, RankWiring, kv_events_poll, rank_endpoint
+from .derive.state import PollState, TargetState
+from .kv_event_streams import (
+    DiscoveredKvEvents,
+    DiscoveryPoll,
+    PacedDiscovery,
+    RankWiring,
+    kv_events_poll,
+    rank_endpoint,
+)
 from .model_tokenizer import load_tokenizer, safe_decoder
 from .settings import Settings
 from .sources.base import SourceUnavailable
@@ -26,13 +33,16 @@ log = logging.getLogger("kvcache_exporter")
 
 
 def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Exporter:
-    """Every source as one Poll into one PollState: a new source is one more line here."""
+    """Every source as one Poll into one PollState. A new source is more than a line here: its
+    module in sources/, a part in derive/state.py, a derivation (derive/registry.py) and its
+    catalog entries, options (config.py) and settings (settings.py), then its Poll here."""
     state = PollState(retention=max(s.collect_windows) + 2 * s.collect_interval)
     vllm = {
         urlsplit(url).netloc: VllmSource(url, s.vllm_timeout, s.vllm_max_body_bytes, s.vllm_bearer_token_file)
         for url in s.vllm_url
     }
     polls = target_polls(state, vllm)
+    first = state.targets[0] if state.targets else None
     try:
         gpu = make_gpu_source(
             s.gpu_source,
@@ -66,12 +76,14 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
                 s.kv_events_engine,
             )
             labels = {"engine": str(rank)} if s.kv_events_data_parallel_size > 1 else {}
-            polls.append(kv_events_poll(s, state, rank, stream, labels, wiring))
+            beside = target_beside(state, s.kv_events_endpoint) or first
+            polls.append(kv_events_poll(s, state, rank, stream, labels, wiring, beside))
     discovered = None
     if not s.kv_events_endpoint and s.kv_events_discovery == "on":
-        discovered = DiscoveredKvEvents(s, state, wiring)
-        first = next(iter(vllm.values()))  # the first vLLM: one set of streams, as with the flags
-        source = KvEventDiscovery(first.url, s.vllm_timeout, headers=first.headers)
+        discovered = DiscoveredKvEvents(s, state, wiring, target=first)
+        asked = next(iter(vllm.values()))  # the first vLLM: one set of streams, as with the flags
+        source = KvEventDiscovery(asked.url, s.vllm_timeout, headers=asked.headers)
+        source = PacedDiscovery(source, first, time.monotonic)
         polls.append(DiscoveryPoll(source, discovered.into, view=discovered))
     if wiring.publisher is not None:
         from .fleet_publish import PublishPoll
@@ -93,6 +105,12 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
         fronts = wiring.fronts
         exporter.debug_pages = {"/debug/fields": lambda: {e: f.report() for e, f in fronts.items()}}
     return exporter
+
+
+def target_beside(state: PollState, endpoint: str) -> TargetState | None:
+    """The polled vLLM on the KV endpoint's host (a wildcard or ipc endpoint names none)."""
+    host = urlsplit(endpoint).hostname if "://" in endpoint else None
+    return next((t for t in state.targets if urlsplit(f"//{t.name}").hostname == host), None)
 
 
 def field_decoder(s: Settings) -> Callable[[list[int]], str] | None:

@@ -256,3 +256,34 @@ def test_the_flags_path_still_streams_events(kv_frames):
 
     exporter = asyncio.run(scenario())
     assert sample(exporter, "kvcache_kv_events_batches_total") == len(kv_frames)
+
+
+def test_a_settled_answer_is_asked_again_only_after_a_while_or_when_vllm_comes_back_up():
+    from kvcache_exporter.derive.state import TargetState
+    from kvcache_exporter.kv_event_streams import REASK_SECONDS, SETTLED_ASKS, PacedDiscovery
+    from kvcache_exporter.sources.kv_event_sources import Found
+
+    class Counting:
+        name, asks = "kv_event_discovery", 0
+
+        async def collect(self):
+            self.asks += 1
+            return Found(state="no_route")
+
+    async def scenario():
+        now, target, source = [0.0], TargetState("v", 60.0, up=True), Counting()
+        paced = PacedDiscovery(source, target, lambda: now[0])
+        for _ in range(SETTLED_ASKS + 5):  # asked each poll until settled, then not
+            assert await paced.collect() == Found(state="no_route")
+            now[0] += 1.0
+        settled = source.asks
+        target.up = False
+        await paced.collect()
+        target.up = True  # vLLM back after a restart: asked at once
+        await paced.collect()
+        after_restart = source.asks
+        now[0] += REASK_SECONDS
+        await paced.collect()
+        return settled, after_restart, source.asks
+
+    assert asyncio.run(scenario()) == (SETTLED_ASKS, SETTLED_ASKS + 1, SETTLED_ASKS + 2)

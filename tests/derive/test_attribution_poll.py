@@ -139,3 +139,25 @@ def test_attribution_memory_is_exported_and_never_exceeds_its_bounds(seed_run):
     assert limits == {(("kind", "blocks"),): 64, (("kind", "fingerprints"),): 128}
     assert 0 < tracked[(("kind", "blocks"),)] <= 64 < len(stored)
     assert 0 < tracked[(("kind", "fingerprints"),)] <= 128
+
+
+def test_a_stream_is_joined_with_its_own_target_not_the_first(seed_run):
+    """Two vLLM targets polled, the KV stream belonging to the second: its coverage and estimates
+    come from the second's /metrics; the first (an idle replica's) is never read for it."""
+    snapshots, drains = seed_run
+    raw_end = next(i for i, s in enumerate(snapshots) if s["n_done"] == 160) + 1
+    now, state = [0.0], PollState(retention=100.0)
+    idle = snapshots[0]["text"]  # the first target stays at its first exposition: no traffic
+    sources = target_polls(
+        state,
+        {"idle": ReplaySource(idle for _ in snapshots), "busy": ReplaySource(s["text"] for s in snapshots)},
+    )
+    part = state.add_kv_events(EventState(), attribution=Attribution(), target=state.targets[1])
+    sources.append(Poll(Recorded("kv_events", drains), part.ingest))
+    exporter = Exporter(sources, state, DeriveOptions(windows=(60.0,)), interval=10.0, clock=lambda: now[0])
+    for _ in range(raw_end):
+        asyncio.run(exporter.poll_once())
+        now[0] += 10.0
+    coverage = values(exporter, "kvcache_prefix_cache_miss_attribution_coverage_ratio")[(("window", "1m"),)]
+    assert 0.9 < coverage <= 1.0  # joined with the busy target's computed tokens
+    assert part.attribution.capacity_blocks is not None

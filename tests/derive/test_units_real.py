@@ -86,9 +86,7 @@ def remainders(folder: Path) -> tuple[dict[str, int], int]:
 def test_every_engine_of_the_exposition_has_its_stream(shape):
     folder, parts, computed, _ = shape
     assert sorted(parts) == sorted(computed) == (["0", "1"] if "dp2" in folder.name else ["0"])
-    assert all(
-        part.events.missed == 0 and part.attribution.totals.missed_batches == 0 for part in parts.values()
-    )
+    assert all(part.events.missed == 0 for part in parts.values())
 
 
 def test_coverage_per_engine_within_5_percent_never_above(shape):

@@ -2,6 +2,7 @@
 simulator's block pool and its real KV-event wire encoding into the classifier."""
 
 from kvcache_exporter.derive.attribution import Attribution
+from kvcache_exporter.derive.kv_events import EventState
 from kvcache_exporter.simulator.engine import Engine, EngineConfig, Request
 from kvcache_exporter.simulator.kv_events import encode_batch
 from kvcache_exporter.simulator.workloads import WorkloadFactory
@@ -11,9 +12,10 @@ from kvcache_exporter.sources.kv_events_decode import decode_message
 class Publisher:
     """An engine whose every step's events go through the wire format, seq counting from 0."""
 
-    def __init__(self, attribution: Attribution, blocks: int = 2048):
+    def __init__(self, attribution: Attribution, blocks: int = 2048, events: EventState | None = None):
         self.engine = Engine(EngineConfig(16, blocks, max_model_len=4096, max_num_batched_tokens=8192), 0)
         self.attribution, self.seq, self.clock = attribution, 0, 0.0
+        self.events = events or EventState()  # reads the sequence, as in serve
 
     def run(self, workload, requests: int, answers: bool = False) -> None:
         """`answers`: generate each request's max_tokens and hand them back (chat), one at a time."""
@@ -25,7 +27,8 @@ class Publisher:
                 step = self.engine.step(self.clock)
                 self.clock += step.duration
                 frames = [b"kv", self.seq.to_bytes(8, "big"), encode_batch(step.events, 0, self.clock)]
-                self.attribution.apply(decode_message(frames, with_tokens=True))
+                batch = decode_message(frames, with_tokens=True)
+                self.attribution.apply(batch, self.events.apply(batch))
                 self.seq += 1
             if answers:
                 workload.on_response(spec, request.output_token_ids)
@@ -62,12 +65,12 @@ def test_more_templates_than_the_cache_holds_are_evicted():
 
 
 def test_a_restarted_publisher_recomputes_restart_blocks():
-    factory, attribution = WorkloadFactory(seed=3), Attribution()
-    Publisher(attribution).run(factory.make("normalized"), 40)
+    factory, attribution, events = WorkloadFactory(seed=3), Attribution(), EventState()
+    Publisher(attribution, events=events).run(factory.make("normalized"), 40)
     before = dict(attribution.totals.tokens)
-    Publisher(attribution).run(factory.make("normalized"), 40)  # a new process: seq from 0, empty cache
+    Publisher(attribution, events=events).run(factory.make("normalized"), 40)  # seq from 0, empty cache
     got = shares(before, attribution.totals.tokens)
-    assert attribution.totals.restarts == 1 and got["restart"] == max(got.values()), got  # headers: cold
+    assert events.restarts == 1 and got["restart"] == max(got.values()), got  # headers: cold
 
 
 def test_raw_headers_in_a_real_tokenizer_name_their_user_id_field():

@@ -29,10 +29,9 @@ def test_streams_decode_and_carry_their_layout(layout, groups, tier):
     # The exporter's event view and miss attribution take the whole stream (what they make of it is
     # issue 20's per-group model; here: they read it without a drop).
     drain = KvEventDrain(tuple(batches))
-    state, attribution = EventState(), Attribution()
-    state.ingest(drain)
-    attribution.ingest(drain)
-    assert state.batches == len(frames) and state.missed == 0
+    part = PollState(retention=60).add_kv_events(EventState(), attribution=Attribution())
+    part.ingest(drain, 1.0)
+    assert part.events.batches == part.attribution.totals.batches == len(frames) and part.events.missed == 0
 
 
 @pytest.mark.parametrize(("layout", "unit"), [("llama", 16), ("gemma-3", 32), ("deepseek-v4", 256)])

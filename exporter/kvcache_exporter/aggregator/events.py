@@ -25,26 +25,18 @@ import ipaddress
 import logging
 import queue
 import threading
-import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from functools import partial
 from urllib.parse import urlsplit
 
 import zmq
 
 from ..logs import Throttled
 from ..sources.base import SourceError
-from ..sources.engine_events import decode_engine_message
-from ..sources.kv_events import MAX_PENDING, POLL_MS, ZMQ_MAX_MESSAGE_BYTES, queue_drop, subscriber_socket
-from ..sources.kv_events_decode import (
-    Batch,
-    Dropped,
-    KvEventDecodeError,
-    KvEventDrain,
-    TokenBucket,
-    peek_seq,
-    weight,
-)
+from ..sources.kv_events import POLL_MS, ZMQ_MAX_MESSAGE_BYTES, subscriber_socket
+from ..sources.kv_events_decode import KvEventDrain
+from ..sources.kv_intake import KvIntake
 
 log = logging.getLogger("kvcache_exporter.aggregate")
 
@@ -72,34 +64,6 @@ def _normalized(address: str | None) -> str | None:
 
 
 @dataclass
-class _Inbox:
-    """One replica's batches since the last drain (guarded by FleetEvents.lock), at most
-    `max_hashes` block hashes of them: past it a batch is dropped as budget_exceeded."""
-
-    bucket: TokenBucket
-    max_hashes: int
-    engine: str = "vllm"  # whose media and page rules its events follow (sources/engine_events.py)
-    items: list[Batch | Dropped] = field(default_factory=list)
-    hashes: int = 0
-
-    def full(self) -> bool:
-        return self.hashes >= self.max_hashes
-
-    def put(self, item: Batch) -> None:
-        hashes = weight(item.events)[0]
-        if len(self.items) >= MAX_PENDING:
-            self.drop("rate_limited", item.seq)
-        elif self.hashes + hashes > self.max_hashes:
-            self.drop("budget_exceeded", item.seq)
-        else:
-            self.items.append(item)
-            self.hashes += hashes
-
-    def drop(self, reason: str, seq: int | None) -> None:
-        queue_drop(self.items, reason, seq)
-
-
-@dataclass
 class _Lane:
     socket: zmq.Socket
     shared: bool  # several IP-literal endpoints, one per address; else exactly one endpoint
@@ -119,7 +83,7 @@ class FleetEvents:
         self.max_pending_hashes = max_pending_hashes
         self.lock = threading.Lock()
         self.unknown_sender = 0  # messages from an address no replica has (one just removed)
-        self._inboxes: dict[Hashable, _Inbox] = {}
+        self._intakes: dict[Hashable, KvIntake] = {}
         self._problems: dict[Hashable, SourceError] = {}  # why a stream's endpoint is not subscribed
         self._ctx = zmq.Context(io_threads=1)
         self._lanes: list[_Lane] = []  # the thread's only
@@ -133,8 +97,9 @@ class FleetEvents:
     def add(self, name: Hashable, endpoint: str, mode: str = "connect", engine: str = "vllm") -> None:
         """Follow `endpoint`: connect (vLLM binds it) or bind (vLLM connects to it)."""
         with self.lock:
-            bucket = TokenBucket(self.rate, time.monotonic)
-            self._inboxes[name] = _Inbox(bucket, self.max_pending_hashes, engine)
+            self._intakes[name] = KvIntake(
+                self.rate, self.max_pending_hashes, engine=engine, on_error=partial(self._log_drop, name)
+            )
             self._problems[name] = SourceError("not_started", f"KV events {endpoint}: not subscribed yet")
         self._commands.put(("add", name, endpoint, mode))
         if self._thread is None:
@@ -143,24 +108,23 @@ class FleetEvents:
 
     def remove(self, name: Hashable) -> None:
         with self.lock:
-            self._inboxes.pop(name, None)
+            self._intakes.pop(name, None)
             self._problems.pop(name, None)
         self._commands.put(("remove", name, "", ""))
 
     def healthy(self, name: Hashable) -> bool:
         with self.lock:
-            return name in self._inboxes and name not in self._problems
+            return name in self._intakes and name not in self._problems
 
     def drain(self, name: Hashable) -> KvEventDrain:
         """What replica `name` sent since the last drain; SourceError while it is not subscribed."""
         with self.lock:
             if (problem := self._problems.get(name)) is not None:
                 raise problem
-            inbox = self._inboxes.get(name)
-            if inbox is None:
-                raise SourceError("not_started", f"KV events of {name}: not watched")
-            items, inbox.items, inbox.hashes = inbox.items, [], 0
-        return KvEventDrain(tuple(items))
+            intake = self._intakes.get(name)
+        if intake is None:
+            raise SourceError("not_started", f"KV events of {name}: not watched")
+        return intake.drain()
 
     def lanes(self) -> int:
         return len(self._lanes)
@@ -214,7 +178,7 @@ class FleetEvents:
         except zmq.ZMQError as err:
             reason = "fd_exhausted" if err.errno in (errno.EMFILE, errno.ENFILE) else "zmq_error"
             with self.lock:
-                if name in self._inboxes:
+                if name in self._intakes:
                     self._problems[name] = SourceError(reason, f"KV events {mode} {endpoint}: {err}")
             if lane is not None and not lane.endpoints:
                 self._drop_lane(poller, lane)
@@ -263,26 +227,16 @@ class FleetEvents:
 
     def _handle(self, name: Hashable | None, frames: list[bytes]) -> None:
         with self.lock:
-            inbox = self._inboxes.get(name) if name is not None else None
-            if inbox is None:
+            intake = self._intakes.get(name) if name is not None else None
+            if intake is None:
                 self.unknown_sender += 1
                 return
-            if not inbox.bucket.take():
-                inbox.drop("rate_limited", peek_seq(frames))
-                return
-            if inbox.full():  # not even decoded: the next drain has all the work it may have
-                inbox.drop("budget_exceeded", peek_seq(frames))
-                return
-        try:
-            # outside the lock: the poll loop may drain meanwhile
-            batch = decode_engine_message(frames, engine=inbox.engine)
-        except KvEventDecodeError as err:
-            with self.lock:
-                inbox.drop(err.reason, err.seq)  # parse_error or batch_too_heavy
-            self._dropped_log.warning("KV-event message of %s dropped (%s): %s", name, err.reason, err)
-            return
-        with self.lock:
-            inbox.put(batch)
+        if (batch := intake.take(frames)) is not None:  # decoded outside the lock: polls drain meanwhile
+            intake.put(batch)
+
+    def _log_drop(self, name: Hashable, err: Exception) -> None:
+        reason = getattr(err, "reason", "parse_error")
+        self._dropped_log.warning("KV-event message of %s dropped (%s): %s", name, reason, err)
 
     def _close_lanes(self) -> None:
         for lane in self._lanes:

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from ..sources.kv_events_decode import IN_ORDER, Batch, Event, Mark, SeqCursor, gap
+from ..sources.kv_events_decode import IN_ORDER, Batch, Event, Mark, SeqCursor
 from .fleet_sessions import SessionSpread
 
 SPACE = 1 << 64
@@ -168,7 +168,7 @@ class FleetResidency:
         """Sequence numbers lost before `seq` on this replica's rank, read as the sidecar reads them."""
         view = self.replicas.get(name)
         state = view.ranks.get(rank) if view else None
-        return gap(state.cursor.next if state else None, seq)
+        return state.cursor.gap(seq) if state else range(0)
 
     def apply(self, name: str, batch: Batch, rank: int = 0) -> None:
         state = self._rank(self.add_replica(name), rank)

@@ -26,7 +26,7 @@ request's decode filling its next block (prefill stores all its full blocks in o
 
 Bounded: `max_blocks` tracked hashes and `max_fingerprints` fingerprints (two-generation maps),
 whatever the stream does. A publisher restart or `AllBlocksCleared` starts a new era in O(1);
-blocks of an older era read as `restart`. Sequence gaps are counted (`missed_batches`): the miss
+blocks of an older era read as `restart`. Sequence gaps (the event view counts them): the miss
 tokens of lost batches are never attributed, which the coverage ratio shows.
 
 For the fleet (issue 11): one `Attribution` per replica, each given
@@ -44,7 +44,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..sources.kv_events_decode import IN_ORDER, Batch, Dropped, Event, KvEventDrain, Mark, SeqCursor
+from ..sources.kv_events_decode import IN_ORDER, Batch, Event, Mark
 from .content_causes import foreign_span, moved_span, rewritten_span
 from .fingerprints import FingerprintSet, Generations, anchors
 from .layouts import LAYOUTS, AnchorOrder, layout_served, pair_keys
@@ -110,8 +110,6 @@ class Totals:
     reorder_tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LAYOUTS, 0))
     """of the prefix_diverged tokens, those a reorder to each layout would hit (layouts.py)"""
     batches: int = 0
-    missed_batches: int = 0
-    restarts: int = 0
 
     @property
     def prompt_miss_tokens(self) -> int:
@@ -143,7 +141,6 @@ class Attribution:
         self.limits = (max_blocks, max_fingerprints)
         self._stored = 0  # blocks stored so far: the clock of the what-if estimate
         self._era = 0
-        self.cursor = SeqCursor()  # used when driven alone; the poll state passes marks instead
         self.fields = None  # front_fields.FrontFields when the wiring has a tokenizer: names the front
 
     def set_host_tier(self, blocks: int | None, bytes_per_token: float | None) -> None:
@@ -158,27 +155,15 @@ class Attribution:
         prints = len(self._content_prints) + len(self._generated) + len(self._foreign)
         return len(self._blocks), prints + len(self._order)
 
-    def ingest(self, drain: KvEventDrain) -> None:
-        """A poll's drained stream, read alone (the poll state passes marks to `apply` instead):
-        dropped batches only move the sequence (the exporter chose to drop them: not lost, but not
-        attributed either, which coverage shows)."""
-        for item in drain.items:
-            if isinstance(item, Dropped):
-                self.mark(self.cursor.skip(item.seq, item.count))
-            else:
-                self.apply(item)
-
     def mark(self, mark: Mark) -> None:
-        """Lost batches counted; a restart (a new publisher with an empty cache) starts a new era."""
-        self.totals.missed_batches += mark.lost
+        """What the stream's sequence said (the event view reads it and counts lost batches): a restart
+        (a new publisher with an empty cache) starts a new era."""
         if mark.restart:
-            self.totals.restarts += 1
             self._new_era()
 
-    def apply(self, batch: Batch, mark: Mark | None = None) -> None:
-        """One batch (of hit-unit events: derive/units.py folds groups first), in stream order."""
-        if mark is None:
-            mark = self.cursor.advance(batch.seq)
+    def apply(self, batch: Batch, mark: Mark = IN_ORDER) -> None:
+        """One batch (of hit-unit events: derive/units.py folds groups first), in stream order, with
+        the mark the stream's sequence gave it (derive/state.py; SeqCursor when driven alone)."""
         if mark is not IN_ORDER:
             self.mark(mark)
         if not batch.continued:

@@ -1,9 +1,9 @@
 """The KV-event view: counters, sequence tracking and the resident block set, fed batch by batch.
 
 The subscriber (sources/kv_events.py) receives and decodes in the background; each poll drains what
-arrived into the poll state's part for that publisher (derive/state.py), which reads the sequence
-once (`SeqCursor`) and hands each batch with its mark to this view and to miss attribution. Driven
-alone (`ingest`, `apply` without a mark), the view reads the sequence itself.
+arrived into the poll state's part for that publisher (derive/state.py), which applies each batch to
+this view first: the view reads the stream's sequence (its `cursor`, the one reader) and returns
+the mark, which the part hands on to miss attribution.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from ..sources.kv_events_decode import (
     KvEventDrain,
     Mark,
     SeqCursor,
-    gap,
 )
 
 log = logging.getLogger(__name__)
@@ -42,7 +41,7 @@ class EventState:
         self.dropped: Counter[str] = Counter()
         self.restarts = 0
         self.resident: set[int | bytes] = set()  # the block hashes vLLM holds, as the events tell
-        self.cursor = SeqCursor()  # used when driven alone; the poll state passes marks instead
+        self.cursor = SeqCursor()  # the stream's sequence, read once: apply and drop return its marks
         self._clock = clock
         self._quiet_until = float("-inf")
 
@@ -51,8 +50,8 @@ class EventState:
         return len(self.resident)
 
     def missing(self, seq: int) -> range:
-        """Sequence numbers lost before `seq` (see kv_events_decode.gap)."""
-        return gap(self.cursor.next, seq)
+        """Sequence numbers lost before `seq` (SeqCursor.gap)."""
+        return self.cursor.gap(seq)
 
     def ingest(self, drain: KvEventDrain) -> None:
         for item in drain.items:
@@ -61,10 +60,12 @@ class EventState:
             else:
                 self.apply(item)
 
-    def drop(self, reason: str, seq: int | None = None, count: int = 1, mark: Mark | None = None) -> None:
+    def drop(self, reason: str, seq: int | None = None, count: int = 1) -> Mark:
         """`count` messages dropped on purpose from `seq` on: counted, never as missed."""
         self.dropped[reason] += count
-        self.mark(self.cursor.skip(seq, count) if mark is None else mark)
+        mark = self.cursor.skip(seq, count)
+        self.mark(mark)
+        return mark
 
     def mark(self, mark: Mark) -> None:
         """What the sequence said: lost batches counted, a restart empties the view."""
@@ -77,9 +78,9 @@ class EventState:
                 self._quiet_until = now + 60.0
                 log.info("KV-event sequence jumped back or far ahead: new publisher, cache view reset")
 
-    def apply(self, batch: Batch, mark: Mark | None = None) -> None:
-        if mark is None:
-            mark = self.cursor.advance(batch.seq)
+    def apply(self, batch: Batch) -> Mark:
+        """The batch applied; what the sequence said before it."""
+        mark = IN_ORDER if batch.continued else self.cursor.advance(batch.seq)  # its start advanced it
         if mark is not IN_ORDER:
             self.mark(mark)
         if not batch.continued:  # the rest of a batch cut by the poll budget: counted with its start
@@ -109,6 +110,7 @@ class EventState:
             self.events["BlockRemoved"] += removals
         if overflow:
             self.dropped["too_many_blocks"] += 1
+        return mark
 
     def _store(self, hashes: tuple[int | bytes, ...]) -> bool:
         """Add hashes up to max_blocks; True when some did not fit."""

@@ -16,11 +16,10 @@ from .cost import Pricing, cost_samples
 from .gpu import gpu_samples
 from .kv_events import kv_event_samples
 from .memory import memory_over
-from .miss_windows import excess_tokens, memory_samples, miss_samples, summed_window
+from .miss_windows import excess_tokens, memory_samples, miss_samples
 from .state import PollState
 from .targets import target_samples
 from .unit_samples import unit_samples
-from .windows import Delta
 
 
 @dataclass(frozen=True)
@@ -41,31 +40,20 @@ def kv_events(state: PollState, options: DeriveOptions) -> list[Sample]:
 
 
 def attribution(state: PollState, options: DeriveOptions) -> list[Sample]:
-    """Miss attribution, its windows joined with the first target's /metrics (a sidecar has one):
-    a stream labelled engine=r (one data-parallel rank) with that engine's series only."""
-    target = state.targets[0] if state.targets else None
+    """Miss attribution, its windows joined with its target's /metrics (KvEventsState.target): a
+    stream labelled engine=r (one data-parallel rank) with that engine's series only."""
     windows = [(seconds, window_label(seconds)) for seconds in options.windows]
     out: list[Sample] = []
     for part in state.kv_events:
         if part.attribution is None or part.misses is None:
             continue
-        engine = part.labels.get("engine")
-
-        def vllm(seconds: float, engine: str | None = engine) -> Delta | None:
-            histories = target.histories.items() if target is not None and target.up else ()
-            return summed_window(
-                [h.window(seconds) for (_, e), h in histories if engine is None or e == engine]
-            )
-
-        samples = miss_samples(part.attribution.totals, part.misses, windows, vllm)
+        samples = miss_samples(part.attribution.totals, part.misses, windows, part.vllm_window)
         part.report_excess(excess_tokens(samples))  # the one side effect: a rate-limited log line
         samples += memory_samples(part.attribution.tracked, part.attribution.limits)
         if part.attribution.fields is not None:
             samples += part.attribution.fields.samples()
         if part.units is not None:
-            snapshot = target.snapshot if target is not None else None
-            config = snapshot.cache_configs.get(engine or "0") if snapshot is not None else None
-            samples += unit_samples(part.units, block_bytes(config))
+            samples += unit_samples(part.units, block_bytes(part.cache_config()))
         out += [s._replace(labels={**s.labels, **part.labels}) for s in samples] if part.labels else samples
     return out
 

@@ -18,16 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..sources.gpu import GpuSnapshot
-from ..sources.kv_events_decode import IN_ORDER, Batch, Dropped, SeqCursor
+from ..sources.kv_events_decode import Batch, Dropped
 from ..sources.vllm_snapshot import EngineKey, VllmSnapshot
 from .attribution import Attribution
 from .gpu import GpuHistory
 from .kv_budget import Budget
 from .kv_events import EventState, KvEventDrain
-from .miss_windows import MissHistory, num_gpu_blocks
+from .miss_windows import MissHistory, num_gpu_blocks, summed_window
 from .units import UnitView
 from .whatif import host_tier_blocks, kv_bytes_per_token
-from .windows import SeriesHistory
+from .windows import Delta, SeriesHistory
 
 log = logging.getLogger(__name__)
 EXCESS_LOG_SECONDS = 60.0
@@ -77,9 +77,13 @@ class GpuState:
 @dataclass
 class KvEventsState:
     """One KV-event publisher (one data-parallel rank): the batches drained from its subscriber, in
-    arrival order, within `budget` seconds a poll (None: no limit; see kv_budget.py). Its sequence is
-    read once (`cursor`); each batch goes with that mark to the event view and, when on, through the
-    group model (`units`) to miss attribution, whose totals are kept per poll."""
+    arrival order, within `budget` seconds a poll (None: no limit; see kv_budget.py). The event view
+    reads its sequence (once); each batch goes with that mark, when on, through the group model
+    (`units`) to miss attribution, whose totals are kept per poll.
+
+    vLLM's side reaches attribution one way: from `target`, the vLLM this stream belongs to (the one
+    it was discovered from or configured beside), read by `join` at the end of each poll (its cache
+    sizes) and by the derivation (`vllm_window`, `cache_config`): this rank's engine only."""
 
     events: EventState = field(default_factory=EventState)
     labels: dict[str, str] = field(default_factory=dict)  # {"engine": rank} with several ranks
@@ -88,7 +92,7 @@ class KvEventsState:
     units: UnitView | None = None
     budget: float | None = None
     clock: Callable[[], float] = time.monotonic
-    cursor: SeqCursor = field(default_factory=SeqCursor)
+    target: TargetState | None = None
     excess_quiet_until: float = float("-inf")
     carry: tuple[Batch, ...] = ()  # the rest of a batch the last poll's budget ran out in
 
@@ -117,19 +121,42 @@ class KvEventsState:
                 attribution.totals.tier_restored_tokens = sum(self.units.totals.tier_hit_tokens.values())
             self.misses.record(ts, attribution.totals)
 
+    def join(self, host_tier_bytes: int | None) -> None:
+        """The what-if estimates need vLLM's cache sizes (its /metrics), the group model's hit unit."""
+        attribution = self.attribution
+        if attribution is None:
+            return
+        snapshot = self.target.snapshot if self.target is not None else None
+        if capacity := num_gpu_blocks(snapshot):
+            attribution.capacity_blocks = capacity
+        config = next(iter(snapshot.cache_configs.values()), None) if snapshot is not None else None
+        host = host_tier_blocks(config, host_tier_bytes)
+        if host is not None:
+            attribution.set_host_tier(host, kv_bytes_per_token(config))
+        if self.units is not None and self.units.hit_unit:
+            attribution.hit_unit = self.units.hit_unit  # what the groups say vLLM hits in
+
+    def vllm_window(self, seconds: float) -> Delta | None:
+        """vLLM's counters over the window, of this stream's engine (all engines when unlabelled)."""
+        target, engine = self.target, self.labels.get("engine")
+        histories = target.histories.items() if target is not None and target.up else ()
+        return summed_window([h.window(seconds) for (_, e), h in histories if engine is None or e == engine])
+
+    def cache_config(self) -> dict[str, str] | None:
+        snapshot = self.target.snapshot if self.target is not None else None
+        return snapshot.cache_configs.get(self.labels.get("engine", "0")) if snapshot is not None else None
+
     def _apply(self, drain: KvEventDrain, attribution: Attribution | None) -> None:
         units = self.units
         for item in drain.items:
             if isinstance(item, Dropped):
-                mark = self.cursor.skip(item.seq, item.count)
-                self.events.drop(item.reason, item.seq, item.count, mark)
+                mark = self.events.drop(item.reason, item.seq, item.count)
                 if attribution is not None:
                     attribution.mark(mark)
                 continue
-            mark = IN_ORDER if item.continued else self.cursor.advance(item.seq)
+            mark = self.events.apply(item)
             if mark.restart and units is not None:
                 units.restart()
-            self.events.apply(item, mark)
             if attribution is not None:
                 attribution.apply(item if units is None else units.units(item), mark)
 
@@ -199,9 +226,11 @@ class PollState:
         attribution: Attribution | None = None,
         units: UnitView | None = None,
         budget: float | None = None,
+        target: TargetState | None = None,
     ) -> KvEventsState:
+        """`target`: the vLLM the stream belongs to; None: the only target, when there is one."""
         misses = None if attribution is None else MissHistory(self.retention)
-        part = KvEventsState(events, labels or {}, attribution, misses, units, budget)
+        part = KvEventsState(events, labels or {}, attribution, misses, units, budget, target=target)
         self.kv_events.append(part)
         return part
 
@@ -212,17 +241,10 @@ class PollState:
     def end_poll(self, now: float) -> None:
         """After every source was ingested: the running + waiting load per model, for the audit's peak."""
         self.now = now
-        snapshot = self.targets[0].snapshot if self.targets else None
-        capacity = num_gpu_blocks(snapshot)
-        config = next(iter(snapshot.cache_configs.values()), None) if snapshot is not None else None
-        host = host_tier_blocks(config, self.host_tier_bytes)
-        for part in self.kv_events:  # the what-if estimates need vLLM's cache sizes, from /metrics
-            if part.attribution is not None and capacity:
-                part.attribution.capacity_blocks = capacity
-            if part.attribution is not None and host is not None:
-                part.attribution.set_host_tier(host, kv_bytes_per_token(config))
-            if part.attribution is not None and part.units is not None and part.units.hit_unit:
-                part.attribution.hit_unit = part.units.hit_unit  # what the groups say vLLM hits in
+        for part in self.kv_events:
+            if part.target is None and len(self.targets) == 1:  # a sidecar beside one vLLM
+                part.target = self.targets[0]
+            part.join(self.host_tier_bytes)
         load: dict[str, float] = {}
         for target in self.targets:
             if target.snapshot is None or not target.up:

@@ -24,24 +24,17 @@ from zmq.utils.monitor import recv_monitor_message
 from ..logs import Throttled
 from .base import SourceError
 from .engine_events import decode_engine_message
-from .kv_events_decode import (
-    Batch,
-    Dropped,
-    KvEventDecodeError,
-    KvEventDrain,
-    TokenBucket,
-    decode_message,
-    gap,
-    peek_seq,
-    weight,
-)
+from .kv_events_decode import Batch, KvEventDecodeError, KvEventDrain, decode_message, weight
+from .kv_intake import MAX_PENDING, MAX_PENDING_HASHES, MAX_PENDING_TOKENS, KvIntake, queue_drop
 
 __all__ = [
+    "MAX_PENDING",
     "Batch",
     "KvEventDecodeError",
     "KvEventDrain",
     "KvEventSubscriber",
     "decode_message",
+    "queue_drop",
     "rank_endpoint",
     "subscriber_mode",
 ]
@@ -60,13 +53,6 @@ REFUSED_LOG_SECONDS = 60.0
 # refusal is ours, counted by reason and logged: what one message may cost in memory at most.
 ZMQ_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 PEER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
-MAX_PENDING = 100_000  # batches queued between two polls; past it, messages are only counted
-# The work queued between two polls (dropped past it as `budget_exceeded`): what one poll applies
-# and what the queue holds in memory (a decoded hash ~45-110 bytes, a token id ~36). A saturated
-# H200 stores ~15k blocks/s (16 token ids each) and removes as many: a 5 s poll queues ~150k hashes
-# and ~1.2M token ids, within these. Worst case ~60 + 75 MiB, ~1 s of attribution.
-MAX_PENDING_HASHES = 1 << 19
-MAX_PENDING_TOKENS = 1 << 21
 
 
 def subscriber_mode(vllm_endpoint: str) -> str:
@@ -130,8 +116,10 @@ class KvEventSubscriber:
         self.replay_timeout = replay_timeout
         self.with_tokens = with_tokens  # decode parents and token ids too: miss attribution needs them
         self.engine = engine  # whose media and page rules its events follow (engine_events.py)
-        self.max_pending = (max_pending_hashes, max_pending_tokens)
-        self.lock = threading.Lock()  # guards the queue between the thread and collect()
+        self.intake = KvIntake(
+            max_batches_per_second, max_pending_hashes, max_pending_tokens, with_tokens, clock,
+            engine=engine, on_error=self._log_dropped,
+        )  # fmt: skip
         self.healthy = False
         self.problem: SourceError | None = None  # why the socket is not reading, for collect()
         self.last_endpoint: str | None = None  # the address actually bound (resolves a `:*` port)
@@ -147,10 +135,6 @@ class KvEventSubscriber:
         self._logged: set[str] = set()
         self._refused_log = Throttled(log, REFUSED_LOG_SECONDS)
         self._dropped_log = Throttled(log, REFUSED_LOG_SECONDS)
-        self._bucket = TokenBucket(max_batches_per_second, clock)
-        self._expected: int | None = None  # the seq expected next (thread only), to ask replay for gaps
-        self._pending: list[Batch | Dropped] = []
-        self._pending_work = (0, 0)  # (hashes, token ids) of the queued batches
 
     def start(self) -> None:
         """Open the socket now (errors are retried by the thread) and start receiving."""
@@ -184,13 +168,10 @@ class KvEventSubscriber:
     @property
     def queued(self) -> int:
         """Messages the next collect hands over, applied or dropped (a run of drops by its count)."""
-        with self.lock:
-            return sum(item.count if isinstance(item, Dropped) else 1 for item in self._pending)
+        return self.intake.queued
 
     def drain(self) -> KvEventDrain:
-        with self.lock:
-            drained, self._pending, self._pending_work = self._pending, [], (0, 0)
-        return KvEventDrain(tuple(drained))
+        return self.intake.drain()
 
     async def close(self) -> None:
         await self.stop()
@@ -269,56 +250,21 @@ class KvEventSubscriber:
             except zmq.Again:
                 return
             self.last_message_time = time.time()
-            if not self._bucket.take():
-                self._drop("rate_limited", peek_seq(frames))
-                continue
-            if self._queue_full():  # not even decoded: the next poll has all the work it may have
-                self._drop("budget_exceeded", peek_seq(frames))
-                continue
-            self._handle(frames)
+            if (batch := self.intake.take(frames)) is not None:
+                self._handle(batch)
 
-    def _handle(self, frames: list[bytes]) -> None:
-        try:
-            batch = decode_engine_message(frames, self.with_tokens, self.engine)
-        except KvEventDecodeError as err:
-            self._dropped_log.warning("KV-event message dropped (%s): %s", err.reason, err)
-            self._drop(err.reason, err.seq)  # parse_error or batch_too_heavy
-            return
+    def _log_dropped(self, err: KvEventDecodeError) -> None:
+        self._dropped_log.warning("KV-event message dropped (%s): %s", err.reason, err)
+
+    def _handle(self, batch: Batch) -> None:
         if batch.refused:
             self._log_refused(batch)
-        lost = gap(self._expected, batch.seq)
+        lost = self.intake.cursor.gap(batch.seq)
         replayed = []
         if lost and self.replay_endpoint and time.monotonic() >= self._replay_paused_until:
             replayed = self._replay(lost)
         for each in (*replayed, batch):
-            self._queue(each)
-
-    def _queue_full(self) -> bool:
-        hashes, tokens = self._pending_work
-        return hashes >= self.max_pending[0] or tokens >= self.max_pending[1]
-
-    def _queue(self, batch: Batch) -> None:
-        if len(self._pending) >= MAX_PENDING:
-            self._drop("rate_limited", batch.seq)
-            return
-        hashes, tokens = weight(batch.events)
-        with self.lock:
-            queued_hashes, queued_tokens = self._pending_work
-            hashes, tokens = queued_hashes + hashes, queued_tokens + tokens
-            fits = hashes <= self.max_pending[0] and tokens <= self.max_pending[1]
-            if fits:
-                self._pending.append(batch)
-                self._pending_work = (hashes, tokens)
-        if not fits:
-            self._drop("budget_exceeded", batch.seq)
-            return
-        self._expected = batch.seq + 1
-
-    def _drop(self, reason: str, seq: int | None) -> None:
-        if seq is not None:
-            self._expected = seq + 1
-        with self.lock:
-            queue_drop(self._pending, reason, seq)
+            self.intake.put(each)
 
     def _replay(self, gap: range) -> list[Batch]:
         """Ask vLLM's replay ROUTER for `gap`; return what it had, in order, within replay_timeout."""
@@ -344,7 +290,7 @@ class KvEventSubscriber:
         What the queue could not take is not fetched: the rest of the gap counts as missed."""
         # The empty frame makes the request [identity, b"", start] at the ROUTER, as vLLM expects.
         dealer.send_multipart([b"", gap.start.to_bytes(8, "big")])
-        room = [bound - queued for bound, queued in zip(self.max_pending, self._pending_work, strict=True)]
+        room = self.intake.room()
         while (left := deadline - time.monotonic()) > 0:
             if not dealer.poll(int(left * 1000) + 1):
                 continue
@@ -355,7 +301,7 @@ class KvEventSubscriber:
             try:
                 batch = decode_engine_message(frames[-2:], self.with_tokens, self.engine)
             except KvEventDecodeError as err:
-                self._drop(err.reason, None)
+                self.intake.drop(err.reason, None)
                 log.debug("dropping replayed KV-event message: %s", err)
                 continue
             if batch.seq >= gap.stop:
@@ -366,21 +312,3 @@ class KvEventSubscriber:
                     return True
                 got.append(batch)
         return False
-
-
-def queue_drop(pending: list[Batch | Dropped], reason: str, seq: int | None) -> None:
-    """Queue a drop, merged into the last one when it continues it (a flood costs one item); past
-    MAX_PENDING items every drop is one run of rate_limited."""
-    if len(pending) >= MAX_PENDING:
-        reason, seq = "rate_limited", None
-    last = pending[-1] if pending else None
-    if isinstance(last, Dropped) and last.reason == reason and _continues(last, seq):
-        pending[-1] = last._replace(count=last.count + 1)
-    else:
-        pending.append(Dropped(reason, seq))
-
-
-def _continues(last: Dropped, seq: int | None) -> bool:
-    if last.seq is None or seq is None:
-        return last.seq is None and seq is None
-    return last.seq + last.count == seq

@@ -457,17 +457,6 @@ class TokenBucket:
         return True
 
 
-def gap(expected: int | None, seq: int) -> range:
-    """Sequence numbers lost before `seq` when `expected` was next. A seq below the expected one is a
-    new publisher (vLLM restarted and counts from 0 again), whose batches before `seq` are the ones
-    lost; so is a jump beyond MAX_SEQ_GAP, whose "gap" is no loss anybody could replay."""
-    if expected is None:
-        return range(0)  # joining a running stream: what came before is not a gap
-    if seq >= expected:
-        return range(expected, seq) if seq - expected <= MAX_SEQ_GAP else range(0)
-    return range(0, seq) if seq <= MAX_SEQ_GAP else range(0)
-
-
 class Mark(NamedTuple):
     """What one publisher's sequence says before a batch: batches lost since the previous one, and
     whether the publisher restarted (its cache starts empty)."""
@@ -485,14 +474,25 @@ class SeqCursor:
     def __init__(self) -> None:
         self.next: int | None = None  # the seq expected next; None before the first batch
 
+    def gap(self, seq: int) -> range:
+        """Sequence numbers lost before `seq`. A seq below the expected one is a new publisher (vLLM
+        restarted and counts from 0 again), whose batches before `seq` are the ones lost; so is a jump
+        beyond MAX_SEQ_GAP, whose "gap" is no loss anybody could replay."""
+        expected = self.next
+        if expected is None:
+            return range(0)  # joining a running stream: what came before is not a gap
+        if seq >= expected:
+            return range(expected, seq) if seq - expected <= MAX_SEQ_GAP else range(0)
+        return range(0, seq) if seq <= MAX_SEQ_GAP else range(0)
+
     def advance(self, seq: int) -> Mark:
-        expected, self.next = self.next, seq + 1
+        expected = self.next
         if expected is None or seq == expected:
+            self.next = seq + 1
             return IN_ORDER
-        if expected < seq <= expected + MAX_SEQ_GAP:
-            return Mark(seq - expected, False)
-        # back to a lower seq (or an absurd jump): a new publisher; its batches before `seq` are lost
-        return Mark(seq if seq <= MAX_SEQ_GAP else 0, True)
+        lost = len(self.gap(seq))
+        self.next = seq + 1
+        return Mark(lost, not expected < seq <= expected + MAX_SEQ_GAP)
 
     def skip(self, seq: int | None, count: int) -> Mark:
         """`count` messages from `seq` on dropped on purpose: the sequence moves past them."""

@@ -51,9 +51,13 @@ class _Replay:
 def fill_history(targets: int, interval: float, hours: float = 1.0) -> dict[str, float]:
     """`targets` replayed targets polled through serve's own poll loop on a virtual clock until the
     longest default window (1 h) is full; this process's RSS before the first poll and after."""
-    from .. import cli
+    import argparse
 
-    cli.build_parser("serve").parse_args(["serve", "--vllm.url", "http://127.0.0.1:1/metrics"])
+    from .. import config
+
+    parser = argparse.ArgumentParser()  # serve's option table, as `serve` parses it (not cli: no back arrow)
+    config.add_options(parser, config.OPTIONS)
+    parser.parse_args(["--vllm.url", "http://127.0.0.1:1/metrics"])
     from .. import server  # noqa: F401  - what `serve` imports
     from .exporters import vllm_exporter
 
