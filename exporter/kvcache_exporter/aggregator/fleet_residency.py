@@ -66,6 +66,10 @@ class HashRange:
             return [h for h in hashes if lo <= hash_position(h) < hi]
 
 
+def _every(hashes: Sequence[int | bytes]) -> Sequence[int | bytes]:
+    return hashes
+
+
 @dataclass
 class ReplicaView:
     """One replica's stream as seen so far; counts are of kept (sampled) blocks."""
@@ -132,13 +136,16 @@ class FleetResidency:
         view = self.add_replica(name)
         self.apply_marked(name, batch.events, view.cursor.advance(batch.seq))
 
-    def apply_marked(self, name: str, events: Sequence[Event], mark: Mark = IN_ORDER) -> None:
+    def apply_marked(
+        self, name: str, events: Sequence[Event], mark: Mark = IN_ORDER, within: bool = False
+    ) -> None:
         """Events whose place in the replica's stream its intake read (the NATS intake reads one
-        sequence per hash range): `mark` says what was lost before them."""
+        sequence per hash range): `mark` says what was lost before them; `within`: every hash is
+        known to be inside the range (a NATS subject's range wholly the shard's), none filtered."""
         view = self.add_replica(name)
         self._mark(view, mark)
         view.batches += 1
-        keep = self.hash_range.keep
+        keep = _every if within else self.hash_range.keep
         for event in events:
             if event.type == "BlockStored":
                 self._store(view, keep(event.block_hashes))
