@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import threading
 import time
 from collections import Counter, deque
@@ -71,6 +72,7 @@ class NatsOptions:
 
 
 _logged: set[str] = set()
+QUOTED = re.compile(r'"[^"]*"')
 
 
 def log_once(message: str) -> None:
@@ -84,8 +86,8 @@ async def connect(options: NatsOptions, name: str) -> Any:
     """A NATS connection that reconnects forever and logs its state changes once each."""
     import nats  # here: serve without --fleet.publish never loads it
 
-    async def error_cb(err: Exception) -> None:
-        log_once(f"NATS {options.where}: {err!r}")
+    async def error_cb(err: Exception) -> None:  # subjects left out: a refused pool logs once, not per range
+        log_once(f"NATS {options.where}: " + QUOTED.sub('"…"', repr(err)))
 
     return await nats.connect(name=name, error_cb=error_cb, **options.connect_kwargs())
 
