@@ -314,6 +314,7 @@ def main() -> int:
         bench_endpoint,
         bench_fleet,
         bench_kv_heavy,
+        bench_nats,
         bench_poll,
         bench_side_by_side,
     )
@@ -322,7 +323,7 @@ def main() -> int:
                     for row in bench_side_by_side.rows(n, seconds, warmup=8.0)]  # fmt: skip
     side_by_side += bench_poll.rows() + bench_side_by_side.history_rows()
     rest = bench_fleet.rows() + bench_attribution.rows() + bench_analyzer.rows() + bench_endpoint.rows()
-    rest += bench_kv_heavy.rows()
+    rest += bench_kv_heavy.rows() + bench_nats.rows()
     text = markdown(run(args.repeat) + side_by_side + rest)
     if args.output == "-":
         print(text)

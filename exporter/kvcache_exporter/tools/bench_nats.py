@@ -9,8 +9,8 @@
   the same stream, best of rounds taken in turn, at 100, 1,000 and 10,000 replicas.
 * Publish cost: serve's attribution of the real vLLM 0.32 seed frames beside the same plus the
   publisher's `offer` of that drain, in turn in the same run.
-* Memory: RSS growth of a shard holding 100 replicas x 2,048 blocks (a quarter shared by all), in
-  a child process, per (replica, block).
+* Memory: RSS growth of a shard holding 100 replicas x 2,048 blocks and 10,000 x 32 (a quarter
+  shared by all), in a child process, per (replica, block).
 """
 
 from __future__ import annotations
@@ -169,21 +169,30 @@ def rows(sizes: tuple[int, ...] = (100, 1_000, 10_000)) -> list[tuple[str, str]]
             f"({(both - alone) / alone:.0%})",
         )
     )
-    memory = json.loads(
-        subprocess.run(
-            [sys.executable, "-m", "kvcache_exporter.tools.bench_nats", "memory"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-    )
-    out.append(
-        (
-            f"fleet on NATS: a shard's memory ({memory['replicas']} replicas x {memory['blocks']:,} blocks, "
-            "a quarter shared)",
-            f"{memory['bytes']:.0f} bytes per (replica, block) of RSS growth",
+    for replicas, blocks in ((100, 2_048), (10_000, 32)):
+        memory = json.loads(
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "kvcache_exporter.tools.bench_nats",
+                    "memory",
+                    str(replicas),
+                    str(blocks),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
         )
-    )
+        out.append(
+            (
+                f"fleet on NATS: a shard's memory ({replicas:,} replicas x {blocks:,} blocks, a quarter "
+                "shared)",
+                f"{memory['bytes']:.0f} bytes per (replica, block) of RSS growth (a hash's holders are a "
+                "bitmask of replica bits: it grows with the replicas a shard has seen)",
+            )
+        )
     return out
 
 
@@ -218,8 +227,8 @@ def _rss() -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["memory"]:
-        _memory_child()
+    if sys.argv[1:2] == ["memory"]:
+        _memory_child(*(int(a) for a in sys.argv[2:]))
     else:
         for name, value in rows(tuple(int(a) for a in sys.argv[1:]) or (100, 1_000, 10_000)):
             print(f"| {name} | {value} |")
