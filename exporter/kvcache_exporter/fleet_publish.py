@@ -72,7 +72,7 @@ class NatsOptions:
 
 
 _logged: set[str] = set()
-QUOTED = re.compile(r'"[^"]*"')
+SUBJECT = re.compile(r'((?:publish|subscription|subscribe) to )"[^"]*"')  # a permission error's subject
 
 
 def log_once(message: str) -> None:
@@ -87,7 +87,7 @@ async def connect(options: NatsOptions, name: str) -> Any:
     import nats  # here: serve without --fleet.publish never loads it
 
     async def error_cb(err: Exception) -> None:  # subjects left out: a refused pool logs once, not per range
-        log_once(f"NATS {options.where}: " + QUOTED.sub('"…"', repr(err)))
+        log_once(f"NATS {options.where}: " + SUBJECT.sub(r'\1"…"', repr(err)))
 
     return await nats.connect(name=name, error_cb=error_cb, **options.connect_kwargs())
 
