@@ -5,6 +5,7 @@ machine without root), never pass without it."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -19,8 +20,17 @@ BINARY = shutil.which("nats-server")
 
 
 class NatsServer:
-    def __init__(self, store: Path, user: str | None = None, password: str | None = None):
+    def __init__(
+        self,
+        store: Path,
+        user: str | None = None,
+        password: str | None = None,
+        config: str = "",
+        env: dict[str, str] | None = None,
+    ):
+        """`config`: nats-server configuration text (TLS, users, includes), `env` its $VARIABLES."""
         self.store, self.user, self.password = store, user, password
+        self.config, self.env = config, env
         self.port = free_port()
         self.process: subprocess.Popen | None = None
 
@@ -35,7 +45,12 @@ class NatsServer:
         args = [BINARY, "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", str(self.store)]
         if self.user:
             args += ["--user", self.user, "--pass", str(self.password)]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if self.config:
+            path = self.store.parent / f"nats-{self.port}.conf"
+            path.write_text(self.config)
+            args += ["-c", str(path)]
+        env = {**os.environ, **self.env} if self.env else None
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

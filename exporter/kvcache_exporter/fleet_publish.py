@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,7 +27,7 @@ from . import fleet_wire as wire
 from .collector import Poll
 from .samples import Sample
 from .sources.base import SourceError
-from .sources.kv_events_decode import Batch, Dropped, KvEventDrain, SeqCursor
+from .sources.kv_events_decode import Dropped, KvEventDrain, SeqCursor
 from .sources.vllm_snapshot import VllmSnapshot
 
 GPU_MEDIA = (None, "GPU")  # a lower tier's events (vLLM's CPU, SGLang's CPU_PINNED) are not the pool's
@@ -72,6 +73,7 @@ class NatsOptions:
 
 
 _logged: set[str] = set()
+SUBJECT = re.compile(r'((?:publish|subscription|subscribe) to )"[^"]*"')  # a permission error's subject
 
 
 def log_once(message: str) -> None:
@@ -85,8 +87,8 @@ async def connect(options: NatsOptions, name: str) -> Any:
     """A NATS connection that reconnects forever and logs its state changes once each."""
     import nats  # here: serve without --fleet.publish never loads it
 
-    async def error_cb(err: Exception) -> None:
-        log_once(f"NATS {options.where}: {err!r}")
+    async def error_cb(err: Exception) -> None:  # subjects left out: a refused pool logs once, not per range
+        log_once(f"NATS {options.where}: " + SUBJECT.sub(r'\1"…"', repr(err)))
 
     return await nats.connect(name=name, error_cb=error_cb, **options.connect_kwargs())
 
@@ -140,6 +142,7 @@ class FleetPublisher:
         self.published = 0
         self.dropped: Counter[str] = Counter()
         self.epoch, self.cause = time.time_ns(), "start"
+        self._announce = True  # the next enqueue sends every range a delta of the new epoch
         self._cursors: dict[int, SeqCursor] = {}  # vLLM's seq per engine: its restarts
         self._seqs: dict[tuple[int, int], int] = {}  # (engine, range) -> next delta seq in this epoch
         self._nc: Any = None
@@ -156,19 +159,46 @@ class FleetPublisher:
         if drain is None:
             return
         cursor = self._cursors.setdefault(engine, SeqCursor())
-        pending: dict[int, list[tuple[tuple, list]]] = {}  # range -> [(change key, hashes)]
-        ts = 0.0
+        pending, ts = PendingDeltas(self.kept), 0.0
+        key, run = None, []  # consecutive like changes, handed to `pending` at once
         for item in drain.items:
             if isinstance(item, Dropped):  # lost upstream: serve's own kv_events series count it
-                if cursor.skip(item.seq, item.count).restart:
-                    self._enqueue(engine, ts, pending)
-                    self._new_epoch("restart")
-                continue
-            if cursor.advance(item.seq).restart:
+                restart = cursor.skip(item.seq, item.count).restart
+            else:
+                restart = cursor.advance(item.seq).restart
+            if restart:
+                pending.add(key, run)
+                key, run = None, []
                 self._enqueue(engine, ts, pending)
                 self._new_epoch("restart")
+            if isinstance(item, Dropped):
+                continue
             ts = item.ts
-            self._collect(engine, item, pending)
+            for event in item.events:
+                kind = event.type
+                if kind != "AllBlocksCleared" and getattr(event, "medium", None) not in GPU_MEDIA:
+                    continue  # a lower tier's copy (vLLM's CPU, SGLang's CPU_PINNED): not the pool's GPUs
+                if kind == "BlockStored":
+                    now = (True, event.group, event.lora_name, event.session_id)
+                elif kind == "BlockRemoved":  # decode's typed removal carries no adapter
+                    now = (False, event.group, getattr(event, "lora_name", None), None)
+                elif kind == "AllBlocksCleared":
+                    pending.add(key, run)
+                    key, run = None, []
+                    self._enqueue(engine, ts, pending)
+                    self._new_epoch("cleared")
+                    continue
+                else:
+                    continue
+                if now != key:
+                    pending.add(key, run)
+                    key, run = now, []
+                run += event.block_hashes
+            if pending.hashes + len(run) >= FLUSH_HASHES:
+                pending.add(key, run)
+                key, run = None, []
+                self._enqueue(engine, ts, pending)
+        pending.add(key, run)
         self._enqueue(engine, ts, pending)
 
     def tee(self, engine: int, into: Callable[[KvEventDrain | None, float], None]):
@@ -184,60 +214,29 @@ class FleetPublisher:
 
         return ingest
 
-    def _collect(self, engine: int, batch: Batch, pending: dict[int, list[tuple[tuple, list]]]) -> None:
-        """A batch's changes onto each range's pending delta, in order; a change like the range's
-        last one (same kind, group, adapter, session) extends it."""
-        for event in batch.events:
-            if event.type == "AllBlocksCleared":
-                self._enqueue(engine, batch.ts, pending)
-                self._new_epoch("cleared")
-            elif (
-                event.type in ("BlockStored", "BlockRemoved") and getattr(event, "medium", None) in GPU_MEDIA
-            ):
-                stored = event.type == "BlockStored"
-                key = (
-                    stored,
-                    getattr(event, "group", None),
-                    getattr(event, "lora_name", None),
-                    getattr(event, "session_id", None) if stored else None,
-                )
-                for r, hashes in wire.split(event.block_hashes, self.kept).items():
-                    changes = pending.setdefault(r, [])
-                    if changes and changes[-1][0] == key:
-                        changes[-1][1].extend(hashes)
-                    else:
-                        changes.append((key, hashes))
-                    if sum(len(h) for _, h in changes) >= FLUSH_HASHES:
-                        self._enqueue(engine, batch.ts, {r: pending.pop(r)})
-
     def _new_epoch(self, cause: str) -> None:
         with self.lock:
             self.epoch, self.cause = max(self.epoch + 1, time.time_ns()), cause
             self._seqs.clear()
+            self._announce = True
 
-    def _enqueue(self, engine: int, ts: float, pending: dict[int, list[tuple[tuple, list]]]) -> None:
+    def _enqueue(self, engine: int, ts: float, pending: PendingDeltas) -> None:
         """Each range's pending changes as one delta on the queue (`pending` is emptied)."""
         now = time.monotonic()
         with self.lock:
-            for r, changes in pending.items():
+            cause = wire.CAUSES.index(self.cause)
+            deltas = pending.deltas()
+            if self._announce:  # a new epoch reaches every range, so every shard forgets the old
+                self._announce = False
+                carrying = dict(deltas)
+                deltas = ((r, carrying.get(r, [])) for r in range(wire.RANGES))
+            for r, changes in deltas:
                 seq = self._seqs.get((engine, r), 0)
                 self._seqs[(engine, r)] = seq + 1  # taken even when dropped: the consumer sees the gap
-                delta = wire.Delta(
-                    wire.VERSION,
-                    self.pool,
-                    self.replica,
-                    engine,
-                    r,
-                    self.epoch,
-                    wire.CAUSES.index(self.cause),
-                    seq,
-                    self.sampling,
-                    ts,
-                    [_change(key, hashes) for key, hashes in changes],
+                payload = wire.encode_delta(
+                    self.pool, self.replica, engine, r, self.epoch, cause, seq, self.sampling, ts, changes
                 )
-                subject = wire.delta_subject(self.prefix, self.pool, r, self.replica)
-                self._put(subject, wire.encode(delta), now)
-        pending.clear()
+                self._put(wire.delta_subject(self.prefix, self.pool, r, self.replica), payload, now)
         self._wake_sender()
 
     def _put(self, subject: str, payload: bytes, now: float) -> None:
@@ -378,9 +377,57 @@ class FleetPublisher:
             self._nc = None
 
 
-def _change(key: tuple, hashes: list) -> wire.Change:
-    stored, group, adapter, session = key
-    return wire.Change(stored, hashes, group, adapter, session)
+class PendingDeltas:
+    """One drain's changes by hash range, in order, as wire.Change tuples (kind, hashes, group,
+    adapter, session) for encode_delta: a change like the range's last one (the same key object)
+    extends it, so a block costs a few operations."""
+
+    def __init__(self, kept: int):
+        self.kept = kept
+        self.changes: list[list[tuple]] = [[] for _ in range(wire.RANGES)]
+        self.keys: list[tuple | None] = [None] * wire.RANGES  # the key each range's last change has
+        self.last: list[list] = [[] for _ in range(wire.RANGES)]  # the hashes of each range's last change
+        self.hashes = 0
+
+    def add(self, key: tuple | None, hashes: Sequence[int | bytes]) -> None:
+        """The hashes of one change (`key`: kind, group, adapter, session) onto their ranges."""
+        if not hashes or key is None:
+            return
+        self.hashes += len(hashes)
+        if self.kept == wire.SPACE:  # unsampled int hashes, the common case: the range is the top bits
+            keys, last, changes = self.keys, self.last, self.changes
+            try:
+                for block_hash in hashes:  # _put, inlined: this loop is the publisher's per-block cost
+                    r = (block_hash & wire.MASK) >> SHIFT
+                    if keys[r] is not key:
+                        keys[r], last[r] = key, []
+                        changes[r].append((key[0], last[r], key[1], key[2], key[3]))
+                    last[r].append(block_hash)
+                return
+            except TypeError:  # a bytes hash: it and the rest the general way (ints before it are placed)
+                hashes = hashes[hashes.index(block_hash) :]
+        for block_hash in hashes:
+            r = wire.range_of(wire.hash_position(block_hash), self.kept)
+            if r is not None:  # else outside the sample: sampling before publishing
+                self._put(r, key, block_hash)
+
+    def _put(self, r: int, key: tuple, block_hash: int | bytes) -> None:
+        if self.keys[r] is not key:
+            self.keys[r], self.last[r] = key, []
+            stored, group, adapter, session = key
+            self.changes[r].append((stored, self.last[r], group, adapter, session))
+        self.last[r].append(block_hash)
+
+    def deltas(self) -> Iterator[tuple[int, list[tuple]]]:
+        """(range, its changes) for every range with changes; then empty."""
+        for r, changes in enumerate(self.changes):
+            if changes:
+                yield r, changes
+                self.changes[r], self.keys[r] = [], None
+        self.hashes = 0
+
+
+SHIFT = 64 - wire.RANGE_BITS
 
 
 class PublishPoll(Poll):

@@ -26,13 +26,13 @@ from typing import Annotated
 
 import msgspec
 
+from .aggregator.fleet_residency import MASK, SPACE, hash_position
 from .derive.cache_config import config_number
 from .sources.vllm_snapshot import EngineSample, VllmSnapshot
 
 VERSION = 1
 RANGE_BITS = 6
 RANGES = 1 << RANGE_BITS
-SPACE = 1 << 64
 MAX_DELTA_BYTES = 1 << 20  # a batch's 65,536 hashes at most (decode's bound): ~600 KiB of msgpack
 MAX_COUNTERS_BYTES = 4096
 MAX_HASHES_PER_DELTA = 1 << 16
@@ -99,16 +99,27 @@ def encode(message: Delta | Counters) -> bytes:
     return _encoder.encode(message)
 
 
+def encode_delta(
+    pool: str,
+    replica: str,
+    engine: int,
+    r: int,
+    epoch: int,
+    cause: int,
+    seq: int,
+    sampling: float,
+    ts: float,
+    changes: list[tuple[bool, list, int | None, str | None, str | None]],
+) -> bytes:
+    """encode(Delta(VERSION, pool, ..., [Change(*c) for c in changes])) without building the
+    structs: both are array-like, so tuples in their field order are the same bytes (tested); the
+    sidecar's per-block path makes one small tuple per change instead of a struct."""
+    return _encoder.encode((VERSION, pool, replica, engine, r, epoch, cause, seq, sampling, ts, changes))
+
+
 def kept_space(sampling: float) -> int:
     """The part of the 64-bit hash space a sampling keeps, as HashRange computes it."""
     return int(sampling * SPACE)
-
-
-def hash_position(block_hash: int | bytes) -> int:
-    """vLLM's int hash is a sha256 digest's low 64 bits; a bytes hash is the digest: its last 8 bytes."""
-    if isinstance(block_hash, bytes):
-        return int.from_bytes(block_hash[-8:], "big")
-    return block_hash & (SPACE - 1)
 
 
 def range_of(position: int, kept: int) -> int | None:
@@ -122,6 +133,13 @@ def range_of(position: int, kept: int) -> int | None:
 def split(hashes: Sequence[int | bytes], kept: int) -> dict[int, list[int | bytes]]:
     """Hashes by range, in order; those outside the sample dropped (sampling before publishing)."""
     out: dict[int, list[int | bytes]] = {}
+    if kept == SPACE:  # unsampled int hashes, the common case: the range is the top 6 bits
+        try:
+            for block_hash in hashes:
+                out.setdefault((block_hash & MASK) >> (64 - RANGE_BITS), []).append(block_hash)
+            return out
+        except TypeError:  # bytes hashes (or a mix): the general way below
+            out = {}
     for block_hash in hashes:
         r = range_of(hash_position(block_hash), kept)
         if r is not None:
@@ -134,8 +152,11 @@ def range_bits(r: int, bits: int = RANGE_BITS) -> str:
     return ".".join(str((r >> (RANGE_BITS - 1 - i)) & 1) for i in range(bits))
 
 
+RANGE_TOKENS = tuple(range_bits(r) for r in range(RANGES))  # computed once: a subject per delta
+
+
 def delta_subject(prefix: str, pool: str, r: int, replica: str) -> str:
-    return f"{prefix}.{pool}.d.{range_bits(r)}.{replica}"
+    return f"{prefix}.{pool}.d.{RANGE_TOKENS[r]}.{replica}"
 
 
 def counters_subject(prefix: str, pool: str, replica: str) -> str:
@@ -165,6 +186,13 @@ def subject_filters(prefix: str, pool: str, bounds: tuple[int, int], sampling: f
     return out
 
 
+def ranges_within(bounds: tuple[int, int], sampling: float) -> frozenset[int]:
+    """The ranges wholly inside the hash bounds [lo, hi): a shard keeps all their hashes."""
+    kept = kept_space(sampling)
+    lo, hi = bounds
+    return frozenset(r for r in range(RANGES) if lo <= kept * r // RANGES and kept * (r + 1) // RANGES <= hi)
+
+
 def stream_name(prefix: str, pool: str) -> str:
     return f"{prefix}-{pool}".replace(".", "-")
 
@@ -172,31 +200,31 @@ def stream_name(prefix: str, pool: str) -> str:
 def decode_delta(data: bytes, subject: str, prefix: str, pool: str) -> Delta:
     """A delta checked against its subject: the pool, range and replica it names must be the ones
     the subject names (a sidecar's permissions scope its subjects, not the bytes it sends)."""
-    if len(data) > MAX_DELTA_BYTES:
-        raise WireError("too_large", f"delta of {len(data)} bytes, over {MAX_DELTA_BYTES}")
-    try:
-        delta = _delta.decode(data)
-    except (msgspec.DecodeError, RecursionError, ValueError, TypeError, OverflowError) as err:
-        raise WireError("parse_error", f"delta: {err}") from err
-    if delta.version != VERSION:
-        raise WireError("parse_error", f"delta version {delta.version}, expected {VERSION}")
-    if subject != delta_subject(prefix, pool, delta.range, delta.replica) or delta.pool != pool:
+    delta = _decode(_delta, MAX_DELTA_BYTES, data)
+    if delta.pool != pool or subject != delta_subject(prefix, pool, delta.range, delta.replica):
         raise WireError("forged", "delta's pool, range or replica differs from its subject's")
     return delta
 
 
 def decode_counters(data: bytes, subject: str, prefix: str, pool: str) -> Counters:
-    if len(data) > MAX_COUNTERS_BYTES:
-        raise WireError("too_large", f"counters of {len(data)} bytes, over {MAX_COUNTERS_BYTES}")
-    try:
-        counters = _counters.decode(data)
-    except (msgspec.DecodeError, RecursionError, ValueError, TypeError, OverflowError) as err:
-        raise WireError("parse_error", f"counters: {err}") from err
-    if counters.version != VERSION:
-        raise WireError("parse_error", f"counters version {counters.version}, expected {VERSION}")
-    if subject != counters_subject(prefix, pool, counters.replica) or counters.pool != pool:
+    counters = _decode(_counters, MAX_COUNTERS_BYTES, data)
+    if counters.pool != pool or subject != counters_subject(prefix, pool, counters.replica):
         raise WireError("forged", "counters' pool or replica differs from its subject's")
     return counters
+
+
+def _decode(decoder: msgspec.msgpack.Decoder, limit: int, data: bytes):
+    """One message of the decoder's type, bounded and of this VERSION, or WireError."""
+    kind = decoder.type.__name__.lower()
+    if len(data) > limit:
+        raise WireError("too_large", f"{kind} of {len(data)} bytes, over {limit}")
+    try:
+        message = decoder.decode(data)
+    except (msgspec.DecodeError, RecursionError, ValueError, TypeError, OverflowError) as err:
+        raise WireError("parse_error", f"{kind}: {err}") from err
+    if message.version != VERSION:
+        raise WireError("parse_error", f"{kind} version {message.version}, expected {VERSION}")
+    return message
 
 
 # --- a replica's prefix-cache counters, as the aggregator reads them from /metrics -------------

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvcache_exporter import fleet_wire as wire
 from kvcache_exporter.aggregator.fleet_residency import FleetResidency, HashRange
@@ -86,7 +88,11 @@ def test_serve_publishes_a_replica_to_a_shard_and_keeps_serving_while_nats_is_do
     metrics = f"http://127.0.0.1:{port}/metrics"
     publish = ("kvcache_exporter_collector_success", (("collector", "fleet_publish"),))
     down = until(
-        lambda: (s := scrape(metrics)).get(("kvcache_fleet_publish_buffered", ()), 0) > 0 and s,
+        lambda: (
+            (s := scrape(metrics)).get(("kvcache_fleet_publish_buffered", ()), 0) > 64  # beyond the epoch's
+            and s.get(("kvcache_kv_events_batches_total", ()), 0) > 0  # announcement to every range
+            and s
+        ),
         "buffering",
         timeout=60,
     )
@@ -175,14 +181,16 @@ def test_hash_sampling_applies_before_publishing_and_shards_of_another_sampling_
     half = FleetPublisher(NatsOptions("nats://127.0.0.1:1"), POOL, "a", sampling=0.5)
     half.offer(0, KvEventDrain((every_range(0),)))  # 64 hashes, one per 1/64 of the space
     deltas = queued(half)
-    assert len(deltas) == 32  # the lower half only, now spread over all 64 ranges of the sample
+    assert len(deltas) == 64  # a new epoch's first deltas reach every range, so every shard sees it
+    carrying = [d for d in deltas if wire.decode_delta(d[1], d[0], "kvcache", POOL).changes]
+    assert len(carrying) == 32  # the lower half only, now spread over all 64 ranges of the sample
     sampled = DeltaIntake(FleetResidency(HashRange(0.5)), POOL)
     whole = DeltaIntake(FleetResidency(), POOL)
     for subject, payload in deltas:
         sampled.delta(subject, payload)
         whole.delta(subject, payload)
     assert sampled.fleet.replicas["a"].resident == 32 and sampled.dropped == {}
-    assert whole.dropped == {"sampling_mismatch": 32} and "a" not in whole.fleet.replicas
+    assert whole.dropped == {"sampling_mismatch": 64} and "a" not in whole.fleet.replicas
 
 
 def test_a_host_tiers_copies_are_not_published_as_the_pools_residency():
@@ -202,3 +210,52 @@ def test_a_host_tiers_copies_are_not_published_as_the_pools_residency():
     for subject, payload in queued(publisher):
         intake.delta(subject, payload)
     assert fleet.replicas["a"].resident == 2 and fleet.replicas["a"].stored == 2
+
+
+HASH = st.one_of(
+    st.integers(0, (1 << 64) - 1),
+    st.sampled_from([i << 58 for i in range(4)]),  # a few hashes that recur: stored, removed, stored again
+)
+EVENT = st.one_of(
+    st.builds(lambda h, g, s: Event("BlockStored", tuple(h), group=g, session_id=s),
+              st.lists(HASH, max_size=6), st.sampled_from([None, 0, 1]), st.sampled_from([None, "s1"])),
+    st.builds(lambda h, g: Event("BlockRemoved", tuple(h), group=g), st.lists(HASH, max_size=6),
+              st.sampled_from([None, 0, 1])),
+    st.just(Event("AllBlocksCleared")),
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(EVENT, max_size=5), max_size=8),
+    st.sampled_from([1.0, 0.5]),
+    st.sampled_from([1, 3, 4]),
+    st.booleans(),
+)
+def test_any_stream_published_and_read_by_shards_sums_to_the_same_view_as_direct(
+    batches, sampling, n, as_bytes
+):
+    """The publisher's runs and per-range changes keep every hash's order: N shards reading the
+    deltas sum to one view fed the same batches directly (bytes hashes too)."""
+    if as_bytes:
+        batches = [[e._replace(block_hashes=tuple(h.to_bytes(32, "big") for h in e.block_hashes)) for e in b]
+                   for b in batches]  # fmt: skip
+    stream = [Batch(seq, float(seq), tuple(events)) for seq, events in enumerate(batches)]
+    direct = FleetResidency(HashRange(sampling))
+    for batch in stream:
+        direct.apply("a", batch)
+    publisher = FleetPublisher(NatsOptions("nats://127.0.0.1:1"), POOL, "a", sampling=sampling)
+    publisher.offer(0, KvEventDrain(tuple(stream)))
+    deltas = queued(publisher)
+    shards = [DeltaIntake(FleetResidency(HashRange(sampling, k, n)), POOL) for k in range(n)]
+    for shard in shards:
+        for subject, payload in deltas:
+            filters = wire.subject_filters("kvcache", POOL, shard.fleet.hash_range.bounds, sampling)
+            if any(subject.startswith(f.removesuffix(">")) for f in filters):  # what NATS delivers it
+                shard.delta(subject, payload)
+        assert not shard.dropped
+    views = [s.fleet.replicas.get("a") for s in shards]
+    want = direct.replicas.get("a")
+    for field in ("resident", "stored", "removed", "other_replica"):
+        assert sum(getattr(v, field) for v in views if v) == (getattr(want, field) if want else 0), field
+    assert sum(s.fleet.distinct for s in shards) == direct.distinct

@@ -100,3 +100,15 @@ def test_split_keeps_order_and_drops_hashes_outside_the_sample():
     assert wire.split([b"\x00" * 24 + (5).to_bytes(8, "big")], kept) == {
         0: [b"\x00" * 24 + (5).to_bytes(8, "big")]
     }
+
+
+def test_encode_delta_writes_the_bytes_of_the_delta_struct_it_does_not_build():
+    changes = [(True, [1, b"\x01" * 32], 2, "lora-a", "s"), (False, [3], None, None, None)]
+    bulk = wire.encode_delta("pool", "rep-1", 0, 7, 5, 1, 9, 1.0, 2.5, changes)
+    delta = wire.Delta(
+        wire.VERSION, "pool", "rep-1", 0, 7, 5, 1, 9, 1.0, 2.5, [wire.Change(*c) for c in changes]
+    )
+    assert bulk == wire.encode(delta)
+    assert (
+        wire.decode_delta(bulk, wire.delta_subject("kvcache", "pool", 7, "rep-1"), "kvcache", "pool") == delta
+    )

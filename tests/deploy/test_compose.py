@@ -72,6 +72,22 @@ def test_each_profile_runs_an_engine_its_sidecar_and_the_monitoring(profile):
             assert source.exists(), f"{name}: {source} does not exist"
 
 
+def test_fleet_profile_runs_jetstream_nats_a_publishing_sidecar_and_a_shard_reading_it():
+    services = compose("fleet")["services"]
+    assert set(services) == {"nats", "simulator", "exporter-fleet", "aggregator-fleet"}
+    assert "-js" in services["nats"]["command"] and "/data" in services["nats"]["command"]
+    sidecar, shard = services["exporter-fleet"]["environment"], services["aggregator-fleet"]["environment"]
+    assert services["exporter-fleet"]["network_mode"] == "service:simulator"
+    assert (
+        sidecar["KVCACHE_EXPORTER_FLEET_PUBLISH"]
+        == shard["KVCACHE_AGGREGATE_FLEET_SOURCE"]
+        == "nats://nats:4222"
+    )
+    assert sidecar["KVCACHE_EXPORTER_FLEET_POOL"] == shard["KVCACHE_AGGREGATE_FLEET_POOL"]
+    for name, service in services.items():
+        assert not service["image"].endswith(":latest"), name
+
+
 def test_gpu_profile_gives_the_exporter_the_gpu():
     services = compose("gpu")["services"]
     for name in ("vllm", "exporter-gpu"):

@@ -81,6 +81,10 @@ class HashRange:
             return [h for h in hashes if lo <= hash_position(h) < hi]
 
 
+def _every(hashes: Sequence[int | bytes]) -> Sequence[int | bytes]:
+    return hashes
+
+
 @dataclass
 class RankView:
     """One data-parallel rank's stream: its own bit in the owner masks, sequence and residency."""
@@ -174,14 +178,17 @@ class FleetResidency:
         state = self._rank(self.add_replica(name), rank)
         self.apply_marked(name, batch.events, state.cursor.advance(batch.seq), rank)
 
-    def apply_marked(self, name: str, events: Sequence[Event], mark: Mark = IN_ORDER, rank: int = 0) -> None:
+    def apply_marked(
+        self, name: str, events: Sequence[Event], mark: Mark = IN_ORDER, rank: int = 0, within: bool = False
+    ) -> None:
         """Events whose place in the rank's stream its intake read (the NATS intake reads one
-        sequence per hash range): `mark` says what was lost before them."""
+        sequence per hash range): `mark` says what was lost before them; `within`: every hash is
+        known to be inside the range (a NATS subject's range wholly the shard's), none filtered."""
         view = self.add_replica(name)
         state = self._rank(view, rank)
         self._mark(view, state, mark)
         view.batches += 1
-        keep = self.hash_range.keep
+        keep = _every if within else self.hash_range.keep
         if view.engine != VLLM:  # another engine's hashes never match vLLM's, nor each other's
             keep = partial(_namespaced, keep, view.engine)
             # a lower tier's copy (HiCache's CPU_PINNED backup) is not on the pool's GPUs

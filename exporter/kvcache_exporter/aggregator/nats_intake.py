@@ -72,6 +72,7 @@ class DeltaIntake:
         self.applied = 0
         self.redelivered = 0
         self.dropped: Counter[str] = Counter()
+        self._within = wire.ranges_within(fleet.hash_range.bounds, fleet.hash_range.sampling)
 
     def delta(self, subject: str, data: bytes) -> None:
         try:
@@ -90,7 +91,8 @@ class DeltaIntake:
         mark = self._place(name, delta)
         if mark is None:
             return
-        self.fleet.apply_marked(name, [_event(change) for change in delta.changes], mark)
+        within = delta.range in self._within  # the subject's range is wholly this shard's: no filter
+        self.fleet.apply_marked(name, [_event(change) for change in delta.changes], mark, within=within)
         self.applied += 1
 
     def _place(self, name: str, delta: wire.Delta) -> Mark | None:
@@ -183,15 +185,11 @@ class DeltaIntake:
 
 
 def _event(change: wire.Change) -> Event:
+    """The change as decode's Event (positional: a delta's per-message cost is most of a shard's)."""
     if change.stored:
-        return Event(
-            "BlockStored",
-            change.hashes,
-            lora_name=change.adapter,
-            group=change.group,
-            session_id=change.session,
-        )
-    return Event("BlockRemoved", change.hashes, lora_name=change.adapter, group=change.group)
+        return Event("BlockStored", change.hashes, None, (), 0, change.adapter, None, None, change.group,
+                     None, None, change.session)  # fmt: skip
+    return Event("BlockRemoved", change.hashes, None, (), 0, change.adapter, None, None, change.group)
 
 
 def _event_health(name: str, view: ReplicaView) -> list[Sample]:

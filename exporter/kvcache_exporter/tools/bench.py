@@ -315,6 +315,7 @@ def main() -> int:
         bench_engines,
         bench_fleet,
         bench_kv_heavy,
+        bench_nats,
         bench_poll,
         bench_side_by_side,
     )
@@ -323,7 +324,7 @@ def main() -> int:
                     for row in bench_side_by_side.rows(n, seconds, warmup=8.0)]  # fmt: skip
     side_by_side += bench_poll.rows() + bench_side_by_side.history_rows()
     rest = bench_fleet.rows() + bench_attribution.rows() + bench_analyzer.rows() + bench_endpoint.rows()
-    rest += bench_kv_heavy.rows() + bench_engines.rows()
+    rest += bench_kv_heavy.rows() + bench_engines.rows() + bench_nats.rows()
     text = markdown(run(args.repeat) + side_by_side + rest)
     if args.output == "-":
         print(text)
