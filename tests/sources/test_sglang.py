@@ -157,3 +157,32 @@ def test_no_kv_events_config_is_nothing_published():
     assert read_answer(b'{"kv_events": null}', ENGINES["sglang"], "h").state == "none_published"
     with pytest.raises(SourceError):
         parse_sglang(["a list"])
+
+
+def test_what_sglang_cannot_support_is_absent_and_the_rest_is_there(shared_fixtures):
+    from kvcache_exporter import catalog
+    from kvcache_exporter.derive.state import TargetState
+    from kvcache_exporter.derive.targets import target_samples
+    from kvcache_exporter.sources.sglang_parse import ABSENT
+
+    assert set(ABSENT) <= set(catalog.BY_NAME)
+    text = (shared_fixtures / SGLANG / "live-hicache-metrics.txt").read_text()
+    later = re.sub(r"(\nsglang:prompt_tokens_total\{[^}]*\}) (\S+)", r"\1 1195.0", text)
+    later = re.sub(r"(\nsglang:cached_tokens_total\{[^}]*\}) (\S+)", r"\1 528.0", later)
+    later = re.sub(
+        r"(\nsglang:time_to_first_token_seconds_(?:bucket|count)\{[^}]*\}) (\S+)", r"\1 9.0", later
+    )
+    target = TargetState("sglang:30000", 4000.0, engine_kind="sglang")
+    target.ingest(parse(text), 100.0)
+    target.ingest(parse(later), 110.0)
+    samples = target_samples(target, [60.0], (0.5,))
+    names = {s.name for s in samples}
+    assert not names & set(ABSENT)
+    assert all(s.labels["engine_kind"] == "sglang" for s in samples)
+    ratio = next(s.value for s in samples if s.name == "kvcache_prefix_cache_hit_ratio")
+    assert ratio == pytest.approx((528 - 28) / (1195 - 195))  # cached_tokens_total: one series (host)
+    for expected in ("kvcache_evicted_tokens_total", "kvcache_tier_load_back_tokens_total",
+                     "kvcache_tier_backup_tokens_total", "kvcache_blocks_in_use", "kvcache_capacity_tokens",
+                     "kvcache_time_to_first_token_seconds", "kvcache_requests_waiting",
+                     "kvcache_offload_host_hit_ratio", "kvcache_offload_bytes_per_second"):  # fmt: skip
+        assert expected in names, expected

@@ -20,6 +20,9 @@ COUNTERS = {
     c.PREEMPTIONS_TOTAL: "preemptions",
     c.EXTERNAL_PREFIX_CACHE_QUERY_TOKENS_TOTAL: "external_query_tokens",
     c.EXTERNAL_PREFIX_CACHE_HIT_TOKENS_TOTAL: "external_hit_tokens",
+    c.EVICTED_TOKENS_TOTAL: "evicted_tokens",  # SGLang's radix tree and HiCache (sglang_parse.py)
+    c.TIER_LOAD_BACK_TOKENS_TOTAL: "load_back_tokens",
+    c.TIER_BACKUP_TOKENS_TOTAL: "backup_tokens",
 }
 PROMPT_SOURCES = {"computed": "computed_prompt_tokens", "cached": "cached_prompt_tokens"}
 GAUGES = {c.REQUESTS_RUNNING: "running", c.REQUESTS_WAITING: "waiting"}

@@ -22,6 +22,7 @@ import math
 import sys
 from collections import defaultdict
 
+from .. import catalog as c
 from . import textformat
 from .base import SourceError
 from .vllm_parse import ParseBounds
@@ -37,6 +38,9 @@ COUNTERS = {
     "sglang:evicted_tokens_total": "evicted_tokens",
     "sglang:load_back_tokens_total": "load_back_tokens",
     "sglang:hicache_backup_tokens_total": "backup_tokens",
+    # HiCache's transfers in bytes, read as vLLM's offload traffic (derive/offload.py)
+    "sglang:load_back_bytes_total": "offload_load_bytes",
+    "sglang:hicache_backup_bytes_total": "offload_store_bytes",
 }
 CACHED = "sglang:cached_tokens_total"
 CACHE_SOURCES = ("device", "host", "storage")  # exported as our `tier` label, same names
@@ -61,6 +65,24 @@ HISTOGRAMS = {
 }
 EXPECTED = ("prompt_tokens", "hit_tokens", "kv_usage", "running", "waiting", "generation_tokens", "ttft",
             "cache_config")  # fmt: skip
+# What vLLM's pages give and SGLang 0.5.x's do not: these series are absent for an SGLang target (never 0);
+# docs/metrics.md lists them (docs.py) and tests/sources/test_sglang.py checks they stay absent.
+ABSENT = {
+    c.PREEMPTIONS_TOTAL: "SGLang counts retracted requests only as a gauge of the moment",
+    c.PREEMPTIONS_PER_SECOND: "as above",
+    c.EXTERNAL_PREFIX_CACHE_QUERY_TOKENS_TOTAL: "vLLM's KV-connector counters; SGLang's storage "
+    'tier is `prompt_tokens_cached_by_tier_total{tier="storage"}`',
+    c.EXTERNAL_PREFIX_CACHE_HIT_TOKENS_TOTAL: "as above",
+    c.REQUESTS_WAITING_BY_REASON: "vLLM's waiting reasons; SGLang gives the queue length only",
+    c.ADMISSION_REJECTIONS_TOTAL: "vLLM's API-server admission limits",
+    c.PREFILL_LATENCY_SECONDS: "SGLang has no per-request prefill-time histogram",
+    c.KV_BLOCK_LIFETIME_SECONDS: "vLLM's --kv-cache-metrics histograms",
+    c.KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS: "as above",
+    c.KV_BLOCK_REUSE_GAP_SECONDS: "as above",
+    c.PREFILL_COMPUTED_TOKENS: "vLLM's per-request computed-tokens histogram",
+    c.VLLM_V0_PREFIX_CACHE_BLOCK_HIT_RATIO: "vLLM V0 only",
+    c.OFFLOAD_BUSY_RATIO: "SGLang counts HiCache bytes, not transfer time",
+}
 _HIST_OF = {
     f"{base}{suffix}": logical for logical, base in HISTOGRAMS.items() for suffix in ("_bucket", "_sum")
 }
