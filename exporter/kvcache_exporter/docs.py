@@ -83,6 +83,12 @@ SGLang's start-up warm-up request is in every one of its counters, so in the lif
 rank 0 is read (the others repeat it); data-parallel ranks are summed into engine `0`. KV events are
 found from SGLang's `/server_info` (`kv_events`: host, base port + rank, topic, replay port).
 
+Alerts and dashboards: every rule over these `kvcache_*` series holds for an SGLang target (same
+names); the dashboards' `Engine kind` variable selects one engine. The two latency SLO alerts
+(TimeToFirstToken, PrefillLatency) read vLLM's own histograms and stay silent for SGLang: SGLang's
+time-to-first-token buckets (..., 1, 2, 4, ...) have no 2.5 s boundary to count against, and it has
+no prefill-time histogram; `kvcache_time_to_first_token_seconds{engine_kind="sglang"}` has its quantiles.
+
 What SGLang's /metrics cannot support is absent for an SGLang target, never 0:
 
 | metric | why absent |
