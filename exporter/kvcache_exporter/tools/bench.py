@@ -315,8 +315,8 @@ def main() -> int:
         bench_fleet,
         bench_kv_heavy,
         bench_poll,
-        bench_side_by_side,
         bench_sglang,
+        bench_side_by_side,
     )
 
     side_by_side = [row for n, seconds in ((20, 40.0), (1, 20.0), (100, 20.0))
