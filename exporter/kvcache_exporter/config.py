@@ -355,6 +355,13 @@ OPTIONS: tuple[Option, ...] = (
         "content fingerprints miss attribution remembers (~2 per 32 tokens stored; ~70 bytes each)",
     ),
     Option(
+        "kv_events.engine",
+        choice("vllm", "sglang", "trtllm"),
+        "vllm",
+        "the engine publishing the KV events named by --kv-events.endpoint: its media and page rules"
+        " (vllm, sglang, trtllm; discovery sets it from what the server says)",
+    ),
+    Option(
         "whatif.host_tier_bytes",
         size,
         None,

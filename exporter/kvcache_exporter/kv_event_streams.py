@@ -64,6 +64,7 @@ class RankStream:
                 replay_endpoint=stream.replay_endpoint,
                 max_batches_per_second=self.settings.kv_events_max_batches_per_second,
                 with_tokens=True,
+                engine=stream.engine,
             )
             self.current.start()  # needs the running event loop: build_exporter is called from serve()
 
@@ -104,6 +105,7 @@ def kv_events_poll(
     """One rank's subscriber and its event view, miss attribution and hit units."""
     source = RankStream(s)
     source.point(stream)
+    engine = stream.engine if stream is not None else "vllm"
     attribution = Attribution(s.kv_events_max_tracked_blocks, s.kv_events_max_fingerprints)
     if wiring.decode is not None and wiring.rules is not None:
         attribution.fields = wiring.fronts[str(rank)] = FrontFields(
@@ -113,7 +115,7 @@ def kv_events_poll(
         EventState(s.kv_events_max_tracked_blocks),
         labels,
         attribution=attribution,
-        units=UnitView(s.kv_events_max_tracked_blocks),
+        units=UnitView(s.kv_events_max_tracked_blocks, sessions_compute=engine == "sglang"),
         budget=KV_EVENTS_APPLY_SHARE * s.collect_interval,
     )
     into = events.ingest if wiring.publisher is None else wiring.publisher.tee(rank, events.ingest)

@@ -67,6 +67,7 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
                 s.kv_events_mode,
                 s.kv_events_topic,
                 s.kv_events_replay_endpoint and rank_endpoint(s.kv_events_replay_endpoint, rank),
+                s.kv_events_engine,
             )
             labels = {"engine": str(rank)} if s.kv_events_data_parallel_size > 1 else {}
             polls.append(kv_events_poll(s, state, rank, stream, labels, wiring))

@@ -55,6 +55,7 @@ class Settings(ServiceSettings):
     kv_events_data_parallel_size: int
     kv_events_max_tracked_blocks: int
     kv_events_max_fingerprints: int
+    kv_events_engine: str
     whatif_host_tier_bytes: int | None
     fields_tokenizer: str | None
     fields_patterns: dict[str, str]

@@ -5,6 +5,7 @@ among valid ones, a flood past the pending budget) against it, over real ZMQ on 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import msgspec
@@ -13,6 +14,7 @@ import zmq
 
 from kvcache_exporter.aggregator.events import FleetEvents, peer_key
 from kvcache_exporter.sources.kv_events_decode import Batch, Dropped
+from tests.conftest import SHARED_FIXTURES
 
 
 def batch(seq: int, *hashes: int) -> list[bytes]:
@@ -148,3 +150,32 @@ def test_peer_keys():
     assert peer_key("tcp://10.0.0.1:5557") == "10.0.0.1"
     assert peer_key("tcp://[fd00::1]:5557") == "fd00::1"
     assert peer_key("tcp://vllm-0:5557") is None and peer_key("ipc:///tmp/kv") is None
+
+
+def test_an_sglang_replica_beside_a_vllm_one_is_read_by_its_own_rules(publishers):
+    """SGLang's real captured frames with one merged event whose pages and token ids disagree:
+    that event is refused and counted, its batch's others kept; the vLLM replica on the same socket
+    is read as before."""
+    captured = json.loads((SHARED_FIXTURES / "sglang-0.5.23" / "live-kv-frames.json").read_text())
+    real = [[b"kv", m["seq"].to_bytes(8, "big"), bytes.fromhex(m["payload_hex"])] for m in captured]
+    bad = {"type": "BlockStored", "block_hashes": [5, 6], "parent_block_hash": None}
+    bad |= {"token_ids": list(range(9)), "block_size": 4, "lora_id": None, "medium": "GPU"}
+    good = {"type": "BlockRemoved", "block_hashes": [5], "medium": "CPU_PINNED"}
+    mixed = [b"kv", (9).to_bytes(8, "big"), msgspec.msgpack.encode([1.0, [bad, good], 0])]
+    s, s_endpoint = publishers("127.1.9.7")
+    v, v_endpoint = publishers("127.1.9.8")
+    events = FleetEvents(max_batches_per_second=0)
+    events.add("s", s_endpoint, "sglang")
+    events.add("v", v_endpoint)
+    try:
+        send_when_subscribed(s, events, "s", [*real, mixed])
+        send_when_subscribed(v, events, "v", [batch(3, 30)])
+        got = drained(events, "s", len(real) + 1)
+        assert [x.seq for x in got] == [*(m["seq"] for m in captured), 9]
+        assert not any(x.refused for x in got[:-1])
+        assert got[-1].refused == ("invalid_block_size",)
+        assert [(e.type, e.medium) for e in got[-1].events] == [("BlockRemoved", "CPU_PINNED")]
+        assert got[0].events[0].session_id == "sess-1"
+        assert drained(events, "v", 1)[0].events[0].block_hashes == (30,)
+    finally:
+        asyncio.run(events.close())

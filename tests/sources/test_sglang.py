@@ -186,3 +186,10 @@ def test_what_sglang_cannot_support_is_absent_and_the_rest_is_there(shared_fixtu
                      "kvcache_time_to_first_token_seconds", "kvcache_requests_waiting",
                      "kvcache_offload_host_hit_ratio", "kvcache_offload_bytes_per_second"):  # fmt: skip
         assert expected in names, expected
+
+
+def test_discovered_streams_follow_the_engines_rules(shared_fixtures):
+    body = (shared_fixtures / SGLANG / "live-server_info.json").read_bytes()
+    sglang = read_answer(body, ENGINES["sglang"], "h")
+    vllm = read_answer(b'{"0": {"endpoint": "tcp://*:5557"}}', ENGINES["vllm"], "h")
+    assert [s.engine for s in sglang.streams] == ["sglang"] and [s.engine for s in vllm.streams] == ["vllm"]

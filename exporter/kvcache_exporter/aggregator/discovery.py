@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from ..sources.base import SourceError
+from ..sources.engine_events import ENGINES
 
 DEFAULT_KV_EVENTS_PORT = 5557  # vLLM's default endpoint is tcp://*:5557
 MAX_FILE_SD_BYTES = 4 * 1024 * 1024
@@ -31,6 +32,7 @@ class Replica:
     metrics_url: str
     kv_events_endpoint: str | None = None
     kv_events_named: bool = False  # by --replica or a file_sd label: wins over what vLLM says
+    engine: str = "vllm"  # vllm, sglang or trtllm: whose KV events (sources/engine_events.py)
 
 
 class DiscoveryError(SourceError):
@@ -46,8 +48,12 @@ def _endpoint_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def replica_for(target: str, kv_port: int | None, name: str = "", kv_endpoint: str = "") -> Replica:
+def replica_for(
+    target: str, kv_port: int | None, name: str = "", kv_endpoint: str = "", engine: str = "vllm"
+) -> Replica:
     """`host:port` or a URL (`/metrics` when no path); KV events at `tcp://host:kv_port` by default."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine {engine!r}: want one of {', '.join(ENGINES)}")
     url = target if "://" in target else f"http://{target}"
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.port is None:
@@ -57,19 +63,23 @@ def replica_for(target: str, kv_port: int | None, name: str = "", kv_endpoint: s
     named = bool(kv_endpoint)
     if not kv_endpoint and kv_port:
         kv_endpoint = f"tcp://{_endpoint_host(parts.hostname)}:{kv_port}"
-    return Replica(name or parts.netloc, url, kv_endpoint or None, named)
+    return Replica(name or parts.netloc, url, kv_endpoint or None, named, engine)
 
 
 def parse_flag(value: str, kv_port: int | None) -> Replica:
-    """`--replica TARGET[,KV_ENDPOINT]`, e.g. `10.0.0.7:8000` or `http://a:8000/metrics,tcp://a:5557`."""
-    target, _, kv_endpoint = value.partition(",")
-    return replica_for(target.strip(), kv_port, kv_endpoint=kv_endpoint.strip())
+    """`--replica TARGET[,KV_ENDPOINT[,ENGINE]]`, e.g. `10.0.0.7:8000`, `http://a:8000/metrics,tcp://a:5557`
+    or `b:30000,tcp://b:5557,sglang`."""
+    target, _, rest = value.partition(",")
+    kv_endpoint, _, engine = rest.partition(",")
+    return replica_for(
+        target.strip(), kv_port, kv_endpoint=kv_endpoint.strip(), engine=engine.strip() or "vllm"
+    )
 
 
 def parse_file_sd(text: str, kv_port: int | None, yaml_format: bool = False) -> list[Replica]:
     """Prometheus file_sd: a list of `{"targets": [...], "labels": {...}}`. Labels we read: `replica`
-    (the replica's name; only for a group of one target), `kv_events_endpoint`, `__scheme__`,
-    `__metrics_path__`."""
+    (the replica's name; only for a group of one target), `kv_events_endpoint`, `engine` (vllm,
+    sglang, trtllm), `__scheme__`, `__metrics_path__`."""
     try:
         groups = yaml.safe_load(text) if yaml_format else json.loads(text)
     except (ValueError, yaml.YAMLError) as err:
@@ -85,7 +95,11 @@ def parse_file_sd(text: str, kv_port: int | None, yaml_format: bool = False) -> 
             try:
                 out.append(
                     replica_for(
-                        f"{scheme}://{target}{path}", kv_port, name, labels.get("kv_events_endpoint", "")
+                        f"{scheme}://{target}{path}",
+                        kv_port,
+                        name,
+                        labels.get("kv_events_endpoint", ""),
+                        labels.get("engine", "vllm"),
                     )
                 )
             except ValueError as err:

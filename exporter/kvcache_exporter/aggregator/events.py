@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import zmq
 
 from ..sources.base import SourceError
+from ..sources.engine_events import decode_engine_message
 from ..sources.kv_events import MAX_PENDING, POLL_MS, queue_drop, subscriber_socket
 from ..sources.kv_events_decode import (
     Batch,
@@ -35,7 +36,6 @@ from ..sources.kv_events_decode import (
     KvEventDecodeError,
     KvEventDrain,
     TokenBucket,
-    decode_message,
     peek_seq,
     weight,
 )
@@ -72,6 +72,7 @@ class _Inbox:
 
     bucket: TokenBucket
     max_hashes: int
+    engine: str = "vllm"  # whose media and page rules its events follow (sources/engine_events.py)
     items: list[Batch | Dropped] = field(default_factory=list)
     hashes: int = 0
 
@@ -122,9 +123,10 @@ class FleetEvents:
 
     # --- the poll loop's side ---------------------------------------------------------------
 
-    def add(self, name: str, endpoint: str) -> None:
+    def add(self, name: str, endpoint: str, engine: str = "vllm") -> None:
         with self.lock:
-            self._inboxes[name] = _Inbox(TokenBucket(self.rate, time.monotonic), self.max_pending_hashes)
+            bucket = TokenBucket(self.rate, time.monotonic)
+            self._inboxes[name] = _Inbox(bucket, self.max_pending_hashes, engine)
             self._problems[name] = SourceError("not_started", f"KV events {endpoint}: not subscribed yet")
         self._commands.put(("add", name, endpoint))
         if self._thread is None:
@@ -264,7 +266,8 @@ class FleetEvents:
                 inbox.drop("budget_exceeded", peek_seq(frames))
                 return
         try:
-            batch = decode_message(frames)  # outside the lock: the poll loop may drain meanwhile
+            # outside the lock: the poll loop may drain meanwhile
+            batch = decode_engine_message(frames, engine=inbox.engine)
         except KvEventDecodeError as err:
             with self.lock:
                 inbox.drop(err.reason, err.seq)  # parse_error or batch_too_heavy

@@ -25,6 +25,14 @@ from .fleet_sessions import SessionSpread
 
 SPACE = 1 << 64
 MASK = SPACE - 1
+VLLM = "vllm"
+GPU_MEDIA = (None, "GPU")
+
+
+def _namespaced(keep, engine: str, hashes: Sequence[int | bytes]) -> list[tuple[str, int | bytes]]:
+    """A non-vLLM replica's kept hashes keyed by its engine: two engines' opaque hashes (SGLang's
+    SHA-256 over u32 tokens, vLLM's over its own encoding) are never one block, so never shared."""
+    return [(engine, block_hash) for block_hash in keep(hashes)]
 
 
 def hash_position(block_hash: int | bytes) -> int:
@@ -71,6 +79,7 @@ class ReplicaView:
     """One replica's stream as seen so far; counts are of kept (sampled) blocks."""
 
     bit: int
+    engine: str = "vllm"
     resident: int = 0
     stored: int = 0
     other_replica: int = 0
@@ -95,7 +104,7 @@ class FleetResidency:
         self.sessions = sessions or SessionSpread()  # every event's session, whatever the hash range
         self.replicas: dict[str, ReplicaView] = {}
         self.duplicates = 0  # hashes held by >= 2 replicas
-        self._owners: dict[int | bytes, int] = {}
+        self._owners: dict[int | bytes | tuple[str, int | bytes], int] = {}
         self._free_bits: list[int] = []
         self._next_bit = 1
 
@@ -108,12 +117,12 @@ class FleetResidency:
     def distinct(self) -> int:
         return len(self._owners)
 
-    def add_replica(self, name: str) -> ReplicaView:
+    def add_replica(self, name: str, engine: str = "vllm") -> ReplicaView:
         if name not in self.replicas:
             bit = self._free_bits.pop() if self._free_bits else self._next_bit
             if bit == self._next_bit:
                 self._next_bit <<= 1
-            self.replicas[name] = ReplicaView(bit)
+            self.replicas[name] = ReplicaView(bit, engine)
         return self.replicas[name]
 
     def remove_replica(self, name: str) -> None:
@@ -139,6 +148,10 @@ class FleetResidency:
         self._mark(view, mark)
         view.batches += 1
         keep = self.hash_range.keep
+        if view.engine != VLLM:  # another engine's hashes never match vLLM's, nor each other's
+            keep = partial(_namespaced, keep, view.engine)
+            # a lower tier's copy (HiCache's CPU_PINNED backup) is not on the pool's GPUs
+            events = [event for event in events if event.medium in GPU_MEDIA]
         for event in events:
             if event.type == "BlockStored":
                 self._store(view, keep(event.block_hashes))

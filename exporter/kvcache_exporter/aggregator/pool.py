@@ -216,7 +216,7 @@ class Aggregator:
                 break
             endpoint = self.members[name].replica.kv_events_endpoint
             if endpoint and self.fds.take(name, endpoint):
-                self.events.add(name, endpoint)  # vLLM binds; we connect
+                self.events.add(name, endpoint, self.members[name].replica.engine)  # it binds; we connect
         waiting = self.unsubscribed()
         if len(waiting) != self._logged_unsubscribed and waiting:
             log.warning(
@@ -248,7 +248,7 @@ class Aggregator:
     def _member(self, replica: Replica) -> Member:
         s = self.settings
         retention = max(s.windows) + 2 * s.interval
-        self.fleet.add_replica(replica.name)
+        self.fleet.add_replica(replica.name, replica.engine)
         member = Member(replica, SeriesHistory(retention), SeriesHistory(retention))
         source = VllmSource(replica.metrics_url, s.timeout, s.max_body_bytes, keep_alive=False)
         member.poll = Poll(

@@ -96,11 +96,16 @@ class UnitTotals:
     reused_tokens: int = 0  # re-announced hits (kv_cache_report_mode=full)
     tier_hit_tokens: Counter[str] = field(default_factory=Counter)  # loaded back from a tier
     window_evictions: int = 0  # units whose window blocks were removed while the anchor held them
+    floor_tokens: int = 0  # a tier held them, the request recomputed them (SGLang's last page)
 
 
 class UnitView:
-    def __init__(self, max_blocks: int = 1_000_000, label_limit: int = 10):
+    def __init__(self, max_blocks: int = 1_000_000, label_limit: int = 10, sessions_compute: bool = False):
         self.max_blocks = max_blocks
+        # SGLang: a store naming a session was computed by that request, never loaded from a tier (its
+        # load-backs name none); of tier-held blocks it is the page SGLang recomputes (the last
+        # token, rounded to the page, is never a hit): counted as floor_tokens, not a miss.
+        self.sessions_compute = sessions_compute
         self.groups: dict[int | None, Group] = {}
         self.anchor: int | None = None
         self.anchored = False  # an anchor group was chosen
@@ -167,8 +172,11 @@ class UnitView:
                 self._stored(event, event.group, out)
                 anchor, anchored = self.anchor, self.anchored
             else:
-                if kind == "AllBlocksCleared":  # the GPU pool was reset; lower tiers keep theirs
+                if kind == "AllBlocksCleared":  # the GPU pool was reset; vLLM's lower tiers keep theirs
                     resident.clear()
+                    if self.sessions_compute:  # SGLang's /flush_cache resets HiCache's host pool too
+                        for held in self.tiers.values():
+                            held.clear()
                     self._parts, self._old_parts, self._parts_held = {}, {}, 0
                 out.append(event)
         if removed:
@@ -203,7 +211,9 @@ class UnitView:
             if not hashes or size not in sizes or event.lora_name or event.session_id is not None:
                 break
             if event.parent is None and (
-                resident.issuperset(hashes) or _first_extra_key(getattr(event, "extra_keys", None))
+                resident.issuperset(hashes)
+                or _first_extra_key(getattr(event, "extra_keys", None))
+                or getattr(event, "cache_salt", None)
             ):
                 break
             if len(resident) + len(hashes) > self.max_blocks:
@@ -251,7 +261,10 @@ class UnitView:
         if self.tiers:
             loaded = self._loaded(hashes)
             if loaded:
-                self.totals.tier_hit_tokens[loaded[1]] += loaded[0] * size
+                if self.sessions_compute and event.session_id is not None:
+                    self.totals.floor_tokens += loaded[0] * size
+                else:
+                    self.totals.tier_hit_tokens[loaded[1]] += loaded[0] * size
                 if loaded[0] == count:
                     return
                 event = _tail(event, loaded[0], size)
@@ -344,7 +357,10 @@ class UnitView:
             if inherited is not None:
                 return inherited
         lora = getattr(event, "lora_name", None)
-        first = _first_extra_key(getattr(event, "extra_keys", None)) if parent is None else b""
+        first = b""
+        if parent is None:  # vLLM's salt is the first extra key; SGLang's a field of its own
+            first = _first_extra_key(getattr(event, "extra_keys", None))
+            first = first or (getattr(event, "cache_salt", None) or "").encode()
         if not lora and not first:
             return 0
         return (crc32(first, crc32((lora or "").encode())) & 0xFF) | 1

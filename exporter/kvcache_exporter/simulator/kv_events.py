@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -88,8 +89,10 @@ class KVEventPublisher:
         rank: int,
         buffer_steps: int = 10000,
         hwm: int = 100000,
+        encode: Callable[[list[KVEvent], int], bytes] = encode_batch,  # SglangWire().encode_batch
     ) -> None:
         self.rank = rank
+        self.encode = encode
         self.topic = topic.encode()
         self.seq = 0
         self.drop_every = 0
@@ -121,7 +124,7 @@ class KVEventPublisher:
     async def publish(self, events: list[KVEvent]) -> None:
         if not events:
             return
-        payload = encode_batch(events, self.rank)
+        payload = self.encode(events, self.rank)
         seq_bytes = self.seq.to_bytes(8, "big")
         self._buffer.append((self.seq, payload))
         self.seq += 1

@@ -17,7 +17,8 @@ from .config import SimulatorConfig, cache_config_labels
 from .dcgm import GpuState
 from .engine import Engine, Request
 from .exposition import ExpositionState
-from .kv_events import KVEventPublisher
+from .kv_events import KVEventPublisher, encode_batch
+from .sglang_events import SglangWire
 from .workloads import RequestSpec, Workload, WorkloadFactory, parse_schedule, phase_at
 
 
@@ -84,6 +85,9 @@ class Runtime:
                     self.config.kv_events_topic,
                     i,
                     self.config.kv_buffer_steps,
+                    encode=SglangWire().encode_batch
+                    if self.config.metrics_schema == "sglang"
+                    else encode_batch,
                 )
                 for i in range(self.config.engines)
             ]

@@ -10,6 +10,7 @@ from .blocks import Origin
 from .engine import Engine, EngineConfig, Request
 from .kv_events import encode_batch
 from .layouts import layout_named
+from .sglang_events import SglangWire
 
 
 def shape_frames(
@@ -20,10 +21,11 @@ def shape_frames(
     seed: int = 20251206,
     offload_cpu_blocks: int = 0,
     engines: list[Engine] | None = None,
+    engine_kind: str = "vllm",
 ) -> list[list[bytes]]:
     """[topic, seq, payload] per published batch; requests rotate over the base model and the adapters;
     with offload_cpu_blocks, a CPU tier adds its medium "CPU" events. `engines` receives the engine (its
-    stats say what vLLM computed)."""
+    stats say what vLLM computed). `engine_kind` "sglang": the same traffic in SGLang's wire shape."""
     shape = layout_named(layout)
     block_size = 16 if shape is None else shape.unit
     config = EngineConfig(
@@ -35,6 +37,7 @@ def shape_frames(
         offload_block_bytes=block_size * 131072,
     )
     engine, rng = Engine(config), random.Random(seed)
+    encode = SglangWire().encode_batch if engine_kind == "sglang" else encode_batch
     if engines is not None:
         engines.append(engine)
     system = [rng.randrange(5, 500) for _ in range(4 * config.block_size + 44)]
@@ -60,6 +63,6 @@ def shape_frames(
             result = engine.step(now)
             now += result.duration
             if result.events:
-                payload = encode_batch(result.events, 0, ts=now)
+                payload = encode(result.events, 0, ts=now)
                 frames.append([b"kv", len(frames).to_bytes(8, "big"), payload])
     return frames

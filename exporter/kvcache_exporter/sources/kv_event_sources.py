@@ -50,6 +50,7 @@ class Stream:
     mode: str
     topic: str = ""
     replay_endpoint: str | None = None
+    engine: str = "vllm"  # sources/engine_events.py: whose media and page rules the events follow
 
 
 @dataclass(frozen=True)
@@ -216,6 +217,7 @@ def parse_sglang(answer: Any) -> tuple[list[Announced], Counter[str]]:
 
 @dataclass(frozen=True)
 class Engine:
+    name: str  # Stream.engine: whose media and page rules its events follow
     path: str
     parse: Callable[[Any], tuple[list[Announced], Counter[str]]]
     max_body_bytes: int = MAX_BODY_BYTES
@@ -223,8 +225,8 @@ class Engine:
 
 # SGLang's /server_info is every server argument (~43 KB for a tiny model): a larger bound
 ENGINES = {
-    "vllm": Engine("/kv_event_sources", parse_vllm),
-    "sglang": Engine("/server_info", parse_sglang, 1024 * 1024),
+    "vllm": Engine("vllm", "/kv_event_sources", parse_vllm),
+    "sglang": Engine("sglang", "/server_info", parse_sglang, 1024 * 1024),
 }
 
 
@@ -251,7 +253,9 @@ def on_host(endpoint: str, host: str) -> tuple[str, bool, bool]:
     return f"tcp://{_bracketed(host)}:{int(port)}", binds, other
 
 
-def resolve(announced: list[Announced], host: str, rejected: Counter[str] | None = None) -> Found:
+def resolve(
+    announced: list[Announced], host: str, rejected: Counter[str] | None = None, engine: str = "vllm"
+) -> Found:
     """The streams to subscribe to on `host` (the polled one), never another."""
     rejected = Counter(rejected or {})
     streams, other = [], []
@@ -267,7 +271,8 @@ def resolve(announced: list[Announced], host: str, rejected: Counter[str] | None
                 replay = on_host(entry.replay_endpoint, host)[0]  # vLLM's ROUTER binds: we connect
             except Rejected as err:
                 rejected[f"replay_{err.reason}"] += 1
-        streams.append(Stream(entry.rank, endpoint, "connect" if binds else "bind", entry.topic, replay))
+        mode = "connect" if binds else "bind"
+        streams.append(Stream(entry.rank, endpoint, mode, entry.topic, replay, engine))
         if named_other:
             other.append(entry.rank)
     state = "found" if streams else "none_published"
@@ -374,4 +379,4 @@ def read_answer(body: bytes, engine: Engine, host: str, url: str = "the answer")
     except (ValueError, RecursionError) as err:  # RecursionError: deeply nested arrays
         raise SourceError("parse_error", f"{url}: not JSON ({type(err).__name__})") from err
     announced, rejected = engine.parse(answer)
-    return resolve(announced, host, rejected)
+    return resolve(announced, host, rejected, engine.name)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import zmq
 
 from .base import SourceError
+from .engine_events import decode_engine_message
 from .kv_events_decode import (
     Batch,
     Dropped,
@@ -111,6 +112,7 @@ class KvEventSubscriber:
         with_tokens: bool = False,
         max_pending_hashes: int = MAX_PENDING_HASHES,
         max_pending_tokens: int = MAX_PENDING_TOKENS,
+        engine: str = "vllm",
     ):
         if mode not in ("bind", "connect"):
             raise ValueError(f"mode must be 'bind' or 'connect', not {mode!r}")
@@ -119,6 +121,7 @@ class KvEventSubscriber:
         self.max_message_bytes = max_message_bytes
         self.replay_timeout = replay_timeout
         self.with_tokens = with_tokens  # decode parents and token ids too: miss attribution needs them
+        self.engine = engine  # whose media and page rules its events follow (engine_events.py)
         self.max_pending = (max_pending_hashes, max_pending_tokens)
         self.lock = threading.Lock()  # guards the queue between the thread and collect()
         self.healthy = False
@@ -246,7 +249,7 @@ class KvEventSubscriber:
 
     def _handle(self, frames: list[bytes]) -> None:
         try:
-            batch = decode_message(frames, self.with_tokens)
+            batch = decode_engine_message(frames, self.with_tokens, self.engine)
         except KvEventDecodeError as err:
             log.debug("dropping KV-event message: %s", err)
             self._drop(err.reason, err.seq)  # parse_error or batch_too_heavy
@@ -320,7 +323,7 @@ class KvEventSubscriber:
             if len(frames) < 2 or int.from_bytes(frames[-2], "big", signed=True) == END_OF_REPLAY:
                 return True
             try:
-                batch = decode_message(frames[-2:], self.with_tokens)
+                batch = decode_engine_message(frames[-2:], self.with_tokens, self.engine)
             except KvEventDecodeError as err:
                 self._drop(err.reason, None)
                 log.debug("dropping replayed KV-event message: %s", err)

@@ -175,6 +175,7 @@ class StoredWithTokens(_LazyTokens, msgspec.Struct, tag_field="type", tag="Block
     kind: Name | None = msgspec.field(default=None, name="kv_cache_spec_kind")
     window: int | None = msgspec.field(default=None, name="kv_cache_spec_sliding_window")
     session_id: Name | None = None
+    cache_salt: Name | None = None  # SGLang names it beside the event (vLLM: in extra_keys)
 
 
 class RemovedWithTokens(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
@@ -207,6 +208,7 @@ class _ArrayStoredWithTokens(_LazyTokens, msgspec.Struct, array_like=True, tag="
     locality: Name | None = None
     ownership: Name | None = None
     session_id: Name | None = None
+    cache_salt: ClassVar[None] = None
 
 
 class _ArrayRemovedWithTokens(msgspec.Struct, array_like=True, tag="BlockRemoved", gc=False):
@@ -304,6 +306,7 @@ class Event(NamedTuple):
     kind: str | None = None  # kv_cache_spec_kind
     window: int | None = None  # kv_cache_spec_sliding_window
     session_id: str | None = None
+    cache_salt: str | None = None
 
 
 class Batch(NamedTuple):

@@ -312,6 +312,7 @@ def main() -> int:
         bench_analyzer,
         bench_attribution,
         bench_endpoint,
+        bench_engines,
         bench_fleet,
         bench_kv_heavy,
         bench_poll,
@@ -323,7 +324,7 @@ def main() -> int:
                     for row in bench_side_by_side.rows(n, seconds, warmup=8.0)]  # fmt: skip
     side_by_side += bench_poll.rows() + bench_side_by_side.history_rows()
     rest = bench_fleet.rows() + bench_attribution.rows() + bench_analyzer.rows() + bench_endpoint.rows()
-    rest += bench_kv_heavy.rows() + bench_sglang.rows(args.repeat)
+    rest += bench_kv_heavy.rows() + bench_engines.rows() + bench_sglang.rows(args.repeat)
     text = markdown(run(args.repeat) + side_by_side + rest)
     if args.output == "-":
         print(text)
