@@ -34,7 +34,7 @@ SGLANG_VENV = Path(
     / "kvcache-exporter"
     / "sglang-cpu-venv"
 )
-SGLANG_START_TIMEOUT_S = float(os.environ.get("KVCACHE_TEST_SGLANG_START_TIMEOUT", "480"))  # 1-7 min here
+SGLANG_START_TIMEOUT_S = float(os.environ.get("KVCACHE_TEST_SGLANG_START_TIMEOUT", "900"))  # 1-8 min here
 PAGE = 4
 DEVICE_TOKENS = 256  # 64 pages; HiCache's host tier holds twice that (--hicache-ratio 2)
 

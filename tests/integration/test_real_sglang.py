@@ -15,7 +15,8 @@ import pytest
 from tests.integration.miss_tokens import causes, delta, scrape, settle, tokens
 from tests.integration.sglang_servers import PAGE
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+# SGLang starts in 1-8 minutes on a loaded 2-core machine, inside the first test's time
+pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
 def sglang_counters(server) -> dict[str, float]:
