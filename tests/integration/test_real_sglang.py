@@ -20,8 +20,9 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
 def sglang_counters(server) -> dict[str, float]:
-    """SGLang's own prompt and cached tokens (summed over cache_source) so far, and cached by source."""
-    out: dict[str, float] = {}
+    """SGLang's own prompt and cached tokens (summed over cache_source) so far, and cached by source
+    (a cache_source's series appears with its first hit: none is 0 here, SGLang's own count)."""
+    out: dict[str, float] = {"prompt": 0.0, "cached": 0.0}
     for name, labels, value in scrape(server):
         if name == "sglang:prompt_tokens_total":
             out["prompt"] = out.get("prompt", 0.0) + value
