@@ -193,3 +193,10 @@ def test_discovered_streams_follow_the_engines_rules(shared_fixtures):
     sglang = read_answer(body, ENGINES["sglang"], "h")
     vllm = read_answer(b'{"0": {"endpoint": "tcp://*:5557"}}', ENGINES["vllm"], "h")
     assert [s.engine for s in sglang.streams] == ["sglang"] and [s.engine for s in vllm.streams] == ["vllm"]
+
+
+def test_no_cached_series_yet_is_zero_hits():
+    """A fresh SGLang has no cached_tokens_total series until its first hit (prometheus_client makes a
+    labelled series when first used): a window from then must still count that hit."""
+    sample = parse('sglang:prompt_tokens_total{model_name="m"} 12.0\n').engines["m", "0"]
+    assert sample.counters["hit_tokens"] == 0 and sample.counters["query_tokens"] == 12

@@ -230,7 +230,9 @@ def engine_sample(sums: _Sums) -> EngineSample:
     """SGLang's sums as the logical quantities vLLM's derivations read."""
     counters = dict(sums.counters)
     by_source = {s: sums.cached[s] for s in CACHE_SOURCES if s in sums.cached}
-    hits = sum(by_source.values()) if by_source else sums.cached.get(CACHE_TOTAL)
+    # a cache_source's series is born with its first hit: none at all is 0 hits, not an unknown count
+    # (else a window starting before the first hit would lose that hit's tokens)
+    hits = sum(by_source.values()) if by_source else sums.cached.get(CACHE_TOTAL, 0.0)
     counters.update({f"cached_tier_{s}": n for s, n in by_source.items()})
     prompt = counters.get("prompt_tokens")
     if prompt is not None:
