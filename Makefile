@@ -85,7 +85,7 @@ generate: venv
 check: generate lint
 	git diff --exit-code -- $(GENERATED)
 
-test: preflight venv system-deps vllm-venv lint
+test: preflight venv system-deps vllm-venv sglang-venv lint
 	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/containers
 	$(MAKE) --no-print-directory image-test
 

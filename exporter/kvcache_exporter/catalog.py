@@ -137,6 +137,9 @@ KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS = "kvcache_kv_block_idle_before_evict_seconds
 KV_BLOCK_REUSE_GAP_SECONDS = "kvcache_kv_block_reuse_gap_seconds"
 PREFILL_COMPUTED_TOKENS = "kvcache_prefill_computed_tokens"
 PROMPT_TOKENS_CACHED_BY_TIER_TOTAL = "kvcache_prompt_tokens_cached_by_tier_total"
+EVICTED_TOKENS_TOTAL = "kvcache_evicted_tokens_total"
+TIER_LOAD_BACK_TOKENS_TOTAL = "kvcache_tier_load_back_tokens_total"
+TIER_BACKUP_TOKENS_TOTAL = "kvcache_tier_backup_tokens_total"
 REQUESTS_WAITING_BY_REASON = "kvcache_requests_waiting_by_reason"
 ADMISSION_REJECTIONS_TOTAL = "kvcache_admission_rejections_total"
 EXTERNAL_PREFIX_CACHE_QUERY_TOKENS_TOTAL = "kvcache_external_prefix_cache_query_tokens_total"
@@ -407,7 +410,39 @@ CATALOG: tuple[Metric, ...] = (
         "tokens",
         "cache",
         "vllm:prompt_tokens_cached_by_source_total{source}",
-        "copied; tier = vLLM's source label (known values only)",
+        "copied; tier = vLLM's source label (known values only), or SGLang's cache_source "
+        "(device, host, storage)",
+    ),
+    _m(
+        EVICTED_TOKENS_TOTAL,
+        "counter",
+        "Tokens the engine's radix tree evicted from the device pool (SGLang only; with HiCache they may "
+        "still be held on the host).",
+        ME,
+        "tokens",
+        "sglang",
+        "sglang:evicted_tokens_total",
+        "copied (tensor-parallel rank 0)",
+    ),
+    _m(
+        TIER_LOAD_BACK_TOKENS_TOTAL,
+        "counter",
+        "Tokens loaded back from the host tier into the device pool (SGLang HiCache only).",
+        ME,
+        "tokens",
+        "sglang",
+        "sglang:load_back_tokens_total",
+        "copied (tensor-parallel rank 0)",
+    ),
+    _m(
+        TIER_BACKUP_TOKENS_TOTAL,
+        "counter",
+        "Tokens written to the host tier (SGLang HiCache only; write-through: every device store).",
+        ME,
+        "tokens",
+        "sglang",
+        "sglang:hicache_backup_tokens_total",
+        "copied (tensor-parallel rank 0)",
     ),
     _m(
         REQUESTS_WAITING_BY_REASON,

@@ -251,6 +251,13 @@ OPTIONS: tuple[Option, ...] = (
         "vllm.bearer_token_file", str, None, "file holding a bearer token sent to vLLM (re-read every poll)"
     ),
     Option("vllm.max_body_bytes", positive_size, 8 * 1024**2, "largest /metrics body accepted from vLLM"),
+    Option(
+        "engine.kind",
+        choice("auto", "vllm", "sglang"),
+        "auto",
+        "the engine behind --vllm.url: auto (told by each page's metric names), vllm or sglang",
+        flag_name="--engine",
+    ),
     Option("collect.interval", duration, 5.0, "how often the exporter polls its sources"),
     Option(
         "collect.windows",

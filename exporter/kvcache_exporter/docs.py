@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from . import catalog, config
+from .sources import sglang_parse
 
 GROUPS = {
     "cache": "Prefix cache and tokens",
@@ -19,6 +20,7 @@ GROUPS = {
     "fleet": "Fleet view (`kvcache-exporter aggregate`)",
     "attribution": "Why the cache missed (KV-event attribution)",
     "health": "vLLM schema and exporter health",
+    "sglang": "SGLang's radix tree and HiCache (SGLang targets only)",
 }
 
 HEADER = """# Metrics
@@ -62,7 +64,35 @@ def metrics_markdown() -> str:
         metrics = [m for m in catalog.CATALOG if m.group == group]
         parts.append(f"\n## {title}\n\n{TABLE_HEAD}")
         parts += [_row(m) for m in metrics]
+    parts.append(SGLANG)
+    parts += [f"| `{name}` | {why} |" for name, why in sglang_parse.ABSENT.items()]
     return "\n".join(parts) + "\n"
+
+
+SGLANG = """
+## SGLang
+
+`--vllm.url` also takes an SGLang server's /metrics URL: `--engine auto` (the default) tells the engine
+from each page's metric names, `--engine vllm|sglang` insists (the other engine's page is then an
+`errors_total{reason="wrong_engine"}`). An SGLang target's series have the names above plus the label
+`engine_kind="sglang"` (a vLLM target's carry no such label: their label sets are unchanged). The hit
+ratio is `sglang:cached_tokens_total` summed over `cache_source` (or its single `total` series) over
+`sglang:prompt_tokens_total`, never the `sglang:cache_hit_rate` gauge (the last prefill batch's ratio).
+SGLang's start-up warm-up request is in every one of its counters, so in the lifetime totals here
+(a window that starts after it does not hold it); nothing is discounted. Only tensor/pipeline/expert
+rank 0 is read (the others repeat it); data-parallel ranks are summed into engine `0`. KV events are
+found from SGLang's `/server_info` (`kv_events`: host, base port + rank, topic, replay port).
+
+Alerts and dashboards: every rule over these `kvcache_*` series holds for an SGLang target (same
+names); the dashboards' `Engine kind` variable selects one engine. The two latency SLO alerts
+(TimeToFirstToken, PrefillLatency) read vLLM's own histograms and stay silent for SGLang: SGLang's
+time-to-first-token buckets (..., 1, 2, 4, ...) have no 2.5 s boundary to count against, and it has
+no prefill-time histogram; `kvcache_time_to_first_token_seconds{engine_kind="sglang"}` has its quantiles.
+
+What SGLang's /metrics cannot support is absent for an SGLang target, never 0:
+
+| metric | why absent |
+|---|---|"""
 
 
 FLAG_TABLES = {"serve": config.OPTIONS, "aggregate": config.AGGREGATE_OPTIONS}

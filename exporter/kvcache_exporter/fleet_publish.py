@@ -30,6 +30,7 @@ from .sources.base import SourceError
 from .sources.kv_events_decode import Dropped, KvEventDrain, SeqCursor
 from .sources.vllm_snapshot import VllmSnapshot
 
+STREAM_NAME_IN_USE = 10058  # JetStream's error code: a stream of that name exists, otherwise made
 GPU_MEDIA = (None, "GPU")  # a lower tier's events (vLLM's CPU, SGLang's CPU_PINNED) are not the pool's
 log = logging.getLogger("kvcache_exporter.fleet")
 
@@ -96,7 +97,7 @@ async def connect(options: NatsOptions, name: str) -> Any:
 async def ensure_stream(js: Any, name: str, subjects: str, max_age: float, max_bytes: int) -> None:
     """The pool's stream, created if absent: file storage, limits retention, the oldest discarded."""
     from nats.js import api
-    from nats.js.errors import NotFoundError
+    from nats.js.errors import BadRequestError, NotFoundError
 
     config = api.StreamConfig(
         name=name,
@@ -111,7 +112,11 @@ async def ensure_stream(js: Any, name: str, subjects: str, max_age: float, max_b
     try:
         await js.stream_info(name)
     except NotFoundError:
-        await js.add_stream(config)
+        try:
+            await js.add_stream(config)
+        except BadRequestError as err:  # a sidecar or shard created it meanwhile: theirs stands
+            if err.err_code != STREAM_NAME_IN_USE:
+                raise
 
 
 class FleetPublisher:

@@ -193,11 +193,14 @@ class DiscoveredKvEvents:
         if self.engine_labels is None and wanted:
             self.engine_labels = len(wanted) > 1 or max(wanted) > 0
         for rank, stream in wanted.items():
-            if rank not in self.ranks:
+            if rank not in self.ranks:  # made with its stream: its engine's rules (Stream.engine) set then
                 labels = self._labels(rank)
-                poll = kv_events_poll(self.settings, self.state, rank, None, labels, self.wiring, self.target)
+                poll = kv_events_poll(
+                    self.settings, self.state, rank, stream, labels, self.wiring, self.target
+                )
                 self.ranks[rank] = poll.source
                 self.polls.append(poll)
+                continue
             self.ranks[rank].point(stream)
         for rank, source in self.ranks.items():
             if rank not in wanted:

@@ -27,7 +27,7 @@ from .settings import Settings
 from .sources.base import SourceUnavailable
 from .sources.gpu_factory import make_gpu_source
 from .sources.kv_event_sources import KvEventDiscovery, Stream
-from .sources.vllm import VllmSource
+from .sources.sglang import EngineSource
 
 log = logging.getLogger("kvcache_exporter")
 
@@ -38,11 +38,15 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
     catalog entries, options (config.py) and settings (settings.py), then its Poll here."""
     state = PollState(retention=max(s.collect_windows) + 2 * s.collect_interval)
     vllm = {
-        urlsplit(url).netloc: VllmSource(url, s.vllm_timeout, s.vllm_max_body_bytes, s.vllm_bearer_token_file)
+        urlsplit(url).netloc: EngineSource(
+            url, s.vllm_timeout, s.vllm_max_body_bytes, s.vllm_bearer_token_file, kind=s.engine_kind
+        )
         for url in s.vllm_url
     }
     polls = target_polls(state, vllm)
     first = state.targets[0] if state.targets else None
+    for target in state.targets:  # `auto`: vllm until the first page says otherwise
+        target.engine_kind = "sglang" if s.engine_kind == "sglang" else "vllm"
     try:
         gpu = make_gpu_source(
             s.gpu_source,
@@ -82,7 +86,7 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
     if not s.kv_events_endpoint and s.kv_events_discovery == "on":
         discovered = DiscoveredKvEvents(s, state, wiring, target=first)
         asked = next(iter(vllm.values()))  # the first vLLM: one set of streams, as with the flags
-        source = KvEventDiscovery(asked.url, s.vllm_timeout, headers=asked.headers)
+        source = KvEventDiscovery(asked.url, s.vllm_timeout, s.engine_kind, headers=asked.headers)
         source = PacedDiscovery(source, first, time.monotonic)
         polls.append(DiscoveryPoll(source, discovered.into, view=discovered))
     if wiring.publisher is not None:

@@ -33,6 +33,7 @@ class ServiceSettings:
 class Settings(ServiceSettings):
     vllm_url: list[str]
     vllm_bearer_token_file: str | None
+    engine_kind: str
     collect_quantiles: list[float]
     gpu_source: str
     gpu_devices: list[str]

@@ -85,3 +85,17 @@ def test_the_cli_reads_the_capture(seed_trace_path, tmp_path):
     assert "note: assumed --num-gpu-blocks 2048" in plain.stdout
     missing = subprocess.run([*argv, "--metrics", str(tmp_path / "nope")], capture_output=True, text=True)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
+
+
+def test_an_sglang_page_gives_its_page_size_and_pages(shared_fixtures, tmp_path):
+    for name, pages in (("live-metrics.txt", 256), ("live-hicache-metrics.txt", 32)):
+        shape = capture.cache_shape(None, None, str(shared_fixtures / "sglang-0.5.23" / name))
+        assert (shape.block_size, shape.num_gpu_blocks) == (4, pages)
+    lines = tmp_path / "snapshots.jsonl"
+    text = (shared_fixtures / "sglang-0.5.23" / "live-metrics.txt").read_text()
+    lines.write_text(json.dumps({"text": text}) + "\n")
+    assert capture.cache_shape(None, None, str(lines)).num_gpu_blocks == 256
+    broken = tmp_path / "broken.txt"
+    broken.write_text("sglang:page_size{} -4\n")
+    with pytest.raises(ValueError, match="a capture of vLLM's or SGLang's"):
+        capture.cache_shape(None, None, str(broken))

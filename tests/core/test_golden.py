@@ -19,7 +19,10 @@ from tests.conftest import REPO
 DRIVER = Path(__file__).with_name("golden_driver.py")
 GOLDEN = {gpu: REPO / "tests" / "golden" / f"serve-{gpu}.prom" for gpu in ("nvml", "dcgm")}
 # Catalog groups that `serve` does not export, and where they are tested instead.
-SERVED_ELSEWHERE = {"fleet": "`kvcache-exporter aggregate` (tests/aggregator)"}
+SERVED_ELSEWHERE = {
+    "fleet": "`kvcache-exporter aggregate` (tests/aggregator)",
+    "sglang": "serve polling SGLang (tests/sources/test_sglang.py, tests/integration/test_real_sglang.py)",
+}
 
 
 def exposition(gpu: str, fake_nvml_dir: Path) -> str:

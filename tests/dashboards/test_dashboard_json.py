@@ -25,7 +25,7 @@ RUNBOOK_ANCHORS = {
     for line in (ROOT / "docs" / "runbook.md").read_text().splitlines()
     if line.startswith("## ")
 }
-VARIABLES = ["datasource", "job", "instance", "host", "model_name", "engine", "window"]
+VARIABLES = ["datasource", "job", "instance", "host", "model_name", "engine", "engine_kind", "window"]
 PER_SECOND_UNITS = {
     units.OpsPerSecond,
     units.RequestsPerSecond,

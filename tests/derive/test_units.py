@@ -217,3 +217,18 @@ def test_a_hostile_stream_cannot_grow_groups_sizes_or_tiers_without_bound():
     view.units(Batch(0, 1.0, tuple(events)))
     assert len(view.groups) <= 64 and all(len(g.block_sizes) <= 8 for g in view.groups.values())
     assert len(view.tiers) <= 8 and "other" in view.tiers
+
+
+def test_an_sglang_flush_clears_the_host_tier_a_vllm_reset_does_not():
+    """SGLang's /flush_cache (AllBlocksCleared) resets HiCache's host pool too: a real SGLang 0.5.23
+    recomputed a flushed prompt whole (its cached_tokens unchanged), so it is a miss, not a tier hit."""
+    hashes = [hash(("p", i)) for i in range(8)]
+    for sglang, hit in ((True, 0), (False, 32)):
+        state = KvEventsState(
+            EventState(), {}, Attribution(), MissHistory(1e9), UnitView(sessions_compute=sglang)
+        )
+        stored = Event("BlockStored", hashes, None, list(range(32)), 4)
+        feed(state, [stored], [Event("BlockStored", hashes, None, list(range(32)), 4, medium="CPU_PINNED")])
+        feed(state, [Event("AllBlocksCleared", [])], [stored])
+        assert sum(state.units.totals.tier_hit_tokens.values()) == hit, sglang
+        assert state.attribution.totals.prompt_miss_tokens == 64 - hit, sglang

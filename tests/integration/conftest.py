@@ -334,3 +334,6 @@ def vllm_dp_lora(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShapeServ
     ]  # fmt: skip
     with shape_server(tmp_path_factory.mktemp("dp-lora"), "dp-lora", TINY_MODEL, args, ranks=2) as server:
         yield server
+
+
+from tests.integration.sglang_servers import sglang_server  # noqa: E402, F401  (a session fixture)

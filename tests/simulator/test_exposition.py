@@ -95,3 +95,26 @@ def test_v0_schema_has_v0_names_and_no_engine_label():
     assert not any(s.name.endswith("_created") for f in families.values() for s in f.samples)
     e2e = {s.labels["le"] for s in families["vllm:e2e_request_latency_seconds"].samples if "le" in s.labels}
     assert min(map(float, e2e)) == 1.0
+
+
+def test_sglang_schema_has_sglangs_names_types_and_label_sets(shared_fixtures):
+    """`--engine sglang`: every family the simulator serves is in a real SGLang 0.5.23 page with the same
+    type and label names; the exporter reads it as SGLang's, its hit tokens the simulator's own."""
+    from kvcache_exporter.sources.sglang_parse import parse
+
+    real = (shared_fixtures / "sglang-0.5.23" / "live-hicache-metrics.txt").read_text()
+    real_shape = {
+        f.name: (f.type, frozenset(k for s in f.samples for k in s.labels if k != "le"))
+        for f in text_string_to_metric_families(real)
+    }
+    text = simulated_text(1024, "sglang")
+    simulated = list(text_string_to_metric_families(text))
+    assert len(simulated) >= 12
+    for family in simulated:
+        labels = frozenset(k for s in family.samples for k in s.labels if k != "le")
+        assert real_shape.get(family.name) == (family.type, labels), family.name
+    snapshot = parse(text)
+    (sample,) = snapshot.engines.values()
+    assert snapshot.engine_kind == "sglang" and snapshot.missing == ()
+    assert sample.counters["query_tokens"] == 100 and sample.counters["hit_tokens"] == 0
+    assert snapshot.cache_configs["0"]["block_size"] == "32"

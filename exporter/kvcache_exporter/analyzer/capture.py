@@ -1,4 +1,5 @@
-"""The KV cache's shape from a capture of vLLM's /metrics (`vllm:cache_config_info`), or what is assumed."""
+"""The KV cache's shape from a capture of vLLM's /metrics (`vllm:cache_config_info`) or SGLang's
+(`sglang:page_size`, `sglang:num_pages`, `sglang:max_total_num_tokens`), or what is assumed."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from pathlib import Path
 
 from ..derive.cache_config import config_number
 from ..derive.whatif import host_tier_blocks, kv_bytes_per_token
+from ..sources.base import SourceError
+from ..sources.sglang_parse import is_sglang
+from ..sources.sglang_parse import parse as parse_sglang
 from ..sources.textformat import parse_line
 from .lines import json_object, read_lines
 
@@ -41,13 +45,25 @@ def read_capture(path: str | Path) -> list[dict[str, str]]:
             if line.startswith("{"):
                 snapshot = json_object(line).get("text")
                 if isinstance(snapshot, str):
-                    found = _engines(snapshot.splitlines(), f"{path}:{number}")
+                    found = _engines(snapshot.splitlines(), f"{path}:{number}") or _sglang(snapshot, path)
                     engines = found or engines
             elif line.startswith(INFO):
                 engines += _engines([line], f"{path}:{number}")
     if not engines:
-        raise ValueError(f"{path}: no {INFO} sample (a capture of vLLM's /metrics is expected)")
+        engines = _sglang(Path(path).read_text(errors="replace"), path)
+    if not engines:
+        raise ValueError(f"{path}: no {INFO} sample (a capture of vLLM's or SGLang's /metrics is expected)")
     return engines
+
+
+def _sglang(text: str, where: str | Path) -> list[dict[str, str]]:
+    """An SGLang page's capacity gauges as cache_config_info labels (one engine), else nothing."""
+    if not is_sglang(text):
+        return []
+    try:
+        return list(parse_sglang(text).cache_configs.values())
+    except SourceError as err:
+        raise ValueError(f"{where}: {err}") from None
 
 
 def _engines(lines: list[str], where: str) -> list[dict[str, str]]:

@@ -11,6 +11,8 @@ from .fragmentation import fragmentation_estimate_ratio
 from .quantiles import histogram_quantile
 from .windows import Delta
 
+CACHED_TIERS = (*TIERS, "storage")  # vLLM's sources, then SGLang's HiCache storage tier (L3)
+
 COUNTERS = {
     c.PREFIX_CACHE_QUERY_TOKENS_TOTAL: "query_tokens",
     c.PREFIX_CACHE_HIT_TOKENS_TOTAL: "hit_tokens",
@@ -18,6 +20,9 @@ COUNTERS = {
     c.PREEMPTIONS_TOTAL: "preemptions",
     c.EXTERNAL_PREFIX_CACHE_QUERY_TOKENS_TOTAL: "external_query_tokens",
     c.EXTERNAL_PREFIX_CACHE_HIT_TOKENS_TOTAL: "external_hit_tokens",
+    c.EVICTED_TOKENS_TOTAL: "evicted_tokens",  # SGLang's radix tree and HiCache (sglang_parse.py)
+    c.TIER_LOAD_BACK_TOKENS_TOTAL: "load_back_tokens",
+    c.TIER_BACKUP_TOKENS_TOTAL: "backup_tokens",
 }
 PROMPT_SOURCES = {"computed": "computed_prompt_tokens", "cached": "cached_prompt_tokens"}
 GAUGES = {c.REQUESTS_RUNNING: "running", c.REQUESTS_WAITING: "waiting"}
@@ -59,7 +64,7 @@ def current(labels: dict[str, str], sample: EngineSample, config: dict[str, str]
     out += [Sample(name, labels, sample.gauges[key]) for name, key in GAUGES.items() if key in sample.gauges]
     out += [
         Sample(c.PROMPT_TOKENS_CACHED_BY_TIER_TOTAL, {**labels, "tier": tier}, sample.counters[key])
-        for tier in TIERS
+        for tier in CACHED_TIERS
         if (key := f"cached_tier_{tier}") in sample.counters
     ]
     out += [
@@ -75,11 +80,17 @@ def current(labels: dict[str, str], sample: EngineSample, config: dict[str, str]
     v0_rate = sample.gauges.get("v0_block_hit_rate")
     if v0_rate is not None and 0 <= v0_rate <= 1:
         out.append(Sample(c.VLLM_V0_PREFIX_CACHE_BLOCK_HIT_RATIO, labels, v0_rate))
-    return out + blocks(labels, sample.gauges.get("kv_usage"), sample.gauges.get("running"), config)
+    gauges = sample.gauges
+    in_use = gauges.get("blocks_in_use")
+    return out + blocks(labels, gauges.get("kv_usage"), gauges.get("running"), config, in_use)
 
 
 def blocks(
-    labels: dict[str, str], usage: float | None, running: float | None, config: dict[str, str] | None
+    labels: dict[str, str],
+    usage: float | None,
+    running: float | None,
+    config: dict[str, str] | None,
+    counted: float | None = None,  # blocks in use as the engine counts them (SGLang), else from usage
 ) -> list[Sample]:
     out = []
     if usage is not None:
@@ -89,9 +100,9 @@ def blocks(
     block_size = config_number(config, "block_size")
     if num_blocks is not None:
         out.append(Sample(c.BLOCKS_CAPACITY, labels, num_blocks))
-        if usage is not None:
+        if counted is not None or usage is not None:
             # vLLM's usage excludes the one null block: 1 - free / (num_gpu_blocks - 1).
-            in_use = round(usage * max(num_blocks - 1, 0), 6)
+            in_use = counted if counted is not None else round(usage * max(num_blocks - 1, 0), 6)
             out.append(Sample(c.BLOCKS_IN_USE, labels, in_use))
             fragmentation = fragmentation_estimate_ratio(block_size, in_use, running)
             if fragmentation is not None:

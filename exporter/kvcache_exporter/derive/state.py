@@ -42,6 +42,7 @@ class TargetState:
     labels: dict[str, str] = field(default_factory=dict)  # {"target": name} when several are polled
     up: bool = False
     snapshot: VllmSnapshot | None = None
+    engine_kind: str = "vllm"  # the `engine_kind` label: the flag's, then what the last page was
     histories: dict[EngineKey, SeriesHistory] = field(default_factory=dict)
 
     def ingest(self, snapshot: VllmSnapshot | None, ts: float) -> None:
@@ -49,6 +50,7 @@ class TargetState:
         self.up = snapshot is not None
         if snapshot is None:
             return
+        self.engine_kind = snapshot.engine_kind
         for key, sample in snapshot.engines.items():
             self.histories.setdefault(key, SeriesHistory(self.retention)).append(ts, sample)
         for key in list(self.histories):  # engines gone for longer than the retention are forgotten

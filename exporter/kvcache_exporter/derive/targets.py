@@ -16,6 +16,8 @@ def target_samples(
     target: TargetState, windows: Sequence[float], quantiles: tuple[float, ...]
 ) -> list[Sample]:
     base = target.labels
+    if target.engine_kind != "vllm":  # vLLM's series keep the labels they always had
+        base = {**base, "engine_kind": target.engine_kind}
     out = [Sample(c.VLLM_UP, base, float(target.up))]
     snapshot = target.snapshot
     if not target.up or snapshot is None:

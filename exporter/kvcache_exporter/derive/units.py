@@ -172,8 +172,11 @@ class UnitView:
                 self._stored(event, event.group, out)
                 anchor, anchored = self.anchor, self.anchored
             else:
-                if kind == "AllBlocksCleared":  # the GPU pool was reset; lower tiers keep theirs
+                if kind == "AllBlocksCleared":  # the GPU pool was reset; vLLM's lower tiers keep theirs
                     resident.clear()
+                    if self.sessions_compute:  # SGLang's /flush_cache resets HiCache's host pool too
+                        for held in self.tiers.values():
+                            held.clear()
                     self._parts, self._old_parts, self._parts_held = {}, {}, 0
                 out.append(event)
         if removed:

@@ -90,6 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--file-sd", help="with --replicas: write the replicas as a Prometheus file_sd JSON file here")
     add("--metrics-schema", choices=("v1", "v0"), default="v1", help="/metrics names: V1 or V0 vLLM")
     add(
+        "--engine",
+        choices=("vllm", "sglang"),
+        default="vllm",
+        help="whose /metrics to serve: vLLM's (--metrics-schema) or SGLang 0.5's names and label sets",
+    )
+    add(
         "--workload",
         "--schedule",
         dest="schedule",
@@ -169,7 +175,7 @@ def config_from_args(args: argparse.Namespace) -> SimulatorConfig:
         ),
         engines=args.engines,
         routing=args.routing,
-        metrics_schema=args.metrics_schema,
+        metrics_schema="sglang" if args.engine == "sglang" else args.metrics_schema,
         schedule=args.schedule,
         rate=args.rate,
         concurrency=args.concurrency,

@@ -1,4 +1,5 @@
-"""Where an engine publishes its KV events, asked of the engine itself: vLLM's GET /kv_event_sources.
+"""Where an engine publishes its KV events, asked of the engine itself: vLLM's /kv_event_sources,
+SGLang's /server_info.
 
 An engine is a route and a small pure parser (`ENGINES`): the parser turns the decoded JSON answer
 into `Announced` entries, one per data-parallel rank. `resolve` then turns each into a `Stream` to
@@ -66,7 +67,9 @@ class Found:
         if self.state == "no_route":
             return "no /kv_event_sources route (vLLM before 0.32?): give --kv-events.endpoint"
         if self.state == "none_published":
-            parts = ["vLLM publishes no KV events (start it with --kv-events-config, docs/kv-events.md)"]
+            parts = [
+                "the engine publishes no KV events (start it with --kv-events-config: docs/kv-events.md)"
+            ]
         else:
             parts = [f"rank {s.rank} {s.endpoint} ({s.mode})" for s in self.streams[:LOGGED_RANKS]]
             if len(self.streams) > LOGGED_RANKS:
@@ -169,13 +172,62 @@ def parse_vllm(answer: Any) -> tuple[list[Announced], Counter[str]]:
     return sorted(found.values(), key=lambda a: a.rank), rejected
 
 
+def _port(value: Any) -> int:
+    if type(value) is not int or not 0 < value < 65536:
+        raise Rejected("bad_port")
+    return value
+
+
+def parse_sglang(answer: Any) -> tuple[list[Announced], Counter[str]]:
+    """SGLang's GET /server_info: `kv_events` = {publisher, endpoint_host, endpoint_port_base, topic,
+    block_size, dp_size, replay_endpoint_port_base}; rank r publishes on the base port + r."""
+    if not isinstance(answer, dict):
+        raise SourceError("parse_error", "want a JSON object from /server_info")
+    config = answer.get("kv_events")
+    rejected: Counter[str] = Counter()
+    if config is None or (isinstance(config, dict) and config.get("publisher", "zmq") != "zmq"):
+        return [], rejected  # SGLang started without --kv-events-config
+    try:
+        if not isinstance(config, dict):
+            raise Rejected("bad_entry")
+        host = _text(config.get("endpoint_host"), "*") or "*"
+        base = _port(config.get("endpoint_port_base"))
+        replay = config.get("replay_endpoint_port_base")
+        replay = None if replay is None else _port(replay)
+        topic = _text(config.get("topic"), "") or ""
+        size = config.get("dp_size", 1)
+        if type(size) is not int or size < 1:
+            raise Rejected("bad_rank")
+    except Rejected as err:
+        rejected[err.reason] += 1
+        return [], rejected
+    if size > MAX_RANKS:
+        rejected["too_many_ranks"] += size - MAX_RANKS
+        size = MAX_RANKS
+    host = _bracketed(host)
+    announced = []
+    for rank in range(size):
+        if base + rank > 65535 or (replay is not None and replay + rank > 65535):
+            rejected["bad_port"] += 1
+            continue
+        replay_endpoint = None if replay is None else f"tcp://{host}:{replay + rank}"
+        announced.append(Announced(rank, f"tcp://{host}:{base + rank}", replay_endpoint, topic))
+    return announced, rejected
+
+
 @dataclass(frozen=True)
 class Engine:
+    name: str  # Stream.engine: whose media and page rules its events follow
     path: str
     parse: Callable[[Any], tuple[list[Announced], Counter[str]]]
+    max_body_bytes: int = MAX_BODY_BYTES
 
 
-ENGINES = {"vllm": Engine("/kv_event_sources", parse_vllm)}
+# SGLang's /server_info is every server argument (~43 KB for a tiny model): a larger bound
+ENGINES = {
+    "vllm": Engine("vllm", "/kv_event_sources", parse_vllm),
+    "sglang": Engine("sglang", "/server_info", parse_sglang, 1024 * 1024),
+}
 
 
 def _bracketed(host: str) -> str:
@@ -201,7 +253,9 @@ def on_host(endpoint: str, host: str) -> tuple[str, bool, bool]:
     return f"tcp://{_bracketed(host)}:{int(port)}", binds, other
 
 
-def resolve(announced: list[Announced], host: str, rejected: Counter[str] | None = None) -> Found:
+def resolve(
+    announced: list[Announced], host: str, rejected: Counter[str] | None = None, engine: str = "vllm"
+) -> Found:
     """The streams to subscribe to on `host` (the polled one), never another."""
     rejected = Counter(rejected or {})
     streams, other = [], []
@@ -217,7 +271,8 @@ def resolve(announced: list[Announced], host: str, rejected: Counter[str] | None
                 replay = on_host(entry.replay_endpoint, host)[0]  # vLLM's ROUTER binds: we connect
             except Rejected as err:
                 rejected[f"replay_{err.reason}"] += 1
-        streams.append(Stream(entry.rank, endpoint, "connect" if binds else "bind", entry.topic, replay))
+        mode = "connect" if binds else "bind"
+        streams.append(Stream(entry.rank, endpoint, mode, entry.topic, replay, engine))
         if named_other:
             other.append(entry.rank)
     state = "found" if streams else "none_published"
@@ -232,7 +287,9 @@ def sources_url(metrics_url: str, path: str) -> tuple[str, str]:
 
 class KvEventDiscovery:
     """Asks one server where its KV-event publishers are, every poll (a static table: one small GET).
-    A missing route is an answer (state no_route), not a failure; anything else malformed raises."""
+    A missing route is an answer (state no_route), not a failure; anything else malformed raises.
+    `engine="auto"`: vLLM's route, and SGLang's where the server has no such route (then SGLang's
+    first from the next ask on)."""
 
     name = "kv_event_discovery"
 
@@ -244,28 +301,43 @@ class KvEventDiscovery:
         keep_alive: bool = True,
         headers: Callable[[], dict[str, str]] = dict,  # e.g. the bearer token /metrics is polled with
     ):
-        self.engine = ENGINES[engine]
+        self.engines = [ENGINES["vllm"], ENGINES["sglang"]] if engine == "auto" else [ENGINES[engine]]
+        self.metrics_url = metrics_url
         self.url, self.host = sources_url(metrics_url, self.engine.path)
         self.timeout, self.keep_alive, self.headers = timeout, keep_alive, headers
         self._session: Session | None = None
         self._modes: dict[str, str] = {}  # a concrete endpoint -> our side's mode, decided once
 
+    @property
+    def engine(self) -> Engine:
+        return self.engines[0]
+
     async def collect(self) -> Found:
+        for _ in self.engines:
+            body = await self.ask()
+            if body is not None:
+                return await self.settle_modes(read_answer(body, self.engine, self.host, self.url))
+            if len(self.engines) > 1:  # no such route: the other engine's from now on
+                self.engines.append(self.engines.pop(0))
+                self.url = sources_url(self.metrics_url, self.engine.path)[0]
+        return Found(state="no_route")
+
+    async def ask(self) -> bytes | None:
+        """The route's body; None where the server has no such route (404)."""
         if self._session is None:
             self._session = new_session(self.keep_alive)
         try:
             async with asyncio.timeout(self.timeout):
                 headers = {"Accept": "application/json", **self.headers()}
-                body = await self._session.get(self.url, headers, MAX_BODY_BYTES)
+                return await self._session.get(self.url, headers, self.engine.max_body_bytes)
         except HttpStatusError as err:
             if err.status == 404:
-                return Found(state="no_route")
+                return None
             raise
         except TimeoutError as err:
             raise SourceError("timeout", f"{self.url}: no whole answer within {self.timeout:g}s") from err
         except OSError as err:
             raise SourceError("connection", f"{self.url}: {err}") from err
-        return await self.settle_modes(read_answer(body, self.engine, self.host, self.url))
 
     async def settle_modes(self, found: Found) -> Found:
         """A concrete address is where vLLM connects (we bind), unless it is the one vLLM bound itself:
@@ -307,4 +379,4 @@ def read_answer(body: bytes, engine: Engine, host: str, url: str = "the answer")
     except (ValueError, RecursionError) as err:  # RecursionError: deeply nested arrays
         raise SourceError("parse_error", f"{url}: not JSON ({type(err).__name__})") from err
     announced, rejected = engine.parse(answer)
-    return resolve(announced, host, rejected)
+    return resolve(announced, host, rejected, engine.name)

@@ -36,6 +36,7 @@ class VllmSnapshot:
     prefix: str
     deprecated: tuple[str, ...]
     missing: tuple[str, ...]
+    engine_kind: str = "vllm"  # which engine served the page: vllm | sglang (sources/sglang_parse.py)
 
     def model_of(self, engine: str) -> str:
         """cache_config_info has no model_name: join it from the engine's other series."""

@@ -317,6 +317,7 @@ def main() -> int:
         bench_kv_heavy,
         bench_nats,
         bench_poll,
+        bench_sglang,
         bench_side_by_side,
     )
 
@@ -324,7 +325,7 @@ def main() -> int:
                     for row in bench_side_by_side.rows(n, seconds, warmup=8.0)]  # fmt: skip
     side_by_side += bench_poll.rows() + bench_side_by_side.history_rows()
     rest = bench_fleet.rows() + bench_attribution.rows() + bench_analyzer.rows() + bench_endpoint.rows()
-    rest += bench_kv_heavy.rows() + bench_engines.rows() + bench_nats.rows()
+    rest += bench_kv_heavy.rows() + bench_engines.rows() + bench_nats.rows() + bench_sglang.rows(args.repeat)
     text = markdown(run(args.repeat) + side_by_side + rest)
     if args.output == "-":
         print(text)

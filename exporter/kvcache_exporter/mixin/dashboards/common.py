@@ -55,7 +55,18 @@ def sel(metric: str, *matchers: str) -> str:
     else:  # the exporter's series, and Prometheus' own `up`
         labels, base = (BY_NAME[metric].labels if metric in BY_NAME else ()), _TARGET
     own = tuple(f'{label}=~"${label}"' for label in _LABEL_VARS if label in labels)
+    if _per_engine(metric):
+        own += (ENGINE_KIND,)
     return f"{metric}{{{', '.join((*base, *own, *matchers))}}}"
+
+
+# SGLang targets' series carry engine_kind="sglang"; vLLM's carry none (the empty value: `^$`).
+ENGINE_KIND = 'engine_kind=~"$engine_kind"'
+
+
+def _per_engine(metric: str) -> bool:
+    spec = BY_NAME.get(metric)
+    return spec is not None and spec.per_target and not metric.startswith("kvcache_exporter_")
 
 
 def rate(metric: str, by: str = "model_name", *matchers: str) -> str:
@@ -199,9 +210,10 @@ def grid(
     return _finish(panel, title, queries, shows, action, alerts, units.Short, w, h, None, as_table=True)
 
 
-def variables() -> list[db.DatasourceVariable | db.QueryVariable]:
+def variables() -> list[db.DatasourceVariable | db.QueryVariable | db.CustomVariable]:
     """datasource, job, instance (pod), its host (hidden: vLLM's series), model_name, engine, each
-    narrowing the next, and the exporter's window for the windowed gauges."""
+    narrowing the next, the engine kind (vLLM or SGLang), and the exporter's window for the windowed
+    gauges."""
     build_info = "kvcache_exporter_build_info"
     config = 'kvcache_vllm_config_info{job=~"$job", instance=~"$instance"'
     return [
@@ -215,6 +227,13 @@ def variables() -> list[db.DatasourceVariable | db.QueryVariable]:
         .hide(dm.VariableHide.HIDE_VARIABLE),
         _query_var("model_name", "Model", f"label_values({config}}}, model_name)"),
         _query_var("engine", "Engine", f'label_values({config}, model_name=~"$model_name"}}, engine)'),
+        db.CustomVariable("engine_kind")
+        .label("Engine kind")
+        .values("vllm : ^$,sglang : sglang")
+        .include_all(True)
+        .all_value(".*")
+        .multi(False)
+        .current(dm.VariableOption(selected=True, text="All", value="$__all")),
         _query_var("window", "Window", 'label_values(kvcache_prefix_cache_hit_ratio{job=~"$job"}, window)')
         .multi(False)
         .include_all(False)
