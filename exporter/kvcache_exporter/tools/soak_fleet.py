@@ -27,8 +27,11 @@ from .harness import CLI, Service, Services, free_port, free_ports, wait_until
 from .soak import Scraper, cpu_seconds, rss_mib
 
 POOL = "soak"
-# The engine shapes a replica can take; "sglang" needs the simulator's --engine sglang (h-events).
-SHAPES = {"vllm": ()}
+# The engine shapes a replica can take: the simulator's flags, then its sidecar's.
+SHAPES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "vllm": ((), ()),
+    "sglang": (("--engine", "sglang"), ("--kv-events.engine", "sglang")),  # SGLang's pages and events
+}
 
 
 def totals(text: str, name: str, **labels: str) -> float:
@@ -128,7 +131,7 @@ def soak(
                 name = f"{shape}-{i}"
                 sim_port, zmq_port = free_ports(2)
                 services.simulator(
-                    *SHAPES[shape], "--workload", "normalized:600s,chat:600s,raw:300s,normalized",
+                    *SHAPES[shape][0], "--workload", "normalized:600s,chat:600s,raw:300s,normalized",
                     "--rate", str(rate), "--kv-events-endpoint", f"tcp://127.0.0.1:{zmq_port}",
                     port=sim_port, timeout=90,
                 )  # fmt: skip
@@ -136,7 +139,7 @@ def soak(
                     "--vllm.url", f"http://127.0.0.1:{sim_port}/metrics", "--gpu.source", "none",
                     "--kv-events.endpoint", f"tcp://127.0.0.1:{zmq_port}", "--kv-events.mode", "bind",
                     "--fleet.publish", nats.url, "--fleet.pool", POOL, "--fleet.replica", name,
-                    timeout=90,
+                    *SHAPES[shape][1], timeout=90,
                 )  # fmt: skip
                 run.shapes[name] = shape
             port = free_port()
@@ -310,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=7200, help="soak length (default 2 h)")
     parser.add_argument("--sample-every", type=float, default=30)
     parser.add_argument(
-        "--replicas", default="vllm,vllm", help="engine shape per replica: " + ",".join(SHAPES)
+        "--replicas", default="vllm,sglang", help="engine shape per replica: " + ",".join(SHAPES)
     )
     parser.add_argument("--rate", type=float, default=2.0, help="requests per second per replica")
     parser.add_argument(
