@@ -20,6 +20,7 @@ COVERED_ELSEWHERE = {
     "sources/kv_events_decode.py": ["sources/test_kv_events.py", "sources/test_kv_events_hostile.py"],
     "sources/vllm_names.py": ["sources/test_vllm.py"],
     "sources/vllm_parse.py": ["sources/test_vllm.py", "sources/test_textformat_fuzz.py"],
+    "sources/sglang_parse.py": ["sources/test_sglang.py"],
     "sources/vllm_snapshot.py": ["sources/test_vllm.py"],
     "derive/cache.py": ["derive/test_windows.py", "sources/test_vllm.py"],
     "derive/cache_config.py": ["derive/test_audit.py"],

@@ -336,4 +336,4 @@ def vllm_dp_lora(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShapeServ
         yield server
 
 
-from tests.integration.sglang_servers import sglang_server  # noqa: E402, F401  (a session fixture)
+from tests.integration.sglang_servers import sglang_server  # noqa: E402, F401  (stopped after its module)

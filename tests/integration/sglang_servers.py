@@ -91,7 +91,9 @@ class SglangServer:
         pytest.fail(f"SGLang did not answer /health within {timeout:.0f} s:\n{self.log()}", pytrace=False)
 
 
-@pytest.fixture(scope="session")
+# Module scope: SGLang's scheduler polls while idle (most of a core here), so it is stopped as soon as
+# the one module that reads it is done instead of slowing the rest of the session on CI's 2 cores.
+@pytest.fixture(scope="module")
 def sglang_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SglangServer]:
     python = SGLANG_VENV / "bin" / "python"
     if not python.exists():

@@ -6,6 +6,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvcache_exporter.simulator.config import SimulatorConfig, cache_config_labels
 from kvcache_exporter.simulator.engine import Engine, EngineConfig, Request
 from kvcache_exporter.simulator.exposition import ExpositionState, make_registry
+from kvcache_exporter.simulator.sglang_exposition import make_sglang_registry
 
 REQUIRED = {
     "vllm:prefix_cache_queries",
@@ -56,7 +57,10 @@ def simulated_text(max_model_len: int, schema: str = "v1") -> str:
     while engine.has_work:
         engine.step(0.0)
     state = ExpositionState("tiny-llama", [engine], 1.0, lambda i: cache_config_labels(config, i))
-    return generate_latest(make_registry(lambda: state, schema)).decode()
+    registry = (
+        make_sglang_registry(lambda: state) if schema == "sglang" else make_registry(lambda: state, schema)
+    )
+    return generate_latest(registry).decode()
 
 
 def test_families_match_the_real_capture(real_metrics_text):

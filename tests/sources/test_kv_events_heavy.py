@@ -215,6 +215,6 @@ def test_a_heavy_batch_is_cut_between_events_and_its_rest_applied_first_by_the_n
     part.budget = None
     part.ingest(KvEventDrain(), 2.0)  # the rest first, counted with its start, not again
     assert (events.batches, events.cached_blocks, events.missed, part.carry) == (1, 4 * CHUNK_HASHES, 0, ())
-    assert (totals.batches, totals.missed_batches) == (1, 0)
+    assert totals.batches == 1  # the event view's cursor is the one reader of the sequence
     part.ingest(KvEventDrain((batch(2, 10),)), 3.0)  # seq 1 was dropped, counted: 2 follows in order
-    assert (events.batches, events.missed, totals.missed_batches) == (2, 0, 0)
+    assert (events.batches, events.missed) == (2, 0)

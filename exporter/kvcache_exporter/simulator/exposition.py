@@ -80,11 +80,7 @@ class VllmCollector:
 
     def collect(self) -> Iterator[Metric]:
         state = self._state()
-        if self._schema == "sglang":
-            from .sglang_exposition import collect_sglang  # a module that imports this one
-
-            yield from collect_sglang(state)
-        elif self._schema == "v0":
+        if self._schema == "v0":
             yield from _collect_v0(state)
         else:
             yield from _collect_v1(state)

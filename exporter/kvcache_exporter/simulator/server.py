@@ -16,6 +16,7 @@ from .config import SimulatorConfig
 from .engine import Request
 from .exposition import make_registry
 from .runtime import EngineRestarted, Runtime
+from .sglang_exposition import make_sglang_registry
 from .workloads import RequestSpec
 
 MALFORMED_LINE = b'vllm:kv_cache_usage_perc{engine="0",model_name= 0.5 garbage\n'
@@ -27,7 +28,11 @@ class Simulator:
     def __init__(self, config: SimulatorConfig) -> None:
         self.config = config
         self.runtime = Runtime(config)
-        self._registry = make_registry(self.runtime.exposition_state, config.metrics_schema)
+        state = self.runtime.exposition_state
+        if config.metrics_schema == "sglang":
+            self._registry = make_sglang_registry(state)
+        else:
+            self._registry = make_registry(state, config.metrics_schema)
         self._runner: web.AppRunner | None = None
         self.port = config.port
 

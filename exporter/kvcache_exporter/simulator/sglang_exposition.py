@@ -11,8 +11,9 @@ exporter never reads it. Radix evictions are not simulated, so `evicted_tokens_t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from .exposition import ExpositionState
@@ -25,6 +26,20 @@ HISTOGRAMS = {  # SGLang's name: the simulator's (vLLM-named) histogram, and who
     "e2e_request_latency_seconds": ("e2e_request_latency_seconds", TOKENIZER),
     "queue_time_seconds": ("request_queue_time_seconds", SCHEDULER),  # the scheduler's
 }
+
+
+class SglangCollector:
+    def __init__(self, state: Callable[[], ExpositionState]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        yield from collect_sglang(self._state())
+
+
+def make_sglang_registry(state: Callable[[], ExpositionState]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SglangCollector(state))
+    return registry
 
 
 def collect_sglang(state: ExpositionState) -> Iterator[Metric]:

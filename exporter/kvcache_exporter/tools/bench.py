@@ -14,7 +14,6 @@ import os
 import platform
 import resource
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -27,20 +26,9 @@ from ..sources import textformat
 from ..sources.vllm import Memory, parse
 from . import bench_side_by_side
 from .exporters import vllm_exporter
-from .harness import Services, scrape_config
+from .harness import Services, cpu_ms, scrape_config
 
 SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures"
-
-
-def cpu_ms(fn, repeat: int) -> tuple[float, float]:
-    """Median and p90 CPU milliseconds of fn() over `repeat` runs."""
-    samples = []
-    for _ in range(repeat):
-        start = time.process_time()
-        fn()
-        samples.append((time.process_time() - start) * 1000)
-    samples.sort()
-    return statistics.median(samples), samples[int(len(samples) * 0.9) - 1]
 
 
 class Replay:

@@ -20,10 +20,11 @@ from prometheus_client import generate_latest
 from ..simulator.config import SimulatorConfig, cache_config_labels
 from ..simulator.engine import Engine, EngineConfig, Request
 from ..simulator.exposition import ExpositionState, make_registry
+from ..simulator.sglang_exposition import make_sglang_registry
 from ..sources.sglang import EngineSource
 from . import bench_side_by_side
-from .bench import cpu_ms
 from .exporters import vllm_exporter
+from .harness import cpu_ms
 
 SHARED = Path(__file__).resolve().parents[3].parent / "shared" / "fixtures"
 
@@ -33,7 +34,7 @@ def same_traffic(steps: int = 60) -> tuple[list[str], list[str]]:
     config = SimulatorConfig(engine=EngineConfig(block_size=16, num_gpu_blocks=512, max_model_len=4096))
     engine = Engine(config.engine)
     state = ExpositionState("bench", [engine], 1.0, lambda i: cache_config_labels(config, i))
-    vllm, sglang = make_registry(lambda: state, "v1"), make_registry(lambda: state, "sglang")
+    vllm, sglang = make_registry(lambda: state, "v1"), make_sglang_registry(lambda: state)
     rng = random.Random(30)
     templates = [[rng.randint(5, 500) for _ in range(400)] for _ in range(4)]
     # SGLang serves ~110 families the exporter does not read (the simulator only those it does): the real

@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -308,3 +309,14 @@ def spawn_logged(argv: Sequence[str], workdir: Path, env: dict[str, str], log_pa
             list(argv), cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
+
+
+def cpu_ms(fn, repeat: int) -> tuple[float, float]:
+    """Median and p90 CPU milliseconds of fn() over `repeat` runs."""
+    samples = []
+    for _ in range(repeat):
+        start = time.process_time()
+        fn()
+        samples.append((time.process_time() - start) * 1000)
+    samples.sort()
+    return statistics.median(samples), samples[int(len(samples) * 0.9) - 1]
