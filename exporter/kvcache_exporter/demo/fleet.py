@@ -62,26 +62,25 @@ async def _run(args: argparse.Namespace) -> None:
     engine = EngineConfig(block_size=args.block_size, num_gpu_blocks=args.num_gpu_blocks)
     config = SimulatorConfig(engine=engine, schedule="chat", rate=max(args.rate, 20.0), speed=args.speed)
     window = float(max(3, int(args.phase_seconds // 3)))
-    nats = args.fleet_transport == "nats"
-    stack = stack_mod.Stack() if nats else None
-    aggregator: Aggregator | None = None
-    with tempfile.TemporaryDirectory(prefix="kvcache-fleet-demo-") as tmp:
-        sd = str(Path(tmp) / "pool.json")
+    async with contextlib.AsyncExitStack() as cleanup:  # undone in reverse, however the demo stops
+        tmp = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="kvcache-fleet-demo-")))
+        sd = str(tmp / "pool.json")
+        nats = args.fleet_transport == "nats"
         fleet = await SimulatorFleet(config, REPLICAS, PHASES[0][0], sd).start(load=not nats)
-        try:
-            if stack is not None:
-                aggregator = await _on_nats(stack, fleet, window)
-                fleet.start_load()  # once every sidecar follows its replica's KV events
-            else:
-                aggregator = Aggregator(PoolSettings(windows=(window,), interval=1.0), [FileSd(sd, None)])
-            print(f"demo --fleet: {REPLICAS} replicas behind a gateway on {fleet.url}, chat workload")
-            await _loop(args, fleet, aggregator, window, stop)
-        finally:
-            if aggregator is not None:
-                await aggregator.close()
-            if stack is not None:  # sidecars, then nats-server; its JetStream store goes with the temp dir
-                await asyncio.to_thread(stack.stop)
-            await fleet.stop()
+        cleanup.push_async_callback(fleet.stop)
+        if nats:
+            stack = stack_mod.Stack()
+            # sidecars, then nats-server; its JetStream store goes with the stack's temp dir
+            cleanup.push_async_callback(asyncio.to_thread, stack.stop)
+            aggregator = await _on_nats(stack, fleet, window)
+        else:
+            aggregator = Aggregator(PoolSettings(windows=(window,), interval=1.0), [FileSd(sd, None)])
+        cleanup.push_async_callback(aggregator.close)
+        if aggregator.intake is not None:
+            await aggregator.intake.start()
+            fleet.start_load()  # once every sidecar follows its replica's KV events
+        print(f"demo --fleet: {REPLICAS} replicas behind a gateway on {fleet.url}, chat workload")
+        await _loop(args, fleet, aggregator, window, stop)
 
 
 async def _on_nats(stack: stack_mod.Stack, fleet: SimulatorFleet, window: float) -> Aggregator:
@@ -105,10 +104,7 @@ async def _on_nats(stack: stack_mod.Stack, fleet: SimulatorFleet, window: float)
         "fleet.retention": "1h",
         "fleet.max_bytes": "256MiB",
     }
-    aggregator = build(resolve_aggregate(flags, {}, None))
-    assert aggregator.intake is not None
-    await aggregator.intake.start()
-    return aggregator
+    return build(resolve_aggregate(flags, {}, None))
 
 
 async def _loop(
