@@ -200,10 +200,11 @@ class Generator:
         aggregate sums them, pool = (job, model_name). Sidecars are never sharded: each counter once."""
         w = self.cfg["fleet"]["window"]
         pool = "job_model_name"
+        r = f"[{self.d(w)}]"
         out = [
             {
                 "record": f"{pool}:kvcache_pool_{counter}_tokens:rate{w}",
-                "expr": f"sum by (job, model_name) (rate(kvcache_prefix_cache_{counter}_tokens_total[{self.d(w)}]))",
+                "expr": f"sum by (job, model_name) (rate(kvcache_prefix_cache_{counter}_tokens_total{r}))",
             }
             for counter in ("hit", "query")
         ]
