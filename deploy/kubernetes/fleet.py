@@ -123,7 +123,8 @@ def nats_conf() -> str:
         "server_name: $POD_NAME\n"
         f"listen: 0.0.0.0:{NATS_PORTS['client']}\n"
         f"http: 0.0.0.0:{NATS_PORTS['monitor']}\n"
-        "jetstream {\n  store_dir: /data\n  max_file_store: 8G\n}\n"
+        # the stream's default 8 GiB (--fleet.max-bytes) fits, on a 10Gi claim
+        "jetstream {\n  store_dir: /data\n  max_file_store: 9G\n}\n"
         f"cluster {{\n  name: {NATS}\n  listen: 0.0.0.0:{NATS_PORTS['cluster']}\n"
         f"  routes: [\n{routes}\n  ]\n}}\n"
         "include authorization.conf\n"
