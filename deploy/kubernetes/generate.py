@@ -5,8 +5,8 @@ alerts/rules/*.yaml. examples/: overlays on the base — podmonitor (a PodMonito
 ServiceMonitor), gpu-sidecar (NVML in the sidecar) and dcgm (the node's dcgm-exporter through a
 node-local Service), fleet (fleet.py: NATS JetStream, publishing sidecars and the
 aggregator's shards) and fleet-direct (fleet.py: the aggregator reading the replicas directly).
-dashboards/: the Grafana dashboards of dashboards/json as ConfigMaps labelled `grafana_dashboard: "1"`, for the Grafana
-sidecar (kube-prometheus-stack, production-stack, llm-d). Edit these files, not the output;
+dashboards/: the Grafana dashboards of dashboards/json as ConfigMaps labelled
+`grafana_dashboard: "1"`, for the Grafana sidecar (kube-prometheus-stack, production-stack, llm-d). Edit these files, not the output;
 `--release` sets the `release` label that kube-prometheus-stack's monitor and rule selectors match.
 """
 
