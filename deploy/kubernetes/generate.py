@@ -2,12 +2,13 @@
 
 base/: Deployment (vLLM + sidecar), Service, ServiceMonitor and the PrometheusRule built from
 alerts/rules/*.yaml. examples/: overlays on the base — podmonitor (a PodMonitor instead of the
-ServiceMonitor), gpu-sidecar (NVML in the sidecar) and dcgm (the node's dcgm-exporter through a
-node-local Service), fleet (fleet.py: NATS JetStream, publishing sidecars and the
-aggregator's shards) and fleet-direct (fleet.py: the aggregator reading the replicas directly).
-dashboards/: the Grafana dashboards of dashboards/json as ConfigMaps labelled
-`grafana_dashboard: "1"`, for the Grafana sidecar (kube-prometheus-stack, production-stack, llm-d). Edit these files, not the output;
-`--release` sets the `release` label that kube-prometheus-stack's monitor and rule selectors match.
+ServiceMonitor), gpu-sidecar (NVML in the sidecar), dcgm (the node's dcgm-exporter through a
+node-local Service), fleet (fleet.py: NATS JetStream, publishing sidecars and the aggregator's
+shards) and fleet-direct (fleet.py: the aggregator reading the replicas directly). dashboards/:
+the Grafana dashboards of dashboards/json as ConfigMaps labelled `grafana_dashboard: "1"`, for the
+Grafana sidecar (kube-prometheus-stack, production-stack, llm-d). Edit these files, not the
+output; `--release` sets the `release` label that kube-prometheus-stack's monitor and rule
+selectors match.
 """
 
 from __future__ import annotations
