@@ -220,6 +220,28 @@ def nats_stateful_set(security: dict, variables: list[str]) -> dict:
     }
 
 
+def nats_network_policy() -> dict:
+    """Routes (6222) carry no credentials: only the NATS servers reach them; clients and
+    monitoring (4222, 8222) from the namespace's pods, whose users authorization.conf checks."""
+
+    def ports(*names: str) -> list[dict]:
+        return [{"protocol": "TCP", "port": NATS_PORTS[name]} for name in names]
+
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": NATS, "labels": NATS_LABELS},
+        "spec": {
+            "podSelector": {"matchLabels": NATS_LABELS},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": NATS_LABELS}}], "ports": ports("cluster")},
+                {"from": [{"podSelector": {}}], "ports": ports("client", "monitor")},
+            ],
+        },
+    }
+
+
 def nats_documents(image: str, security: dict, authorization: str) -> list[dict]:
     source = [f"--fleet.source={nats_url('aggregator')}", f"--fleet.pool={POOL}"]
     container = aggregator(image, security, source, [nats_password("aggregator")])
@@ -227,6 +249,7 @@ def nats_documents(image: str, security: dict, authorization: str) -> list[dict]
         nats_config_map(authorization),
         nats_service(),
         nats_stateful_set(security, re.findall(r"password: \$(\w+)", authorization)),
+        nats_network_policy(),
         stateful_set(container),
         service(),
         service_monitor(),

@@ -301,8 +301,8 @@ def layout(release: str = RELEASE) -> dict[str, list[dict]]:
         ],
         "examples/fleet-direct/aggregator.yaml": fleet_documents(release),
         "examples/fleet-direct/kustomization.yaml": [kustomization(["../../base", "aggregator.yaml"])],
-        "examples/fleet/nats.yaml": fleet_nats_documents(release)[:3],
-        "examples/fleet/aggregator.yaml": fleet_nats_documents(release)[3:],
+        "examples/fleet/nats.yaml": fleet_nats_documents(release)[:4],
+        "examples/fleet/aggregator.yaml": fleet_nats_documents(release)[4:],
         "examples/fleet/exporter-publish.yaml": [fleet_publish_patch()],
         "examples/fleet/kustomization.yaml": [
             kustomization(["../../base", "nats.yaml", "aggregator.yaml"], ["exporter-publish.yaml"])

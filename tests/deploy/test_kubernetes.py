@@ -76,7 +76,13 @@ def test_every_object_validates_strictly_against_kubernetes_schemas(rendered):
     objects = [
         d for docs in rendered.values() for d in docs if d["kind"] not in (*MONITORS, "PrometheusRule")
     ]
-    assert {d["kind"] for d in objects} == {"ConfigMap", "Deployment", "Service", "StatefulSet"}
+    assert {d["kind"] for d in objects} == {
+        "ConfigMap",
+        "Deployment",
+        "NetworkPolicy",
+        "Service",
+        "StatefulSet",
+    }
     for version in KUBERNETES_VERSIONS:
         for obj in objects:
             kubernetes_validate.validate(obj, version, strict=True)

@@ -116,6 +116,12 @@ def test_three_jetstream_servers_route_to_each_other_and_keep_their_store():
         container["securityContext"]["runAsNonRoot"]
         and container["securityContext"]["readOnlyRootFilesystem"]
     )
+    policy = fleet[("NetworkPolicy", "kvcache-nats")]["spec"]
+    assert policy["podSelector"] == sts["spec"]["selector"]
+    (routes_from,) = [
+        r["from"] for r in policy["ingress"] if {"protocol": "TCP", "port": cluster} in r["ports"]
+    ]
+    assert routes_from == [{"podSelector": sts["spec"]["selector"]}]  # routes carry no credentials
 
 
 def user_and_pool(url: str) -> tuple[str, str]:
