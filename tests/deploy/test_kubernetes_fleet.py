@@ -4,6 +4,8 @@ the pool (base/), the aggregate CLI and, for NATS, a real nats-server's own conf
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import re
 import shutil
 import subprocess
@@ -14,6 +16,9 @@ import yaml
 
 from kvcache_exporter.aggregator import cli
 from kvcache_exporter.config import AGGREGATE_OPTIONS, resolve_aggregate
+from kvcache_exporter.fleet_publish import NatsOptions
+from tests.aggregator.test_nats_security import reaches_a_shard
+from tests.conftest import free_port
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 
@@ -157,3 +162,53 @@ def test_sidecars_publish_and_shards_read_their_pool_as_its_nats_users():
         assert (user, source_pool, settings.fleet_pool) == (f"aggregator-{pool}", pool, pool)
         assert cli.discoveries_from(settings) == []  # no /metrics polling: the sidecars publish the counters
     assert users[f"aggregator-{pool}"] == secret_key(container)
+
+
+def cluster_on_loopback(tmp_path: Path) -> tuple[list[subprocess.Popen], list[int]]:
+    """The ConfigMap's nats.conf run for real: three servers, names and addresses moved to loopback
+    ports and a folder each, nothing else changed. Returns the processes and their client ports."""
+    conf_path, env = nats_config(tmp_path)
+    conf = conf_path.read_text()
+    binary = shutil.which("nats-server")
+    ports = [(free_port(), free_port(), free_port()) for _ in range(3)]
+    routes = [f"nats://127.0.0.1:{cluster}" for _, cluster, _ in ports]
+    processes = []
+    for k, (client, cluster, monitor) in enumerate(ports):
+        text = re.sub(r"nats://kvcache-nats-(\d)\.kvcache-nats:6222", lambda m: routes[int(m[1])], conf)
+        text = text.replace("0.0.0.0:4222", f"127.0.0.1:{client}").replace(
+            "0.0.0.0:8222", f"127.0.0.1:{monitor}"
+        )
+        text = text.replace("0.0.0.0:6222", f"127.0.0.1:{cluster}").replace("/data", str(tmp_path / f"js{k}"))
+        assert text.count("127.0.0.1") == 6, text  # every address of the shipped config moved
+        (tmp_path / f"nats-{k}.conf").write_text(text)
+        server_env = {**os.environ, **env, "POD_NAME": f"kvcache-nats-{k}"}
+        args = [binary, "-c", str(tmp_path / f"nats-{k}.conf")]
+        processes.append(
+            subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=server_env)
+        )
+    return processes, [client for client, _, _ in ports]
+
+
+@pytest.mark.timeout(120)
+def test_the_three_servers_form_jetstream_and_carry_a_sidecars_deltas_to_a_shard(tmp_path):
+    """A sidecar publishes on server 0 as sidecar-llama, a shard reads on server 2 as
+    aggregator-llama: the routes, JetStream and the shipped users work together."""
+    if shutil.which("nats-server") is None:
+        pytest.skip("nats-server is not installed (make system-deps installs it as root)")
+    processes, ports = cluster_on_loopback(tmp_path)
+    _, env = nats_config(tmp_path)
+
+    def options(role: str, port: int) -> NatsOptions:
+        password = env[f"{role.upper()}_LLAMA_PASSWORD"]
+        return NatsOptions(f"nats://{role}-llama:{password}@127.0.0.1:{port}")
+
+    try:
+        publisher, intake = asyncio.run(
+            reaches_a_shard(options("sidecar", ports[0]), "llama", options("aggregator", ports[2]))
+        )
+        assert intake.fleet.replicas["a"].resident == 40 and publisher.dropped == {}
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=10)
