@@ -31,7 +31,6 @@ LAYOUTS = ("end", "after_template")
 # What `AnchorOrder` keeps per anchor pair: the anchor that followed it, or one of these.
 _BRANCH = -1  # followed by more than one anchor: requests went their own ways there
 _END = -2  # an event's last pair: nothing after it seen yet
-_KEPT = frozenset((None, _BRANCH))  # what an event's followers leave as it was, or only add to
 
 
 def pair_keys(prints: Sequence[int]) -> list[int]:
@@ -64,7 +63,8 @@ class AnchorOrder:
             after[-1] = before[-1]
         if before == after:  # every pair known with this follower (the common case): nothing changes
             return
-        if not old and set(compress(before, map(ne, before, after))) <= _KEPT:  # only new pairs: add them
+        changed = list(compress(before, map(ne, before, after)))  # what those pairs were followed by
+        if not old and changed.count(None) + changed.count(_BRANCH) == len(changed):  # only new pairs: add
             new.update(compress(zip(keys, after, strict=True), map(is_, before, repeat(None))))
         else:
             self._merge(keys, before, after)
