@@ -2,11 +2,13 @@
 
 base/: Deployment (vLLM + sidecar), Service, ServiceMonitor and the PrometheusRule built from
 alerts/rules/*.yaml. examples/: overlays on the base — podmonitor (a PodMonitor instead of the
-ServiceMonitor), gpu-sidecar (NVML in the sidecar) and dcgm (the node's dcgm-exporter through a
-node-local Service) and fleet (the aggregator of fleet.py beside the pool). dashboards/: the Grafana
-dashboards of dashboards/json as ConfigMaps labelled `grafana_dashboard: "1"`, for the Grafana
-sidecar (kube-prometheus-stack, production-stack, llm-d). Edit these files, not the output;
-`--release` sets the `release` label that kube-prometheus-stack's monitor and rule selectors match.
+ServiceMonitor), gpu-sidecar (NVML in the sidecar), dcgm (the node's dcgm-exporter through a
+node-local Service), fleet (fleet.py: NATS JetStream, publishing sidecars and the aggregator's
+shards) and fleet-direct (fleet.py: the aggregator reading the replicas directly). dashboards/:
+the Grafana dashboards of dashboards/json as ConfigMaps labelled `grafana_dashboard: "1"`, for the
+Grafana sidecar (kube-prometheus-stack, production-stack, llm-d). Edit these files, not the
+output; `--release` sets the `release` label that kube-prometheus-stack's monitor and rule
+selectors match.
 """
 
 from __future__ import annotations
@@ -224,16 +226,40 @@ GPU_SIDECAR_ENV = [  # the NVIDIA runtime shows the node's GPUs to the sidecar, 
 ]
 
 
-def fleet_documents(release: str) -> list[dict]:
-    """fleet.py's objects, loaded by path: this script runs both as a file and imported by tests."""
+def _fleet():
+    """fleet.py, loaded by path: this script runs both as a file and imported by tests."""
     spec = importlib.util.spec_from_file_location("k8s_fleet", HERE / "fleet.py")
     fleet = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fleet)
-    docs = fleet.documents(LABELS, EXPORTER_IMAGE, exporter()["securityContext"], VLLM_PORT)
+    return fleet
+
+
+def _released(docs: list[dict], release: str) -> list[dict]:
     for doc in docs:
         if doc["kind"] in ("ServiceMonitor", "PodMonitor"):
             doc["metadata"]["labels"] = {**doc["metadata"]["labels"], "release": release}
     return docs
+
+
+def fleet_documents(release: str) -> list[dict]:
+    docs = _fleet().documents(LABELS, EXPORTER_IMAGE, exporter()["securityContext"], VLLM_PORT)
+    return _released(docs, release)
+
+
+def fleet_nats_documents(release: str) -> list[dict]:
+    """The NATS servers and the shards reading them (deploy/nats/authorization.conf as shipped)."""
+    authorization = (HERE.parent / "nats" / "authorization.conf").read_text()
+    docs = _fleet().nats_documents(EXPORTER_IMAGE, exporter()["securityContext"], authorization)
+    for doc in docs:
+        if doc["kind"] == "ConfigMap":
+            doc["data"] = {name: _Literal(text) for name, text in doc["data"].items()}
+    return _released(docs, release)
+
+
+def fleet_publish_patch() -> dict:
+    fleet = _fleet()
+    env = [*exporter()["env"], fleet.nats_password("sidecar")]
+    return exporter_patch("--gpu.source=none", *fleet.sidecar_publish_args(), env=env)
 
 
 def kustomization(resources: list[str], patches: list[str] = ()) -> dict:
@@ -273,8 +299,14 @@ def layout(release: str = RELEASE) -> dict[str, list[dict]]:
         "examples/dcgm/kustomization.yaml": [
             kustomization(["../../base", "dcgm-exporter-node-local.yaml"], ["exporter-dcgm.yaml"])
         ],
-        "examples/fleet/aggregator.yaml": fleet_documents(release),
-        "examples/fleet/kustomization.yaml": [kustomization(["../../base", "aggregator.yaml"])],
+        "examples/fleet-direct/aggregator.yaml": fleet_documents(release),
+        "examples/fleet-direct/kustomization.yaml": [kustomization(["../../base", "aggregator.yaml"])],
+        "examples/fleet/nats.yaml": fleet_nats_documents(release)[:4],
+        "examples/fleet/aggregator.yaml": fleet_nats_documents(release)[4:],
+        "examples/fleet/exporter-publish.yaml": [fleet_publish_patch()],
+        "examples/fleet/kustomization.yaml": [
+            kustomization(["../../base", "nats.yaml", "aggregator.yaml"], ["exporter-publish.yaml"])
+        ],
         "dashboards/dashboards.yaml": dashboard_config_maps(),
         "dashboards/kustomization.yaml": [kustomization(["dashboards.yaml"])],
     }

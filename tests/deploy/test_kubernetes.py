@@ -26,7 +26,14 @@ _spec = importlib.util.spec_from_file_location("k8s_generate", SCRIPT)
 generate = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(generate)
 DIR = generate.HERE
-OVERLAYS = ["base", "examples/podmonitor", "examples/gpu-sidecar", "examples/dcgm", "examples/fleet"]
+OVERLAYS = [
+    "base",
+    "examples/podmonitor",
+    "examples/gpu-sidecar",
+    "examples/dcgm",
+    "examples/fleet",
+    "examples/fleet-direct",
+]
 # The oldest Kubernetes kubernetes-validate still ships schemas for, and the newest.
 KUBERNETES_VERSIONS = ["1.25.0", "1.37.0"]
 MONITORS = ("ServiceMonitor", "PodMonitor")
@@ -69,7 +76,13 @@ def test_every_object_validates_strictly_against_kubernetes_schemas(rendered):
     objects = [
         d for docs in rendered.values() for d in docs if d["kind"] not in (*MONITORS, "PrometheusRule")
     ]
-    assert {d["kind"] for d in objects} == {"Deployment", "Service", "StatefulSet"}
+    assert {d["kind"] for d in objects} == {
+        "ConfigMap",
+        "Deployment",
+        "NetworkPolicy",
+        "Service",
+        "StatefulSet",
+    }
     for version in KUBERNETES_VERSIONS:
         for obj in objects:
             kubernetes_validate.validate(obj, version, strict=True)

@@ -1,13 +1,24 @@
-"""deploy/kubernetes/examples/fleet: the fleet view's objects fit the pool (base/) and the aggregate CLI."""
+"""deploy/kubernetes/examples/fleet (on NATS JetStream) and fleet-direct: the fleet view's objects fit
+the pool (base/), the aggregate CLI and, for NATS, a real nats-server's own configuration check."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from kvcache_exporter.aggregator import cli
+from kvcache_exporter.config import AGGREGATE_OPTIONS, resolve_aggregate
+from kvcache_exporter.fleet_publish import NatsOptions
+from tests.aggregator.test_nats_security import reaches_a_shard
+from tests.conftest import free_port
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 
@@ -18,7 +29,7 @@ def objects(folder: str) -> dict[tuple[str, str], dict]:
 
 
 def test_the_headless_service_finds_the_vllm_pods_without_a_second_scrape():
-    pool, fleet = objects("base"), objects("examples/fleet")
+    pool, fleet = objects("base"), objects("examples/fleet-direct")
     headless = fleet[("Service", "vllm-headless")]
     pods = pool[("Deployment", "vllm")]["spec"]["template"]["metadata"]["labels"]
     assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["selector"] == pods
@@ -33,7 +44,7 @@ def test_the_headless_service_finds_the_vllm_pods_without_a_second_scrape():
 
 
 def test_every_shard_runs_aggregate_with_arguments_it_accepts():
-    fleet = objects("examples/fleet")
+    fleet = objects("examples/fleet-direct")
     sts = fleet[("StatefulSet", "kvcache-aggregator")]
     (container,) = sts["spec"]["template"]["spec"]["containers"]
     assert container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"].endswith("pod-index']")
@@ -50,3 +61,154 @@ def test_every_shard_runs_aggregate_with_arguments_it_accepts():
     service = fleet[("Service", "kvcache-aggregator")]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert service["spec"]["selector"] == sts["spec"]["template"]["metadata"]["labels"]
+
+
+def nats_config(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """The ConfigMap's files written out, and the environment the NATS container gives the server
+    (its Secret's keys and POD_NAME; any value will do for the check)."""
+    fleet = objects("examples/fleet")
+    for name, text in fleet[("ConfigMap", "kvcache-nats")]["data"].items():
+        (tmp_path / name).write_text(text)
+    (container,) = fleet[("StatefulSet", "kvcache-nats")]["spec"]["template"]["spec"]["containers"]
+    return tmp_path / "nats.conf", {e["name"]: f"x-{e['name']}" for e in container["env"]}
+
+
+def nats_check(config: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    binary = shutil.which("nats-server")
+    if binary is None:
+        pytest.skip("nats-server is not installed (make system-deps installs it as root)")
+    return subprocess.run(
+        [binary, "-t", "-c", str(config)], capture_output=True, text=True, timeout=30, env=env
+    )
+
+
+def test_the_nats_configuration_passes_nats_servers_own_check(tmp_path):
+    config, env = nats_config(tmp_path)
+    done = nats_check(config, env)
+    assert done.returncode == 0 and "is valid" in done.stdout + done.stderr, done.stderr
+    assert "include authorization.conf" in config.read_text()
+    shipped = MANIFESTS.parents[0] / "nats" / "authorization.conf"
+    assert (tmp_path / "authorization.conf").read_text() == shipped.read_text()  # the pools as tested
+
+
+def test_the_nats_check_fails_without_a_password_or_with_a_typo(tmp_path):
+    config, env = nats_config(tmp_path)
+    missing = {k: v for k, v in env.items() if k != "AGGREGATOR_MISTRAL_PASSWORD"}
+    done = nats_check(config, missing)
+    assert done.returncode != 0 and "AGGREGATOR_MISTRAL_PASSWORD" in done.stderr
+    config.write_text(config.read_text().replace("jetstream {", "jetstream {{"))
+    assert nats_check(config, env).returncode != 0
+
+
+def test_three_jetstream_servers_route_to_each_other_and_keep_their_store():
+    fleet = objects("examples/fleet")
+    sts, service = fleet[("StatefulSet", "kvcache-nats")], fleet[("Service", "kvcache-nats")]
+    conf = fleet[("ConfigMap", "kvcache-nats")]["data"]["nats.conf"]
+    assert sts["spec"]["replicas"] == 3 and sts["spec"]["serviceName"] == service["metadata"]["name"]
+    assert (
+        service["spec"]["clusterIP"] == "None"
+        and service["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+    )
+    cluster = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "cluster")
+    routes = re.findall(r"nats://(\S+)", conf)
+    assert routes == [f"kvcache-nats-{i}.kvcache-nats:{cluster}" for i in range(3)]
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert f"store_dir: {mounts[claim['metadata']['name']]}\n" in conf
+    assert container["args"] == ["--config", f"{mounts['config']}/nats.conf"]
+    assert (
+        container["securityContext"]["runAsNonRoot"]
+        and container["securityContext"]["readOnlyRootFilesystem"]
+    )
+    policy = fleet[("NetworkPolicy", "kvcache-nats")]["spec"]
+    assert policy["podSelector"] == sts["spec"]["selector"]
+    (routes_from,) = [
+        r["from"] for r in policy["ingress"] if {"protocol": "TCP", "port": cluster} in r["ports"]
+    ]
+    assert routes_from == [{"podSelector": sts["spec"]["selector"]}]  # routes carry no credentials
+
+
+def user_and_pool(url: str) -> tuple[str, str]:
+    user = re.fullmatch(r"nats://([\w-]+):\$\(NATS_PASSWORD\)@kvcache-nats:4222", url)
+    assert user, url
+    return user[1], user[1].split("-", 1)[1]
+
+
+def secret_key(container: dict) -> str:
+    (password,) = [e for e in container["env"] if e["name"] == "NATS_PASSWORD"]
+    return password["valueFrom"]["secretKeyRef"]["key"]
+
+
+def test_sidecars_publish_and_shards_read_their_pool_as_its_nats_users():
+    fleet = objects("examples/fleet")
+    authorization = fleet[("ConfigMap", "kvcache-nats")]["data"]["authorization.conf"]
+    users = dict(re.findall(r"user: ([\w-]+), password: \$(\w+)", authorization))
+    patch = fleet[("Deployment", "vllm")]["spec"]["template"]["spec"]["containers"][0]
+    flags = dict(a.split("=", 1) for a in patch["args"] if "=" in a)
+    user, pool = user_and_pool(flags["--fleet.publish"])
+    assert user == f"sidecar-{pool}" and flags["--fleet.pool"] == pool and users[user] == secret_key(patch)
+    assert f'"kvcache.{pool}.>"' in authorization  # the subjects the user may publish to are its pool's
+    sts = fleet[("StatefulSet", "kvcache-aggregator")]
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    for shard in range(sts["spec"]["replicas"]):
+        args = parser.parse_args([a.replace("$(SHARD)", str(shard)) for a in container["args"]])
+        flags = {o.key: getattr(args, o.attr) for o in AGGREGATE_OPTIONS}
+        settings = resolve_aggregate(flags, {}, args.config_file)
+        assert settings.fleet_shard == f"{shard}/{sts['spec']['replicas']}"
+        user, source_pool = user_and_pool(settings.fleet_source)
+        assert (user, source_pool, settings.fleet_pool) == (f"aggregator-{pool}", pool, pool)
+        assert cli.discoveries_from(settings) == []  # no /metrics polling: the sidecars publish the counters
+    assert users[f"aggregator-{pool}"] == secret_key(container)
+
+
+def cluster_on_loopback(tmp_path: Path) -> tuple[list[subprocess.Popen], list[int]]:
+    """The ConfigMap's nats.conf run for real: three servers, names and addresses moved to loopback
+    ports and a folder each, nothing else changed. Returns the processes and their client ports."""
+    conf_path, env = nats_config(tmp_path)
+    conf = conf_path.read_text()
+    binary = shutil.which("nats-server")
+    ports = [(free_port(), free_port(), free_port()) for _ in range(3)]
+    routes = [f"nats://127.0.0.1:{cluster}" for _, cluster, _ in ports]
+    processes = []
+    for k, (client, cluster, monitor) in enumerate(ports):
+        text = re.sub(r"nats://kvcache-nats-(\d)\.kvcache-nats:6222", lambda m: routes[int(m[1])], conf)
+        text = text.replace("0.0.0.0:4222", f"127.0.0.1:{client}").replace(
+            "0.0.0.0:8222", f"127.0.0.1:{monitor}"
+        )
+        text = text.replace("0.0.0.0:6222", f"127.0.0.1:{cluster}").replace("/data", str(tmp_path / f"js{k}"))
+        assert text.count("127.0.0.1") == 6, text  # every address of the shipped config moved
+        (tmp_path / f"nats-{k}.conf").write_text(text)
+        server_env = {**os.environ, **env, "POD_NAME": f"kvcache-nats-{k}"}
+        args = [binary, "-c", str(tmp_path / f"nats-{k}.conf")]
+        processes.append(
+            subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=server_env)
+        )
+    return processes, [client for client, _, _ in ports]
+
+
+@pytest.mark.timeout(120)
+def test_the_three_servers_form_jetstream_and_carry_a_sidecars_deltas_to_a_shard(tmp_path):
+    """A sidecar publishes on server 0 as sidecar-llama, a shard reads on server 2 as
+    aggregator-llama: the routes, JetStream and the shipped users work together."""
+    if shutil.which("nats-server") is None:
+        pytest.skip("nats-server is not installed (make system-deps installs it as root)")
+    processes, ports = cluster_on_loopback(tmp_path)
+    _, env = nats_config(tmp_path)
+
+    def options(role: str, port: int) -> NatsOptions:
+        password = env[f"{role.upper()}_LLAMA_PASSWORD"]
+        return NatsOptions(f"nats://{role}-llama:{password}@127.0.0.1:{port}")
+
+    try:
+        publisher, intake = asyncio.run(
+            reaches_a_shard(options("sidecar", ports[0]), "llama", options("aggregator", ports[2]))
+        )
+        assert intake.fleet.replicas["a"].resident == 40 and publisher.dropped == {}
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=10)

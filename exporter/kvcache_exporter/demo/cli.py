@@ -59,6 +59,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--fleet", action="store_true", help="a simulated 4-replica pool and the aggregator's view (fleet.md)"
     )
+    add(
+        "--fleet.transport",
+        dest="fleet_transport",
+        choices=("zmq", "nats"),
+        default="zmq",
+        help="with --fleet: zmq, the aggregator subscribes to every replica (default); nats, each "
+        "replica's sidecar publishes to a local nats-server (JetStream) the aggregator reads",
+    )
     add("--block-size", type=int, default=16, help="simulator KV block size in tokens")
     add("--num-gpu-blocks", type=int, default=2048, help="simulator KV blocks")
 
@@ -78,6 +86,9 @@ def phase_at(elapsed: float, phase_seconds: float, reported: str | None) -> Phas
 def run(args: argparse.Namespace) -> int:
     if args.phase_seconds <= 0 or args.speed <= 0 or args.refresh <= 0:
         print("demo: --phase-seconds, --speed and --refresh must be positive", file=sys.stderr)
+        return 2
+    if args.fleet_transport != "zmq" and not args.fleet:
+        print("demo: --fleet.transport applies to --fleet only", file=sys.stderr)
         return 2
     if args.fleet:
         from . import fleet

@@ -129,6 +129,28 @@ class Stack:
         self._require(service, service.url, 20, c.VLLM_UP.encode())
         return service
 
+    def start_nats(self, binary: str) -> Service:
+        """nats-server with JetStream, its store in the temp dir; ready once its /healthz says so."""
+        port, monitor = free_port(), free_port()
+        argv = [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-m", str(monitor)]
+        argv += ["-sd", str(self.workdir / "jetstream")]
+        service = self._spawn("nats-server", argv, f"nats://127.0.0.1:{port}")
+        self._require(service, f"http://127.0.0.1:{monitor}/healthz?js-enabled-only=true", 20, b"ok")
+        return service
+
+    def start_sidecar(
+        self, replica: str, metrics_url: str, kv_events: str, nats_url: str, pool: str
+    ) -> Service:
+        """`serve` beside one replica, publishing its residency to NATS (`--fleet.publish`)."""
+        port = free_port()
+        argv = [sys.executable, "-m", "kvcache_exporter", "serve", "--vllm.url", metrics_url]
+        argv += ["--kv-events.endpoint", kv_events, "--kv-events.mode", "connect", "--collect.interval", "1s"]
+        argv += ["--web.listen-address", f"127.0.0.1:{port}"]
+        argv += ["--fleet.publish", nats_url, "--fleet.pool", pool, "--fleet.replica", replica]
+        service = self._spawn(f"sidecar-{replica}", argv, f"http://127.0.0.1:{port}/metrics")
+        self._require(service, service.url, 60, c.VLLM_UP.encode())
+        return service
+
     def rule_files(self, scale: float) -> list[str]:
         """The packaged mixin's rules, with every duration times `scale` (so a drop in a short demo
         phase can fire), when valid for this Prometheus; else none."""

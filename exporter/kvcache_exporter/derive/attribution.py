@@ -124,6 +124,7 @@ class Attribution:
         capacity_blocks: int | None = None,
         other_replica: Callable[[int | bytes], bool] | None = None,
         hit_unit: int | None = None,
+        reorder_layouts: bool = True,
     ):
         self.hit_unit = hit_unit  # tokens vLLM hits in (a whole number of blocks); None: the block size
         self.host_tier_blocks: int | None = None  # the what-if host tier (whatif.py), set once known
@@ -137,7 +138,8 @@ class Attribution:
         self._content_prints = FingerprintSet(max_fingerprints - 3 * (max_fingerprints // 8))
         self._generated = FingerprintSet(max_fingerprints // 8)  # of decode-filled blocks: generated text
         self._foreign = FingerprintSet(max_fingerprints // 8)  # of adapters' and salted chains, untagged
-        self._order = AnchorOrder(max_fingerprints // 8)  # which anchor followed which: the layouts' worth
+        # which anchor followed which: the layouts' worth; None: not estimated (the bench's baseline)
+        self._order = AnchorOrder(max_fingerprints // 8) if reorder_layouts else None
         self.limits = (max_blocks, max_fingerprints)
         self._stored = 0  # blocks stored so far: the clock of the what-if estimate
         self._era = 0
@@ -153,7 +155,7 @@ class Attribution:
     def tracked(self) -> tuple[int, int]:
         """(tracked hashes, tracked fingerprints): never above the bounds."""
         prints = len(self._content_prints) + len(self._generated) + len(self._foreign)
-        return len(self._blocks), prints + len(self._order)
+        return len(self._blocks), prints + len(self._order or ())
 
     def mark(self, mark: Mark) -> None:
         """What the stream's sequence said (the event view reads it and counts lost batches): a restart
@@ -218,7 +220,8 @@ class Attribution:
         unit, length = self.hit_unit or size, count * size
         before = 0 if parent_hash is None else None if depth is None else (depth + 1) * size
         found = anchors(event.token_ids)
-        keys = pair_keys(found[1])
+        order = self._order
+        keys = pair_keys(found[1]) if order is not None else []
         known = self._known(event.token_ids, found, length, rewritable)
         run, served, spans = None, 0, ()
         if known is not None:
@@ -246,14 +249,15 @@ class Attribution:
             start, stop = served_span(run, count * size, served)
             marked = (start // size, -(-stop // size))
             diverged_span = next((span[1:] for span in spans if span[0] == "prefix_diverged"), None)
-            if diverged_span is not None:
+            if diverged_span is not None and order is not None:
                 served_at = run.start if run.fronted else 0
                 self._layouts(known[0], keys, diverged_span, served_at, unit, count * size)
             if not diverged and depth is not None and run.fronted:
                 self._observe_offset(depth * size + run.start)
                 if self.fields is not None:
                     self.fields.observe(event, run.start, served)
-        self._order.learn(keys, found[1])
+        if order is not None:
+            order.learn(keys, found[1])
         self._track(hashes, depth, marked, 0, turns)
 
     def _layouts(

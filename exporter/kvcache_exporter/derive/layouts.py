@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from itertools import repeat
-from operator import lshift, xor
+from itertools import compress, pairwise, repeat
+from operator import is_, ne
 
 from .fingerprints import K
 
@@ -34,9 +34,9 @@ _END = -2  # an event's last pair: nothing after it seen yet
 
 
 def pair_keys(prints: Sequence[int]) -> list[int]:
-    """One key per pair of consecutive anchors (an anchor in the context of the one before it); the
-    fingerprints are hashes already, so a shift and an exclusive or (at C speed) keep the order."""
-    return list(map(xor, prints, map(lshift, prints[1:], repeat(1))))
+    """One key per pair of consecutive anchors (an anchor in the context of the one before it): the
+    pair's hash, at C speed (the fastest of the order-keeping combinations measured)."""
+    return list(map(hash, pairwise(prints)))
 
 
 class AnchorOrder:
@@ -58,11 +58,26 @@ class AnchorOrder:
             return
         new, old = self.new, self.old
         after = [*prints[2:], _END]
-        fresh = dict(zip(keys, after, strict=True))
         before = list(map(new.get, keys))
+        if before[-1] is not None:  # the event's last pair keeps a follower it had
+            after[-1] = before[-1]
+        if before == after:  # every pair known with this follower (the common case): nothing changes
+            return
+        changed = list(compress(before, map(ne, before, after)))  # what those pairs were followed by
+        if not old and changed.count(None) + changed.count(_BRANCH) == len(changed):  # only new pairs: add
+            new.update(compress(zip(keys, after, strict=True), map(is_, before, repeat(None))))
+        else:
+            self._merge(keys, before, after)
+        if len(new) >= self.half:
+            self.old, self.new = new, {}
+
+    def _merge(self, keys: list[int], before: list, after: list) -> None:
+        """Put an event's pairs, a pair that was followed by another anchor before becoming a branch."""
+        new, old = self.new, self.old
+        fresh = dict(zip(keys, after, strict=True))
         if old and None in before:
             before = [b if b is not None else old.get(k) for b, k in zip(before, keys, strict=True)]
-        for key, was in () if before == after else zip(keys, before, strict=True):
+        for key, was in zip(keys, before, strict=True):
             if was is None or was == fresh[key]:
                 continue
             if was == _BRANCH or fresh[key] == _END:  # a follower other than before: rare
@@ -70,22 +85,19 @@ class AnchorOrder:
             elif was != _END:
                 fresh[key] = _BRANCH
         new.update(fresh)
-        if len(new) >= self.half:
-            self.old, self.new = new, {}
 
     def reached(self, keys: list[int], first: int) -> tuple[int, int]:
         """From anchor `first`: (the last anchor reached in order, the first branch point on the way or
         that last one when there is none)."""
         new, old = self.new, self.old
-        followers = list(map(new.get, keys[first:]))
+        tail = keys[first:]
+        followers = list(map(new.get, tail))
         if old and None in followers:
-            followers = [
-                f if f is not None else old.get(k) for f, k in zip(followers, keys[first:], strict=True)
-            ]
-        steps = followers.index(None) if None in followers else len(followers)
-        last = first + steps
-        branch = followers.index(_BRANCH, 0, steps) if _BRANCH in followers[:steps] else None
-        return last, last if branch is None else first + branch + 1
+            followers = [f if f is not None else old.get(k) for f, k in zip(followers, tail, strict=True)]
+        if None in followers:
+            del followers[followers.index(None) :]
+        steps = len(followers)
+        return first + steps, first + (followers.index(_BRANCH) + 1 if _BRANCH in followers else steps)
 
 
 def stop_after(positions: Sequence[int], last: int, length: int) -> int:
@@ -113,7 +125,8 @@ def layout_served(
     first = bisect_left(positions, run_start)
     if first >= len(positions) or unit <= 0:
         return 0, 0
-    last, branch = (min(i, len(positions) - 1) for i in order.reached(keys, first))  # anchors cut: hostile
+    last, branch = order.reached(keys, first)
+    last, branch = min(last, len(positions) - 1), min(branch, len(positions) - 1)  # anchors cut: hostile
     end = min(stop_after(positions, last, length), stop) if last + 1 < len(positions) else stop
     template = min(stop_after(positions, branch, length), end)
     return (end - start) // unit * unit, max(template - start, 0) // unit * unit

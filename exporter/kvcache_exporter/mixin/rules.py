@@ -192,6 +192,24 @@ class Generator:
                 "expr": f"{duplicates}\n/ (sum by (job) (kvcache_fleet_distinct_blocks) > 0)",
             },
         ]
+        return out + self.pool_recording()
+
+    def pool_recording(self) -> list[dict]:
+        """The pool's hit ratio from the sidecars' own series, for fleets without an aggregator
+        polling `/metrics` ("no second Prometheus"): summed over engines and replicas the way
+        aggregate sums them, pool = (job, model_name). Sidecars are never sharded: each counter once."""
+        w = self.cfg["fleet"]["window"]
+        pool = "job_model_name"
+        r = f"[{self.d(w)}]"
+        out = [
+            {
+                "record": f"{pool}:kvcache_pool_{counter}_tokens:rate{w}",
+                "expr": f"sum by (job, model_name) (rate(kvcache_prefix_cache_{counter}_tokens_total{r}))",
+            }
+            for counter in ("hit", "query")
+        ]
+        hits, queries = (f"{pool}:kvcache_pool_{c}_tokens:rate{w}" for c in ("hit", "query"))
+        out.append({"record": f"{pool}:kvcache_pool_hit:ratio_rate{w}", "expr": f"{hits} / ({queries} > 0)"})
         return out
 
     def attribution_recording(self) -> list[dict]:

@@ -19,6 +19,9 @@ Field naming (--fields.tokenizer, derive/front_fields.py): the same two streams 
 tokenizer naming each diverged front, measured beside attribution without it, interleaved in the
 same run: as served (at most 20 fronts and 10 ms of CPU a second, one namer across rounds as one
 stream has) and with every front named (the unsampled worst case).
+
+The per-layout reorder estimate (derive/layouts.py): the same two streams with it and without it
+(`Attribution(reorder_layouts=False)`), interleaved in the same run.
 """
 
 from __future__ import annotations
@@ -73,10 +76,10 @@ def _plain_decode(frames: list[list[bytes]]) -> None:
         msgspec.msgpack.decode(message[-1])
 
 
-def _attribute(frames: list[list[bytes]], fields: FrontFields | None = None) -> None:
+def _attribute(frames: list[list[bytes]], fields: FrontFields | None = None, layouts: bool = True) -> None:
     """As serve: one poll's drain through the publisher's part (cursor, view, group model, attribution)."""
     drain = KvEventDrain(tuple(decode_message(message, with_tokens=True) for message in frames))
-    attribution = Attribution()
+    attribution = Attribution(reorder_layouts=layouts)
     attribution.fields = fields
     KvEventsState(EventState(), {}, attribution, MissHistory(1e9), UnitView()).ingest(drain, 0.0)
 
@@ -103,6 +106,22 @@ def field_throughput(streams: dict[str, list[list[bytes]]], seconds: float) -> d
         once = FrontFields(decode, per_second=10**9, timer=lambda: 0.0)
         _attribute(frames, once)
         out[name] = (*(stored / min(kept) for kept in times), once.sampled)
+    return out
+
+
+def layout_throughput(streams: dict[str, list[list[bytes]]], seconds: float) -> dict[str, tuple]:
+    """stream -> (without, with) the per-layout reorder estimate (derive/layouts.py), in stored hashes per
+    second from the shortest CPU time of one pass, the two run in turn pass after pass."""
+    out = {}
+    for name, frames in streams.items():
+        times: tuple[list[float], list[float]] = ([], [])
+        start = time.process_time()
+        while time.process_time() - start < seconds or len(times[0]) < 5:
+            for layouts, kept in zip((False, True), times, strict=True):
+                began = time.process_time()
+                _attribute(frames, layouts=layouts)
+                kept.append(time.process_time() - began)
+        out[name] = tuple(_stored_hashes(frames) / min(kept) for kept in times)
     return out
 
 
@@ -175,6 +194,7 @@ def rows(seconds: float = 3.0) -> list[tuple[str, str]]:
         full = _blocks_per_second(frames, _attribute, seconds)
         dsv4 = _blocks_per_second(dsv4_frames(), _attribute, seconds)
         fields = field_throughput({"seed": frames, "dsv4": dsv4_frames()}, seconds)
+        layouts = layout_throughput({"seed": frames, "dsv4": dsv4_frames()}, seconds)
     memory, units = (
         json.loads(
             subprocess.run(
@@ -208,6 +228,17 @@ def rows(seconds: float = 3.0) -> list[tuple[str, str]]:
             for what, (off, on, every, fronts) in (
                 ("real vLLM 0.32 frames", fields["seed"]),
                 ("DeepSeek-V4-shaped streams", fields["dsv4"]),
+            )
+        ),
+        *(
+            (
+                f"miss attribution with the per-layout reorder estimate ({what}; derive/layouts.py)",
+                f"{on / off:.0%} of the throughput without it: {on:,.0f} vs {off:,.0f} stored hashes/s in "
+                "turn in this run",
+            )
+            for what, (off, on) in (
+                ("real vLLM 0.32 frames", layouts["seed"]),
+                ("DeepSeek-V4-shaped streams", layouts["dsv4"]),
             )
         ),
         (
