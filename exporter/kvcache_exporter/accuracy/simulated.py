@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from ..simulator.blocks import Origin
 from ..simulator.engine import Engine, EngineConfig
 from ..simulator.engine import Request as EngineRequest
-from ..simulator.kv_events import encode_batch
-from ..sources.kv_events_decode import Batch, decode_message
+from ..simulator.streams import step_batches
+from ..sources.kv_events_decode import Batch
 from .workload import KINDS, Request, Shape
 
 # Kinds no simulator shape can inject: its hybrid pool evicts a unit's window blocks with its full one.
@@ -80,12 +80,5 @@ class Simulated:
         if request.identity is not None:  # a LoRA adapter: part of the chain's hash (blocks.py)
             sent.origin = Origin(1 + int(request.identity.rpartition("-")[2]), request.identity)
         self.engine.add_request(sent)
-        batches = []
-        while self.engine.has_work:
-            step = self.engine.step(self.clock)
-            self.clock += step.duration
-            if step.events:  # vLLM publishes nothing for a step without events
-                frames = [b"kv", self.seq.to_bytes(8, "big"), encode_batch(step.events, 0, self.clock)]
-                batches.append(decode_message(frames, with_tokens=True))
-                self.seq += 1
+        batches, self.clock, self.seq = step_batches(self.engine, self.clock, self.seq)
         return batches, tuple(sent.output_token_ids)

@@ -20,8 +20,7 @@ from ..derive.front_fields import FrontFields
 from ..derive.layouts import LAYOUTS
 from ..derive.reorder import reordered_hit_ratio
 from ..simulator.engine import Engine, EngineConfig, Request
-from ..simulator.kv_events import encode_batch
-from ..sources.kv_events_decode import decode_message
+from ..simulator.streams import step_batches
 from .replay import route
 from .trace import TraceRequest
 
@@ -67,18 +66,7 @@ class _Replica:
 
     def run(self, request: Request) -> None:
         self.engine.add_request(request)
-        batches = []
-        while self.engine.has_work:
-            step = self.engine.step(self.clock)
-            self.clock += step.duration
-            if step.events:  # vLLM publishes nothing for a step without events
-                frames = [
-                    b"kv",
-                    self.seq.to_bytes(8, "big"),
-                    encode_batch(step.events, self.index, self.clock),
-                ]
-                batches.append(decode_message(frames, with_tokens=True))
-                self.seq += 1
+        batches, self.clock, self.seq = step_batches(self.engine, self.clock, self.seq, self.index)
         self.sidecar.feed(batches)
 
 

@@ -1,11 +1,13 @@
 """KV-event streams of a deployment shape without a server: the ZMQ messages one engine publishes while
 serving the deployment captures' traffic (shared prefix + question, exact repeats, a header before the
-prefix, unrelated prompts), for benchmarks and tests."""
+prefix, unrelated prompts), for benchmarks and tests; and one engine stepped until idle, its batches
+as the sidecar decodes them (the analyzer's live view and the simulated accuracy backend)."""
 
 from __future__ import annotations
 
 import random
 
+from ..sources.kv_events_decode import Batch, decode_message
 from .blocks import Origin
 from .engine import Engine, EngineConfig, Request
 from .kv_events import encode_batch
@@ -66,3 +68,18 @@ def shape_frames(
                 payload = encode(result.events, 0, ts=now)
                 frames.append([b"kv", len(frames).to_bytes(8, "big"), payload])
     return frames
+
+
+def step_batches(engine: Engine, clock: float, seq: int, index: int = 0) -> tuple[list[Batch], float, int]:
+    """Step `engine` from `clock` until it is idle; each step's events go through vLLM's wire (a ZMQ
+    message with the next sequence number, data-parallel rank `index`) and the sidecar's decoder,
+    with the tokens. Returns the batches, the clock after the last step and the next seq."""
+    batches = []
+    while engine.has_work:
+        step = engine.step(clock)
+        clock += step.duration
+        if step.events:  # vLLM publishes nothing for a step without events
+            frames = [b"kv", seq.to_bytes(8, "big"), encode_batch(step.events, index, clock)]
+            batches.append(decode_message(frames, with_tokens=True))
+            seq += 1
+    return batches, clock, seq
