@@ -6,16 +6,24 @@ RSS) are in `python -m kvcache_exporter.tools.bench_kv_heavy`; here the bounds a
 from __future__ import annotations
 
 import asyncio
+import time
 import tracemalloc
 
 import msgspec
 import pytest
+import zmq
 
 from kvcache_exporter.derive.attribution import Attribution
 from kvcache_exporter.derive.kv_budget import CHUNK_HASHES, Budget, as_dropped
 from kvcache_exporter.derive.kv_events import EventState
 from kvcache_exporter.derive.state import PollState
-from kvcache_exporter.sources.kv_events import KvEventSubscriber
+from kvcache_exporter.sources.kv_events import (
+    RCV_HWM,
+    ZMQ_MAX_MESSAGE_BYTES,
+    ZMQ_QUEUE_BYTES,
+    KvEventSubscriber,
+    subscriber_socket,
+)
 from kvcache_exporter.sources.kv_events_decode import (
     MAX_BATCH_BYTES,
     MAX_HASHES_PER_BATCH,
@@ -85,6 +93,54 @@ def test_token_ids_are_bounded_per_batch():
     assert "token ids" in str(too_heavy(message(over), with_tokens=True))
     # without tokens (the aggregator) token ids are skipped, not decoded: nothing to bound
     assert len(decode_message(message(over)).events) == 5
+
+
+def taken_while_not_reading(rcvhwm: int, messages: int = 48, size: int = 1 << 20) -> int:
+    """How many of `messages` messages of `size` bytes serve's SUB socket (given `rcvhwm`) takes in
+    while it is not reading: what one sees from a publisher that waits when the connection pushes back
+    (an XPUB that never drops), before a message waits there 2 s. They are then read, in order."""
+    ctx = zmq.Context()
+    sub = subscriber_socket(ctx, "", ZMQ_MAX_MESSAGE_BYTES)
+    sub.setsockopt(zmq.RCVHWM, rcvhwm)
+    pub = ctx.socket(zmq.XPUB)
+    pub.setsockopt(zmq.SNDHWM, 1)
+    pub.setsockopt(zmq.XPUB_NODROP, 1)
+    try:
+        sub.connect(f"tcp://127.0.0.1:{pub.bind_to_random_port('tcp://127.0.0.1')}")  # vLLM binds `*`
+        assert pub.poll(30_000) and pub.recv() == b"\x01"  # the subscription, to everything
+        payload, sent = b"x" * size, 0
+        while sent < messages and offered(pub, [b"kv", sent.to_bytes(8, "big"), payload]):
+            sent += 1
+        read = []
+        while sub.poll(1000):
+            read.append(int.from_bytes(sub.recv_multipart()[1], "big"))
+        assert read == list(range(len(read))) and len(read) >= sent - 1, (sent, read)
+        return sent
+    finally:
+        pub.close(linger=0)
+        sub.close(linger=0)
+        ctx.term()
+
+
+def offered(pub: zmq.Socket, frames: list[bytes], patience: float = 2.0) -> bool:
+    """True once `frames` is sent; False when the connection pushed back for `patience` seconds."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            pub.send_multipart(frames, zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+
+
+def test_a_burst_waits_at_the_publisher_not_in_libzmq():
+    # libzmq keeps whole messages up to its high-water mark: bounded in bytes, the rest of a burst
+    # stays behind TCP backpressure, where a publisher's own bound drops it (a gap: counted missed)
+    assert RCV_HWM * MAX_BATCH_BYTES <= ZMQ_QUEUE_BYTES
+    assert taken_while_not_reading(RCV_HWM) < 32  # 48 MiB offered; taken: the socket buffers and RCV_HWM
+    assert taken_while_not_reading(10_000) == 48  # counting messages, libzmq took all of it
 
 
 # --- one poll: what is queued, and the time to apply it -----------------------------------------

@@ -24,7 +24,7 @@ from zmq.utils.monitor import recv_monitor_message
 from ..logs import Throttled
 from .base import SourceError
 from .engine_events import decode_engine_message
-from .kv_events_decode import Batch, KvEventDecodeError, KvEventDrain, decode_message, weight
+from .kv_events_decode import MAX_BATCH_BYTES, Batch, KvEventDecodeError, KvEventDrain, decode_message, weight
 from .kv_intake import MAX_PENDING, MAX_PENDING_HASHES, MAX_PENDING_TOKENS, KvIntake, queue_drop
 
 __all__ = [
@@ -42,7 +42,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 END_OF_REPLAY = -1
-RCV_HWM = 10_000
 RETRY_SECONDS = 1.0
 REPLAY_BACKOFF_SECONDS = 30.0
 POLL_MS = 100  # how often the receive thread looks at its stop flag when the stream is idle
@@ -52,6 +51,13 @@ REFUSED_LOG_SECONDS = 60.0
 # it is set 16x above the bytes bound the decoder refuses at (MAX_BATCH_BYTES, 4 MiB), where the
 # refusal is ours, counted by reason and logged: what one message may cost in memory at most.
 ZMQ_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# libzmq's receive queue counts messages, not bytes: with room for thousands, a burst of valid
+# messages just under MAX_BATCH_BYTES sat there whole (236 MiB) before the intake could refuse any.
+# It holds as many as ZMQ_QUEUE_BYTES takes at that bound; past it libzmq stops reading the
+# connection, so the rest waits in the kernel's socket buffers and at the publisher (TCP
+# backpressure), whose own high-water mark drops past it: a sequence gap here, counted missed.
+ZMQ_QUEUE_BYTES = 8 * 1024 * 1024
+RCV_HWM = max(1, ZMQ_QUEUE_BYTES // MAX_BATCH_BYTES)
 PEER_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED
 
 
