@@ -10,13 +10,11 @@ device hits, host-tier hits, evictions past both tiers and /flush_cache. Prompts
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcache_exporter.tools.harness import free_port, stop
+from kvcache_exporter.tools.harness import Service, StartError, free_port, http_get, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 SGLANG_TOOL = ROOT.parent / "shared" / "tools" / "sglang-cpu"
@@ -40,33 +38,25 @@ DEVICE_TOKENS = 256  # 64 pages; HiCache's host tier holds twice that (--hicache
 
 
 @dataclass
-class SglangServer:
-    port: int
-    log_path: Path
-    proc: subprocess.Popen
-    kv_events_port: int
+class SglangServer(Service):
+    """The real SGLang process as a harness Service, with the port its KV events are published on."""
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    kv_events_port: int = 0
 
     @property
     def metrics_url(self) -> str:
-        return f"{self.base_url}/metrics"
+        return f"{self.url}/metrics"
 
     def log(self, lines: int = 80) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return self.log_tail(lines)
 
     def get(self, path: str) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(self.base_url + path, timeout=10) as answer:
-                return answer.status, answer.read().decode()
-        except urllib.error.HTTPError as err:
-            return err.code, err.read().decode(errors="replace")
+        status, body = http_get(self.url + path, timeout=10)
+        return status, body.decode(errors="replace")
 
     def post(self, path: str, payload: dict) -> bytes:
         request = urllib.request.Request(
-            self.base_url + path, json.dumps(payload).encode(), {"Content-Type": "application/json"}
+            self.url + path, json.dumps(payload).encode(), {"Content-Type": "application/json"}
         )
         with urllib.request.urlopen(request, timeout=300) as answer:
             return answer.read()
@@ -78,17 +68,6 @@ class SglangServer:
 
     def flush_cache(self) -> None:
         self.post("/flush_cache", {})  # SGLang publishes AllBlocksCleared
-
-    def wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"SGLang exited ({self.proc.returncode}):\n{self.log()}", pytrace=False)
-            with contextlib.suppress(OSError):
-                if self.get("/health")[0] == 200:
-                    return
-            time.sleep(0.5)
-        pytest.fail(f"SGLang did not answer /health within {timeout:.0f} s:\n{self.log()}", pytrace=False)
 
 
 # Module scope: SGLang's scheduler polls while idle (most of a core here), so it is stopped as soon as
@@ -122,10 +101,13 @@ def sglang_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SglangSe
             cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
-    server = SglangServer(port, log_path, proc, kv_port)
+    server = SglangServer("SGLang", port, proc, log_path, kv_events_port=kv_port)
     started = time.monotonic()
     try:
-        server.wait_healthy(SGLANG_START_TIMEOUT_S)
+        try:
+            server.wait_answering("/health", SGLANG_START_TIMEOUT_S)
+        except StartError as err:
+            pytest.fail(str(err), pytrace=False)
         print(f"\nSGLang started in {time.monotonic() - started:.1f} s (log: {log_path})", file=sys.stderr)
         yield server
     finally:
