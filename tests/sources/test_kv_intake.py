@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from kvcache_exporter.sources.kv_events_decode import Batch, Dropped, decode_message
+from kvcache_exporter.sources.kv_events_decode import MAX_BATCH_BYTES, Batch, Dropped, decode_message
 from kvcache_exporter.sources.kv_intake import KvIntake
 
 
@@ -46,6 +46,17 @@ def test_past_the_budget_a_message_is_dropped_and_the_cursor_moves_past_it():
     ]
     assert intake.cursor.next == 4 and intake.cursor.gap(4) == range(0)  # drops are no gap to replay
     assert intake.cursor.gap(9) == range(4, 9)
+
+
+def test_a_message_over_the_bytes_bound_is_named_so_even_when_the_queue_is_full():
+    intake = KvIntake(max_batches_per_second=0, max_pending_hashes=4)
+    heavy = [b"kv", (2).to_bytes(8, "big"), b"\x90" * (MAX_BATCH_BYTES + 1)]
+    got = take_all(intake, [frames(0, 1, 2, 3, 4), frames(1, 5), heavy, frames(3, 6)])
+    assert [d for d in got if isinstance(d, Dropped)] == [
+        Dropped("budget_exceeded", 1),
+        Dropped("batch_too_heavy", 2),
+        Dropped("budget_exceeded", 3),
+    ]
 
 
 def test_an_undecodable_message_is_a_counted_drop():

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from .engine_events import VLLM, decode_engine_message
 from .kv_events_decode import (
+    MAX_BATCH_BYTES,
     Batch,
     Dropped,
     KvEventDecodeError,
@@ -62,7 +63,9 @@ class KvIntake:
         if not self._bucket.take():
             self.drop("rate_limited", peek_seq(frames))
             return None
-        if self.full():  # not even decoded: the next poll has all the work it may have
+        # not even decoded: the next poll has all the work it may have (a message over the bytes
+        # bound is named as such below, at the same cost, whenever it arrives)
+        if self.full() and not over_bytes(frames):
             self.drop("budget_exceeded", peek_seq(frames))
             return None
         try:
@@ -112,6 +115,10 @@ class KvIntake:
         """Messages the next drain hands over, applied or dropped (a run of drops by its count)."""
         with self.lock:
             return sum(item.count if isinstance(item, Dropped) else 1 for item in self._items)
+
+
+def over_bytes(frames: list[bytes]) -> bool:
+    return bool(frames) and len(frames[-1]) > MAX_BATCH_BYTES
 
 
 def queue_drop(pending: list[Batch | Dropped], reason: str, seq: int | None) -> None:
