@@ -94,8 +94,11 @@ async def connect(options: NatsOptions, name: str) -> Any:
     return await nats.connect(name=name, error_cb=error_cb, **options.connect_kwargs())
 
 
-async def ensure_stream(js: Any, name: str, subjects: str, max_age: float, max_bytes: int) -> None:
-    """The pool's stream, created if absent: file storage, limits retention, the oldest discarded."""
+async def ensure_stream(
+    js: Any, name: str, subjects: str, max_age: float, max_bytes: int, replicas: int = 1
+) -> None:
+    """The pool's stream, created if absent: file storage, limits retention, the oldest discarded,
+    on `replicas` JetStream servers (an existing stream is left as it is)."""
     from nats.js import api
     from nats.js.errors import BadRequestError, NotFoundError
 
@@ -108,6 +111,7 @@ async def ensure_stream(js: Any, name: str, subjects: str, max_age: float, max_b
         max_bytes=max_bytes,
         max_msg_size=wire.MAX_DELTA_BYTES,
         storage=api.StorageType.FILE,
+        num_replicas=replicas,
     )
     try:
         await js.stream_info(name)
