@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 from . import catalog as c
 from . import fleet_wire as wire
 from .collector import Poll
-from .fleet_resync import CHUNK_BATCHES, Held, held_at, replayed
+from .fleet_resync import Held, chunked, held_at, replayed
 from .logs import Throttled
 from .samples import Sample
 from .sources.base import SourceError
@@ -149,6 +149,7 @@ class FleetPublisher:
         self.counters, self.clock = counters, clock
         self.max_buffered, self.max_buffered_bytes = max_buffered, max_buffered_bytes
         self.lock = threading.Lock()  # offer runs in the poll's worker thread, the sender in the loop
+        self._offering = threading.Lock()
         self._queue: deque[tuple[str, bytes, float]] = deque()  # subject, payload, monotonic enqueue time
         self._bytes = 0
         self._sending = False
@@ -174,14 +175,15 @@ class FleetPublisher:
         """One engine's drained batches as deltas on the queue, one per hash range they touch (a
         poll's worth in one message per range: per-message costs stay off the per-block path);
         never blocks on NATS. While a resync is pending the batches are held (fleet_resync.py)."""
-        if self._held:
-            self._resync()
-        if drain is None:
-            return
-        if self._held:
-            self._hold(engine, drain.items)
-            return
-        self._offer(engine, drain.items)
+        with self._offering:  # one engine's batches at a time: ranks poll in threads of their own
+            if self._held:
+                self._resync()
+            if drain is None:
+                return
+            if self._held:
+                self._hold(engine, drain.items)
+                return
+            self._offer(engine, drain.items)
 
     def _offer(
         self, engine: int, items: Sequence[Batch | Dropped], skip: int = 0, advanced: bool = False
@@ -305,21 +307,18 @@ class FleetPublisher:
         cursor = self._cursors.setdefault(engine, SeqCursor())
         cursor.next = held.cursor
         decode = partial(decode_engine_message, with_tokens=True, engine=kind)
-        skip, advanced, last, chunk = held.skip, held.advanced, None, []
+        skip, advanced, last = held.skip, held.advanced, None
         try:
-            for batch in replayed(endpoint, held.seq, decode):
-                if held.last is None or batch.seq > held.last:
-                    break  # the live stream hands this one over next
-                chunk.append(batch)
-                if len(chunk) < CHUNK_BATCHES and batch.seq < held.last:
-                    continue
-                self._offer(engine, chunk, skip, advanced)
-                self.resynced_blocks += sum(len(e.block_hashes) for b in chunk for e in b.events)
-                if engine in self._held:  # overflowed again: resumes from there
-                    self._held[engine].live, self._held[engine].last = held.live, held.last
-                    return
-                last, skip, advanced, chunk = batch.seq, 0, False, []
-        except Exception as err:  # zmq errors, a bug: the resync fails, the exporter goes on
+            with contextlib.closing(replayed(endpoint, held.seq, decode)) as batches:
+                for chunk in chunked(batches, held.last):
+                    self._offer(engine, chunk, skip, advanced)
+                    self.resynced_blocks += sum(len(e.block_hashes) for b in chunk for e in b.events)
+                    if engine in self._held:  # overflowed again: resumes from there next poll
+                        again = self._held[engine]
+                        again.live, again.last, again.restarted = held.live, held.last, held.restarted
+                        return
+                    last, skip, advanced = chunk[-1].seq, 0, False
+        except Exception as err:  # zmq errors, a bug: what was sent stands, the rest next poll
             log.debug("replay from %s failed: %r", endpoint, err)
         if last is None:
             return self._give_up(engine, held, f"vLLM's replay at {endpoint} no longer has batch {held.seq}")

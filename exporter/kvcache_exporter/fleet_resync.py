@@ -15,7 +15,7 @@ count as missed (the degradation without replay).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from .sources.kv_events_decode import IN_ORDER, Batch, Dropped, KvEventDecodeError, SeqCursor
@@ -66,6 +66,20 @@ def held_at(seq: int, skip: int, advanced: bool, cursor: int | None) -> Held:
     held = Held(seq, skip, advanced, cursor)
     held.live.next = seq + 1 if advanced else cursor
     return held
+
+
+def chunked(batches: Iterable[Batch], last: int | None, size: int = CHUNK_BATCHES) -> Iterator[list[Batch]]:
+    """The replayed batches up to `last` (the live stream hands over the rest), `size` at a time."""
+    chunk: list[Batch] = []
+    for batch in batches:
+        if last is None or batch.seq > last:
+            break
+        chunk.append(batch)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def replayed(

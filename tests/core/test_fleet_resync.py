@@ -147,8 +147,7 @@ def test_when_replay_no_longer_has_the_batches_the_gap_is_marked_as_without_repl
         nats.stop()
 
 
-def test_replayed_batches_stop_at_the_first_gap():
-    """The replay client (pure part): a batch the ROUTER dropped ends the reply there."""
+def test_a_hold_reads_the_live_sequence_and_a_vllm_restart_makes_replay_impossible():
     from kvcache_exporter.fleet_resync import held_at
 
     held = held_at(5, 0, False, 5)
@@ -157,3 +156,15 @@ def test_replayed_batches_stop_at_the_first_gap():
     assert held.waiting and held.last == 7 and not held.restarted
     held.saw(Batch(0, 0.0, ()))  # vLLM started again: its replay no longer has 5..7
     assert held.restarted
+
+
+def test_replayed_batches_are_offered_up_to_what_the_live_stream_handed_over_in_chunks():
+    from kvcache_exporter.fleet_resync import chunked
+
+    batches = [Batch(seq, 0.0, ()) for seq in range(10, 20)]
+    assert [[b.seq for b in c] for c in chunked(iter(batches), 16, size=3)] == [
+        [10, 11, 12],
+        [13, 14, 15],
+        [16],
+    ]
+    assert list(chunked(iter(batches), None)) == []
