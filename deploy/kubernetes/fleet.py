@@ -243,7 +243,11 @@ def nats_network_policy() -> dict:
 
 
 def nats_documents(image: str, security: dict, authorization: str) -> list[dict]:
-    source = [f"--fleet.source={nats_url('aggregator')}", f"--fleet.pool={POOL}"]
+    source = [
+        f"--fleet.source={nats_url('aggregator')}",
+        f"--fleet.pool={POOL}",
+        f"--fleet.stream-replicas={NATS_NODES}",  # the stream outlives a server's loss
+    ]
     container = aggregator(image, security, source, [nats_password("aggregator")])
     return [
         nats_config_map(authorization),

@@ -178,6 +178,9 @@ FLEET_PUBLISHED_TOTAL = "kvcache_fleet_published_total"
 FLEET_PUBLISH_DROPPED_TOTAL = "kvcache_fleet_publish_dropped_total"
 FLEET_PUBLISH_BUFFERED = "kvcache_fleet_publish_buffered"
 FLEET_PUBLISH_LAG_SECONDS = "kvcache_fleet_publish_lag_seconds"
+FLEET_PUBLISH_RESYNCS_TOTAL = "kvcache_fleet_publish_resyncs_total"
+FLEET_PUBLISH_RESYNCED_BLOCKS_TOTAL = "kvcache_fleet_publish_resynced_blocks_total"
+FLEET_PUBLISH_RESYNC_PENDING = "kvcache_fleet_publish_resync_pending"
 FLEET_DELTAS_TOTAL = "kvcache_fleet_deltas_total"
 FLEET_DELTAS_DROPPED_TOTAL = "kvcache_fleet_deltas_dropped_total"
 FLEET_CONSUMER_PENDING = "kvcache_fleet_consumer_pending"
@@ -1022,6 +1025,37 @@ CATALOG: tuple[Metric, ...] = (
         "publisher lag.",
         (),
         "seconds",
+        "fleet",
+        "serve --fleet.publish",
+    ),
+    _m(
+        FLEET_PUBLISH_RESYNCS_TOTAL,
+        "counter",
+        "Times the sidecar's buffer overflowed (NATS down or slow) and the sidecar then resent the "
+        "batches from vLLM's replay endpoint: done (the shards see no gap), failed (replay had no "
+        "longer the batches, vLLM restarted meanwhile, no replay endpoint: the shards count the gap "
+        "as kvcache_kv_events_missed_batches_total, as without replay).",
+        ("result",),
+        "resyncs",
+        "fleet",
+        "serve --fleet.publish",
+    ),
+    _m(
+        FLEET_PUBLISH_RESYNCED_BLOCKS_TOTAL,
+        "counter",
+        "Block hashes (stored or removed) published from vLLM's replay after a buffer overflow.",
+        (),
+        "blocks",
+        "fleet",
+        "serve --fleet.publish",
+    ),
+    _m(
+        FLEET_PUBLISH_RESYNC_PENDING,
+        "gauge",
+        "1 while the sidecar holds back its KV events after a buffer overflow, until NATS has taken "
+        "the buffer and vLLM's replay resends them; else 0.",
+        (),
+        "",
         "fleet",
         "serve --fleet.publish",
     ),

@@ -476,6 +476,12 @@ AGGREGATE_OPTIONS: tuple[Option, ...] = (
     *(_twin(key) for key in ("fleet.pool", "fleet.subject_prefix")),
     _aggregate("fleet.retention", duration, 6 * 3600.0, "how long the pool's stream keeps deltas"),
     _aggregate("fleet.max_bytes", size, 8 * 1024**3, "the pool's stream size at most"),
+    _aggregate(
+        "fleet.stream_replicas",
+        between(1, 5),
+        1,
+        "JetStream replicas of the pool's stream when this shard creates it (3 on a 3-node cluster)",
+    ),
     *(_twin(key) for key in ("fleet.credentials_file", "fleet.nkey_seed_file", "fleet.tls_ca_file")),
     *(_shared(f.name) for f in fields(ServiceSettings)),
 )

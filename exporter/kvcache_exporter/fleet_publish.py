@@ -19,15 +19,19 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
 from . import catalog as c
 from . import fleet_wire as wire
 from .collector import Poll
+from .fleet_resync import Held, chunked, held_at, replayed
+from .logs import Throttled
 from .samples import Sample
 from .sources.base import SourceError
-from .sources.kv_events_decode import Dropped, KvEventDrain, SeqCursor
+from .sources.engine_events import decode_engine_message
+from .sources.kv_events_decode import Batch, Dropped, KvEventDrain, SeqCursor
 from .sources.vllm_snapshot import VllmSnapshot
 
 STREAM_NAME_IN_USE = 10058  # JetStream's error code: a stream of that name exists, otherwise made
@@ -94,8 +98,11 @@ async def connect(options: NatsOptions, name: str) -> Any:
     return await nats.connect(name=name, error_cb=error_cb, **options.connect_kwargs())
 
 
-async def ensure_stream(js: Any, name: str, subjects: str, max_age: float, max_bytes: int) -> None:
-    """The pool's stream, created if absent: file storage, limits retention, the oldest discarded."""
+async def ensure_stream(
+    js: Any, name: str, subjects: str, max_age: float, max_bytes: int, replicas: int = 1
+) -> None:
+    """The pool's stream, created if absent: file storage, limits retention, the oldest discarded,
+    on `replicas` JetStream servers (an existing stream is left as it is)."""
     from nats.js import api
     from nats.js.errors import BadRequestError, NotFoundError
 
@@ -108,6 +115,7 @@ async def ensure_stream(js: Any, name: str, subjects: str, max_age: float, max_b
         max_bytes=max_bytes,
         max_msg_size=wire.MAX_DELTA_BYTES,
         storage=api.StorageType.FILE,
+        num_replicas=replicas,
     )
     try:
         await js.stream_info(name)
@@ -141,6 +149,7 @@ class FleetPublisher:
         self.counters, self.clock = counters, clock
         self.max_buffered, self.max_buffered_bytes = max_buffered, max_buffered_bytes
         self.lock = threading.Lock()  # offer runs in the poll's worker thread, the sender in the loop
+        self._offering = threading.Lock()
         self._queue: deque[tuple[str, bytes, float]] = deque()  # subject, payload, monotonic enqueue time
         self._bytes = 0
         self._sending = False
@@ -150,6 +159,11 @@ class FleetPublisher:
         self._announce = True  # the next enqueue sends every range a delta of the new epoch
         self._cursors: dict[int, SeqCursor] = {}  # vLLM's seq per engine: its restarts
         self._seqs: dict[tuple[int, int], int] = {}  # (engine, range) -> next delta seq in this epoch
+        self._replays: dict[int, Callable[[], tuple[str | None, str]]] = {}  # engine -> its replay endpoint
+        self._held: dict[int, Held] = {}  # engine -> where its held batches begin (fleet_resync.py)
+        self.resyncs: Counter[str] = Counter()
+        self.resynced_blocks = 0
+        self._resync_log = Throttled(log, 60.0)
         self._nc: Any = None
         self._js: Any = None
         self._task: asyncio.Task | None = None
@@ -160,26 +174,45 @@ class FleetPublisher:
     def offer(self, engine: int, drain: KvEventDrain | None) -> None:
         """One engine's drained batches as deltas on the queue, one per hash range they touch (a
         poll's worth in one message per range: per-message costs stay off the per-block path);
-        never blocks."""
-        if drain is None:
-            return
+        never blocks on NATS. While a resync is pending the batches are held (fleet_resync.py)."""
+        with self._offering:  # one engine's batches at a time: ranks poll in threads of their own
+            if self._held:
+                self._resync()
+            if drain is None:
+                return
+            if self._held:
+                self._hold(engine, drain.items)
+                return
+            self._offer(engine, drain.items)
+
+    def _offer(
+        self, engine: int, items: Sequence[Batch | Dropped], skip: int = 0, advanced: bool = False
+    ) -> None:
+        """`items` as deltas; the first one's first `skip` events were published before and its seq
+        read already if `advanced` (a resync resuming inside a batch). Stops at a hold."""
         cursor = self._cursors.setdefault(engine, SeqCursor())
         pending, ts = PendingDeltas(self.kept), 0.0
         key, run = None, []  # consecutive like changes, handed to `pending` at once
-        for item in drain.items:
-            if isinstance(item, Dropped):  # lost upstream: serve's own kv_events series count it
+        origin = (0, skip, advanced, cursor.next)  # where `pending` begins: (item, skip, advanced, cursor)
+        for i, item in enumerate(items):
+            if i == 0 and advanced:
+                restart = False
+            elif isinstance(item, Dropped):  # lost upstream: serve's own kv_events series count it
                 restart = cursor.skip(item.seq, item.count).restart
             else:
                 restart = cursor.advance(item.seq).restart
             if restart:
                 pending.add(key, run)
                 key, run = None, []
-                self._enqueue(engine, ts, pending)
+                if not self._enqueue(engine, ts, pending):
+                    return self._hold_from(engine, items, origin)
                 self._new_epoch("restart")
+                origin = (i, 0, True, cursor.next)
             if isinstance(item, Dropped):
                 continue
             ts = item.ts
-            for event in item.events:
+            events = item.events[skip:] if i == 0 and skip else item.events
+            for index, event in enumerate(events):
                 kind = event.type
                 if kind != "AllBlocksCleared" and getattr(event, "medium", None) not in GPU_MEDIA:
                     continue  # a lower tier's copy (vLLM's CPU, SGLang's CPU_PINNED): not the pool's GPUs
@@ -190,8 +223,11 @@ class FleetPublisher:
                 elif kind == "AllBlocksCleared":
                     pending.add(key, run)
                     key, run = None, []
-                    self._enqueue(engine, ts, pending)
+                    if not self._enqueue(engine, ts, pending):
+                        return self._hold_from(engine, items, origin)
                     self._new_epoch("cleared")
+                    done = index + 1 + (skip if i == 0 else 0)
+                    origin = (i, done, True, cursor.next)
                     continue
                 else:
                     continue
@@ -202,12 +238,126 @@ class FleetPublisher:
             if pending.hashes + len(run) >= FLUSH_HASHES:
                 pending.add(key, run)
                 key, run = None, []
-                self._enqueue(engine, ts, pending)
+                if not self._enqueue(engine, ts, pending):
+                    return self._hold_from(engine, items, origin)
+                origin = (i + 1, 0, False, cursor.next)
         pending.add(key, run)
-        self._enqueue(engine, ts, pending)
+        if not self._enqueue(engine, ts, pending):
+            self._hold_from(engine, items, origin)
 
-    def tee(self, engine: int, into: Callable[[KvEventDrain | None, float], None]):
-        """`into` (the poll state's ingest) with this engine's batches offered first."""
+    # --- holding and resyncing after a buffer overflow (fleet_resync.py) -------------------
+
+    def _replayable(self, engine: int) -> bool:
+        source = self._replays.get(engine)
+        return source is not None and source()[0] is not None
+
+    def _hold_from(self, engine: int, items: Sequence[Batch | Dropped], origin: tuple) -> None:
+        """A hold from `origin` (the item, events and cursor where the unqueued deltas began)."""
+        index, skip, advanced, cursor = origin
+        if index >= len(items):
+            return  # nothing of `items` is held: the next offer starts a hold if one is pending
+        item = items[index]
+        seq = item.seq if item.seq is not None else (cursor or 0)
+        held = held_at(seq, skip, advanced, cursor)
+        before = self._held.get(engine)
+        if before is not None:  # a resync overflowing again: it resumes from here, the live part stays
+            held.live, held.last, held.restarted, held.cleared = (
+                before.live,
+                before.last,
+                before.restarted,
+                before.cleared,
+            )
+        else:
+            for k, each in enumerate(items[index:]):
+                held.saw(each, first=k == 0)
+        self._held[engine] = held
+
+    def _hold(self, engine: int, items: Sequence[Batch | Dropped]) -> None:
+        """Live items while a resync is pending: read for their sequence only."""
+        held = self._held.get(engine)
+        for item in items:
+            if held is None:
+                if item.seq is None:
+                    continue
+                cursor = self._cursors.setdefault(engine, SeqCursor())
+                held = self._held[engine] = held_at(item.seq, 0, False, cursor.next)
+            held.saw(item)
+
+    def _resync(self) -> None:
+        """Once NATS has taken the buffer: each held engine's batches again from vLLM's replay."""
+        if not self.connected:
+            return
+        with self.lock:
+            if self._queue or self._sending:
+                return
+        for engine in sorted(self._held):
+            held = self._held.pop(engine)
+            source = self._replays.get(engine)
+            endpoint, kind = source() if source is not None else (None, "vllm")
+            if not held.waiting:
+                continue
+            if endpoint is None or held.restarted:
+                self._give_up(
+                    engine, held, "vLLM restarted meanwhile" if held.restarted else "no replay endpoint"
+                )
+                continue
+            self._replay(engine, held, endpoint, kind)
+
+    def _replay(self, engine: int, held: Held, endpoint: str, kind: str) -> None:
+        cursor = self._cursors.setdefault(engine, SeqCursor())
+        cursor.next = held.cursor
+        decode = partial(decode_engine_message, with_tokens=True, engine=kind)
+        skip, advanced, last = held.skip, held.advanced, None
+        try:
+            with contextlib.closing(replayed(endpoint, held.seq, decode)) as batches:
+                for chunk in chunked(batches, held.last):
+                    self._offer(engine, chunk, skip, advanced)
+                    self.resynced_blocks += sum(len(e.block_hashes) for b in chunk for e in b.events)
+                    if engine in self._held:  # overflowed again: resumes from there next poll
+                        again = self._held[engine]
+                        again.live, again.last, again.restarted = held.live, held.last, held.restarted
+                        return
+                    last, skip, advanced = chunk[-1].seq, 0, False
+        except Exception as err:  # zmq errors, a bug: what was sent stands, the rest next poll
+            log.debug("replay from %s failed: %r", endpoint, err)
+        if last is None:
+            return self._give_up(engine, held, f"vLLM's replay at {endpoint} no longer has batch {held.seq}")
+        if last == held.last:
+            cursor.next = held.live.next
+            self.resyncs["done"] += 1
+            log.info("resynced %d batches from vLLM's replay at %s", last - held.seq + 1, endpoint)
+            return
+        held.seq, held.skip, held.advanced, held.cursor = (
+            last + 1,
+            0,
+            False,
+            cursor.next,
+        )  # the rest next poll
+        self._held[engine] = held
+
+    def _give_up(self, engine: int, held: Held, why: str) -> None:
+        """No resync: on with a gap in each range's numbering, which the shards count as missed."""
+        self._cursors.setdefault(engine, SeqCursor()).next = held.live.next
+        with self.lock:
+            for r in range(wire.RANGES):
+                self._seqs[(engine, r)] = self._seqs.get((engine, r), 0) + 1
+        if held.restarted or held.cleared:
+            self._new_epoch("restart" if held.restarted else "cleared")
+        self.resyncs["failed"] += 1
+        self._resync_log.warning(
+            "KV events lost in the NATS outage not resent (%s): the shards count a gap", why
+        )
+
+    def tee(
+        self,
+        engine: int,
+        into: Callable[[KvEventDrain | None, float], None],
+        replay: Callable[[], tuple[str | None, str]] | None = None,
+    ):
+        """`into` (the poll state's ingest) with this engine's batches offered first; `replay`
+        says where the engine's replay endpoint is now, and its kind (None: no resync)."""
+        if replay is not None:
+            self._replays[engine] = replay
 
         def ingest(drain: KvEventDrain | None, ts: float) -> None:
             try:
@@ -225,24 +375,40 @@ class FleetPublisher:
             self._seqs.clear()
             self._announce = True
 
-    def _enqueue(self, engine: int, ts: float, pending: PendingDeltas) -> None:
-        """Each range's pending changes as one delta on the queue (`pending` is emptied)."""
+    def _enqueue(self, engine: int, ts: float, pending: PendingDeltas) -> bool:
+        """Each range's pending changes as one delta on the queue (`pending` is emptied). False, with
+        nothing queued or numbered, when the buffer can't take them all and vLLM's replay can resend
+        them later (a hold begins); without replay what doesn't fit is dropped and its seq stays used."""
         now = time.monotonic()
+        holds = self._replayable(engine)
         with self.lock:
             cause = wire.CAUSES.index(self.cause)
             deltas = pending.deltas()
             if self._announce:  # a new epoch reaches every range, so every shard forgets the old
-                self._announce = False
                 carrying = dict(deltas)
                 deltas = ((r, carrying.get(r, [])) for r in range(wire.RANGES))
+            out = []
             for r, changes in deltas:
                 seq = self._seqs.get((engine, r), 0)
-                self._seqs[(engine, r)] = seq + 1  # taken even when dropped: the consumer sees the gap
                 payload = wire.encode_delta(
                     self.pool, self.replica, engine, r, self.epoch, cause, seq, self.sampling, ts, changes
                 )
+                out.append((r, seq, payload))
+            size = sum(len(payload) for _, _, payload in out)
+            if holds and self._overflows(len(out), size):
+                return False
+            self._announce = False
+            for r, seq, payload in out:
+                self._seqs[(engine, r)] = seq + 1  # taken even when dropped: the consumer sees the gap
                 self._put(wire.delta_subject(self.prefix, self.pool, r, self.replica), payload, now)
         self._wake_sender()
+        return True
+
+    def _overflows(self, messages: int, size: int) -> bool:
+        """Whether that many messages don't fit now, though they would in the empty buffer."""
+        never = messages > self.max_buffered or size > self.max_buffered_bytes
+        now = len(self._queue) + messages > self.max_buffered or self._bytes + size > self.max_buffered_bytes
+        return now and not never
 
     def _put(self, subject: str, payload: bytes, now: float) -> None:
         if len(self._queue) >= self.max_buffered or self._bytes + len(payload) > self.max_buffered_bytes:
@@ -299,13 +465,20 @@ class FleetPublisher:
             try:
                 await self._js.publish(subject, payload, timeout=PUBLISH_TIMEOUT)
                 self.published += 1
-            except Exception as err:  # no ack in time, no stream, NATS down: this delta is lost
-                self.dropped["publish_error" if self.connected else "not_connected"] += 1
+            except Exception as err:  # no ack in time, no stream: this delta is lost
                 log.debug("publishing %s failed: %s", subject, err)
-                if not self.connected:
+                if self.connected:
+                    self.dropped["publish_error"] += 1
+                else:  # NATS went away under it: sent again once back (a shard drops a second copy)
+                    self._again(item)
                     await asyncio.sleep(IDLE_SECONDS)
             finally:
                 self._sending = False
+
+    def _again(self, item: tuple[str, bytes, float]) -> None:
+        with self.lock:
+            self._queue.appendleft(item)
+            self._bytes += len(item[1])
 
     def _next(self) -> tuple[str, bytes, float] | None:
         with self.lock:
@@ -368,6 +541,12 @@ class FleetPublisher:
             Sample(c.FLEET_PUBLISH_DROPPED_TOTAL, {"reason": r}, float(dropped.get(r, 0)))
             for r in DROP_REASONS
         ]
+        out += [
+            Sample(c.FLEET_PUBLISH_RESYNCS_TOTAL, {"result": r}, float(self.resyncs[r]))
+            for r in ("done", "failed")
+        ]
+        out.append(Sample(c.FLEET_PUBLISH_RESYNCED_BLOCKS_TOTAL, {}, float(self.resynced_blocks)))
+        out.append(Sample(c.FLEET_PUBLISH_RESYNC_PENDING, {}, float(bool(self._held))))
         return out
 
     async def close(self) -> None:

@@ -95,6 +95,11 @@ class RankStream:
             await self._retired.pop().close()
 
 
+def replay_of(stream: Stream | None) -> tuple[str | None, str]:
+    """Where the rank's replay endpoint is now (None: none) and its engine's kind."""
+    return (stream.replay_endpoint, stream.engine) if stream is not None else (None, "vllm")
+
+
 @dataclass
 class RankWiring:
     """What each rank's event view feeds besides attribution, the same for every rank: the front
@@ -133,7 +138,9 @@ def kv_events_poll(
         budget=KV_EVENTS_APPLY_SHARE * s.collect_interval,
         target=target,
     )
-    into = events.ingest if wiring.publisher is None else wiring.publisher.tee(rank, events.ingest)
+    into = events.ingest
+    if wiring.publisher is not None:  # resyncs after a NATS outage from the rank's replay endpoint
+        into = wiring.publisher.tee(rank, events.ingest, lambda: replay_of(source.stream))
     return RankPoll(source, into, labels, offload=True)  # up to 100k batches a poll
 
 

@@ -88,6 +88,7 @@ class AggregateSettings(ServiceSettings):
     fleet_subject_prefix: str
     fleet_retention: float
     fleet_max_bytes: int
+    fleet_stream_replicas: int
     fleet_credentials_file: str | None
     fleet_nkey_seed_file: str | None
     fleet_tls_ca_file: str | None

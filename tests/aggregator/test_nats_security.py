@@ -44,10 +44,11 @@ def certificates(where: Path) -> tuple[Path, Path, Path]:
 
 
 async def reaches_a_shard(
-    options: NatsOptions, pool: str = "llama", shard_options: NatsOptions | None = None
+    options: NatsOptions, pool: str = "llama", shard_options: NatsOptions | None = None, replicas: int = 1
 ):
-    """Publishes one drain with `options` and reads it with a shard: (publisher, shard intake)."""
-    intake = NatsIntake(shard_options or options, DeltaIntake(FleetResidency(), pool))
+    """Publishes one drain with `options` and reads it with a shard (which creates the stream on
+    `replicas` servers): (publisher, shard intake)."""
+    intake = NatsIntake(shard_options or options, DeltaIntake(FleetResidency(), pool), replicas=replicas)
     publisher = FleetPublisher(options, pool, "a")
     await intake.start()
     try:

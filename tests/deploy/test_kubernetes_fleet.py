@@ -158,6 +158,8 @@ def test_sidecars_publish_and_shards_read_their_pool_as_its_nats_users():
         flags = {o.key: getattr(args, o.attr) for o in AGGREGATE_OPTIONS}
         settings = resolve_aggregate(flags, {}, args.config_file)
         assert settings.fleet_shard == f"{shard}/{sts['spec']['replicas']}"
+        nats_servers = fleet[("StatefulSet", "kvcache-nats")]["spec"]["replicas"]
+        assert settings.fleet_stream_replicas == nats_servers  # a copy of the stream on every server
         user, source_pool = user_and_pool(settings.fleet_source)
         assert (user, source_pool, settings.fleet_pool) == (f"aggregator-{pool}", pool, pool)
         assert cli.discoveries_from(settings) == []  # no /metrics polling: the sidecars publish the counters
@@ -204,11 +206,27 @@ def test_the_three_servers_form_jetstream_and_carry_a_sidecars_deltas_to_a_shard
 
     try:
         publisher, intake = asyncio.run(
-            reaches_a_shard(options("sidecar", ports[0]), "llama", options("aggregator", ports[2]))
+            reaches_a_shard(
+                options("sidecar", ports[0]), "llama", options("aggregator", ports[2]), replicas=3
+            )
         )
         assert intake.fleet.replicas["a"].resident == 40 and publisher.dropped == {}
+        config, copies = asyncio.run(stream_replicas(options("aggregator", ports[1])))
+        assert config == 3 and copies == 3  # the shard made it on three servers, all three hold it
     finally:
         for process in processes:
             process.terminate()
         for process in processes:
             process.wait(timeout=10)
+
+
+async def stream_replicas(options: NatsOptions) -> tuple[int, int]:
+    """The pool's stream as JetStream tells: its configured replicas and the servers holding it."""
+    import nats
+
+    nc = await nats.connect(**options.connect_kwargs())
+    try:
+        info = await nc.jetstream().stream_info("kvcache-llama")
+        return info.config.num_replicas, 1 + len(info.cluster.replicas or [])
+    finally:
+        await nc.close()

@@ -104,6 +104,9 @@ def nats_intake(s: AggregateSettings) -> Callable[[FleetResidency], NatsIntake]:
 
     def make(fleet: FleetResidency) -> NatsIntake:
         intake = DeltaIntake(fleet, s.fleet_pool, s.fleet_subject_prefix, s.replica_max, retention)
-        return NatsIntake(options, intake, (int(index), int(count)), s.fleet_retention, s.fleet_max_bytes)
+        shard = (int(index), int(count))
+        return NatsIntake(
+            options, intake, shard, s.fleet_retention, s.fleet_max_bytes, replicas=s.fleet_stream_replicas
+        )
 
     return make

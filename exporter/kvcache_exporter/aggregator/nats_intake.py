@@ -211,9 +211,10 @@ class NatsIntake:
         retention: float = STREAM_MAX_AGE,
         max_bytes: int = STREAM_MAX_BYTES,
         clock: Callable[[], float] | None = None,
+        replicas: int = 1,
     ):
         self.options, self.intake, self.shard = options, intake, shard
-        self.stream_retention, self.max_bytes = retention, max_bytes
+        self.stream_retention, self.max_bytes, self.replicas = retention, max_bytes, replicas
         prefix, pool = intake.prefix, intake.pool
         self.stream = wire.stream_name(prefix, pool)
         hash_range = intake.fleet.hash_range
@@ -259,6 +260,7 @@ class NatsIntake:
             f"{self.intake.prefix}.{self.intake.pool}.>",
             self.stream_retention,
             self.max_bytes,
+            self.replicas,
         )
         subs = []
         for index, subject in enumerate(self.filters):

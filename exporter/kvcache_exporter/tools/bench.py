@@ -302,6 +302,7 @@ def main() -> int:
         bench_endpoint,
         bench_engines,
         bench_fleet,
+        bench_fleet_restart,
         bench_kv_heavy,
         bench_nats,
         bench_poll,
@@ -314,6 +315,7 @@ def main() -> int:
     side_by_side += bench_poll.rows() + bench_side_by_side.history_rows()
     rest = bench_fleet.rows() + bench_attribution.rows() + bench_analyzer.rows() + bench_endpoint.rows()
     rest += bench_kv_heavy.rows() + bench_engines.rows() + bench_nats.rows() + bench_sglang.rows(args.repeat)
+    rest += bench_fleet_restart.rows()
     text = markdown(run(args.repeat) + side_by_side + rest)
     if args.output == "-":
         print(text)
