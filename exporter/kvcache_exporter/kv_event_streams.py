@@ -186,7 +186,7 @@ class DiscoveredKvEvents:
         """The discovery poll's answer (None: it failed, the last answer stands)."""
         if found is not None and self.answer.offer(found):
             self._apply(found)
-            log.info("KV events from vLLM's /kv_event_sources: %s", found.describe())
+            log.info("KV events from %s: %s", found.asked, found.describe())
 
     def _apply(self, found: Found) -> None:
         wanted = {stream.rank: stream for stream in found.streams}
