@@ -150,6 +150,7 @@ class FleetPublisher:
         self._announce = True  # the next enqueue sends every range a delta of the new epoch
         self._cursors: dict[int, SeqCursor] = {}  # vLLM's seq per engine: its restarts
         self._seqs: dict[tuple[int, int], int] = {}  # (engine, range) -> next delta seq in this epoch
+        self._kinds: dict[int, str] = {}  # rank -> its engine (vllm, sglang, trtllm), said in each delta
         self._nc: Any = None
         self._js: Any = None
         self._task: asyncio.Task | None = None
@@ -206,8 +207,10 @@ class FleetPublisher:
         pending.add(key, run)
         self._enqueue(engine, ts, pending)
 
-    def tee(self, engine: int, into: Callable[[KvEventDrain | None, float], None]):
-        """`into` (the poll state's ingest) with this engine's batches offered first."""
+    def tee(self, engine: int, into: Callable[[KvEventDrain | None, float], None], kind: str = "vllm"):
+        """`into` (the poll state's ingest) with this engine's batches offered first; `kind` is the
+        engine publishing them (its deltas say so: a shard keys each engine's hashes apart)."""
+        self._kinds[engine] = kind
 
         def ingest(drain: KvEventDrain | None, ts: float) -> None:
             try:
@@ -230,6 +233,7 @@ class FleetPublisher:
         now = time.monotonic()
         with self.lock:
             cause = wire.CAUSES.index(self.cause)
+            kind = self._kinds.get(engine, "vllm")
             deltas = pending.deltas()
             if self._announce:  # a new epoch reaches every range, so every shard forgets the old
                 self._announce = False
@@ -239,7 +243,17 @@ class FleetPublisher:
                 seq = self._seqs.get((engine, r), 0)
                 self._seqs[(engine, r)] = seq + 1  # taken even when dropped: the consumer sees the gap
                 payload = wire.encode_delta(
-                    self.pool, self.replica, engine, r, self.epoch, cause, seq, self.sampling, ts, changes
+                    self.pool,
+                    self.replica,
+                    engine,
+                    r,
+                    self.epoch,
+                    cause,
+                    seq,
+                    self.sampling,
+                    ts,
+                    changes,
+                    kind,
                 )
                 self._put(wire.delta_subject(self.prefix, self.pool, r, self.replica), payload, now)
         self._wake_sender()

@@ -133,7 +133,11 @@ def kv_events_poll(
         budget=KV_EVENTS_APPLY_SHARE * s.collect_interval,
         target=target,
     )
-    into = events.ingest if wiring.publisher is None else wiring.publisher.tee(rank, events.ingest)
+    into = (
+        events.ingest
+        if wiring.publisher is None
+        else wiring.publisher.tee(rank, events.ingest, stream.engine)
+    )
     return RankPoll(source, into, labels, offload=True)  # up to 100k batches a poll
 
 
@@ -251,11 +255,19 @@ class PacedDiscovery:
         self.asked_at = float("-inf")
         self.was_up = True
 
+    def due(self) -> bool:
+        """Whether `collect` has anything to do: an ask, or the vLLM's up/down change to note. A
+        poll that is not due is skipped (Poll.due): its health stays that of the last ask."""
+        up = self.target is None or self.target.up
+        return up != self.was_up or not self._settled()
+
+    def _settled(self) -> bool:
+        return self.same >= SETTLED_ASKS and self.clock() - self.asked_at < self.reask
+
     async def collect(self) -> Any:
         up = self.target is None or self.target.up
         came_up, self.was_up = up and not self.was_up, up
-        settled = self.same >= SETTLED_ASKS and self.clock() - self.asked_at < self.reask
-        if settled and not came_up:
+        if self._settled() and not came_up:
             return self.last
         self.asked_at = self.clock()
         try:

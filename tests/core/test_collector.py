@@ -98,6 +98,7 @@ def test_a_derivation_raising_costs_only_its_own_series(shared_fixtures, caplog)
     caplog.set_level(logging.WARNING, logger="kvcache_exporter")
     for _ in texts:
         asyncio.run(exporter.poll_once())
+        _ = exporter.latest  # a scrape: the derivations run at the first read after a poll
         now[0] += 10
     assert sample(exporter, c.EXPORTER_ERRORS_TOTAL, collector="derive", reason="internal_error") == 3
     assert sample(exporter, c.VLLM_UP) == 1

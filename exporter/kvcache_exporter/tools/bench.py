@@ -311,6 +311,7 @@ def main() -> int:
 
     side_by_side = [row for n, seconds in ((20, 40.0), (1, 20.0), (100, 20.0))
                     for row in bench_side_by_side.rows(n, seconds, warmup=8.0)]  # fmt: skip
+    side_by_side += bench_side_by_side.rows(1, 30.0, warmup=8.0, scrape_every=15.0)
     side_by_side += bench_poll.rows() + bench_side_by_side.history_rows()
     rest = bench_fleet.rows() + bench_attribution.rows() + bench_analyzer.rows() + bench_endpoint.rows()
     rest += bench_kv_heavy.rows() + bench_engines.rows() + bench_nats.rows() + bench_sglang.rows(args.repeat)
