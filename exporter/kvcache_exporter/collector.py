@@ -90,6 +90,7 @@ class Poll:
     health: Health = field(default_factory=Health)
     offload: bool = False
     collector: str = field(init=False)  # the source's name, read once: a source without one fails here
+    busy: bool = field(default=False, init=False)  # its `into` runs in a worker thread now
     title: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -118,7 +119,11 @@ class Poll:
         ended = clock()
         try:
             if self.offload:
-                await asyncio.to_thread(self.into, snapshot, ended)
+                self.busy = True
+                try:
+                    await asyncio.to_thread(self.into, snapshot, ended)
+                finally:
+                    self.busy = False
             else:
                 self.into(snapshot, ended)
         except Exception as err:
@@ -158,13 +163,12 @@ class Exporter:
         self.ready = False
         self._samples: list[Sample] = []
         self._derived = True  # _samples are of the state as it is now
-        self._polling = False
 
     @property
     def latest(self) -> list[Sample]:
-        """The samples of the last poll, derived at the first read after it. While a poll runs (an
-        offloaded part may be mid-update in its thread), the last derived ones."""
-        if not self._derived and not self._polling:
+        """The samples of the state as it is, derived at the first read after a poll (mid-poll: with
+        the sources ingested so far). While a part is updated in a worker thread, the last derived."""
+        if not self._derived and not any(poll.busy for poll in self.polls):
             self._samples, self._derived = self.derive(), True
         return self._samples
 
@@ -173,7 +177,6 @@ class Exporter:
         self._samples, self._derived = samples, True
 
     async def poll_once(self) -> None:
-        self._polling = True
         try:
             due = [poll.run(self.clock, self.deadline) for poll in self.polls if poll.due()]
             if len(due) == 1:  # the usual sidecar's poll: no task to make
@@ -182,7 +185,7 @@ class Exporter:
                 await asyncio.gather(*due)
             self.state.end_poll(self.clock())
         finally:
-            self._polling, self._derived = False, False
+            self._derived = False
         self.ready = self.ready or any(t.up for t in self.state.targets)
 
     def derive(self) -> list[Sample]:
