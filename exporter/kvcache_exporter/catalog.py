@@ -1074,7 +1074,8 @@ CATALOG: tuple[Metric, ...] = (
         "Messages an aggregator shard read from NATS and dropped: parse_error, too_large, forged (pool, "
         "range or replica differs from the subject's), sampling_mismatch (published with another "
         "--fleet.hash-sampling), stale (an earlier epoch of the replica), duplicate (a redelivery or "
-        "replay of a delta already applied), too_many_replicas (beyond --replica.max).",
+        "replay of a delta already applied), too_many_replicas (beyond --replica.max), unknown_engine "
+        "(an engine other than vllm, sglang, trtllm), engine_changed (another engine within an epoch).",
         ("reason",),
         "messages",
         "fleet",

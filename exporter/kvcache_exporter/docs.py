@@ -39,7 +39,8 @@ serves the fleet group and, per replica (label `replica`, from discovery), `kvca
 `kvcache_kv_events_dropped_total` and the collector health series.
 
 How a number gets here: each source's `collect()` returns a snapshot, the poll loop hands it to
-the poll state (`derive/state.py`), and pure functions in `derive/` turn that state into samples.
+the poll state (`derive/state.py`), and pure functions in `derive/` turn that state into samples
+when /metrics is read (at most once per poll: a poll nobody reads costs no derivation).
 Every source is timed and accounted for the same way (the health group below, `collector` = `vllm`,
 `gpu`, `kv_events`; `derive` counts the exporter's own faults). No sample leaves outside the range
 its unit allows: ratios 0-1, counts, rates, sizes, durations and money non-negative, everything

@@ -164,6 +164,7 @@ class FleetPublisher:
         self.resyncs: Counter[str] = Counter()
         self.resynced_blocks = 0
         self._resync_log = Throttled(log, 60.0)
+        self._kinds: dict[int, str] = {}  # rank -> its engine (vllm, sglang, trtllm), said in each delta
         self._nc: Any = None
         self._js: Any = None
         self._task: asyncio.Task | None = None
@@ -352,10 +353,13 @@ class FleetPublisher:
         self,
         engine: int,
         into: Callable[[KvEventDrain | None, float], None],
+        kind: str = "vllm",
         replay: Callable[[], tuple[str | None, str]] | None = None,
     ):
-        """`into` (the poll state's ingest) with this engine's batches offered first; `replay`
+        """`into` (the poll state's ingest) with this engine's batches offered first; `kind` is the
+        engine publishing them (its deltas say so: a shard keys each engine's hashes apart); `replay`
         says where the engine's replay endpoint is now, and its kind (None: no resync)."""
+        self._kinds[engine] = kind
         if replay is not None:
             self._replays[engine] = replay
 
@@ -383,6 +387,7 @@ class FleetPublisher:
         holds = self._replayable(engine)
         with self.lock:
             cause = wire.CAUSES.index(self.cause)
+            kind = self._kinds.get(engine, "vllm")
             deltas = pending.deltas()
             if self._announce:  # a new epoch reaches every range, so every shard forgets the old
                 carrying = dict(deltas)
@@ -391,7 +396,17 @@ class FleetPublisher:
             for r, changes in deltas:
                 seq = self._seqs.get((engine, r), 0)
                 payload = wire.encode_delta(
-                    self.pool, self.replica, engine, r, self.epoch, cause, seq, self.sampling, ts, changes
+                    self.pool,
+                    self.replica,
+                    engine,
+                    r,
+                    self.epoch,
+                    cause,
+                    seq,
+                    self.sampling,
+                    ts,
+                    changes,
+                    kind,
                 )
                 out.append((r, seq, payload))
             size = sum(len(payload) for _, _, payload in out)

@@ -17,6 +17,10 @@ number that grows whenever the sidecar's view of the cache starts empty (the sid
 restarted, vLLM cleared its cache: `cause`). A consumer that sees a new epoch forgets the replica's
 blocks; a gap in `seq` is deltas lost (the sidecar's buffer was full while NATS was down); a seq or
 epoch already seen is a redelivery or a replay, dropped.
+
+Engines: a delta's `kind` names the replica's engine (vllm, sglang, trtllm), so a shard keys each
+engine's hashes apart (fleet_residency.py: two engines' hashes are never one block). A delta from
+before the field reads as vLLM's (sidecars then published vLLM only); an unknown engine is dropped.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import msgspec
 
 from .aggregator.fleet_residency import MASK, SPACE, hash_position
 from .derive.cache_config import config_number
+from .sources.engine_events import ENGINES
 from .sources.vllm_snapshot import EngineSample, VllmSnapshot
 
 VERSION = 1
@@ -69,6 +74,7 @@ class Delta(msgspec.Struct, array_like=True, gc=False, frozen=True):
     sampling: Annotated[float, msgspec.Meta(gt=0, le=1)]
     ts: float
     changes: Annotated[list[Change], msgspec.Meta(max_length=MAX_CHANGES_PER_DELTA)]
+    kind: Annotated[str, msgspec.Meta(max_length=16)] = "vllm"  # the engine; absent before it was sent
 
 
 class Counters(msgspec.Struct, array_like=True, gc=False, frozen=True):
@@ -110,11 +116,14 @@ def encode_delta(
     sampling: float,
     ts: float,
     changes: list[tuple[bool, list, int | None, str | None, str | None]],
+    kind: str = "vllm",
 ) -> bytes:
     """encode(Delta(VERSION, pool, ..., [Change(*c) for c in changes])) without building the
     structs: both are array-like, so tuples in their field order are the same bytes (tested); the
     sidecar's per-block path makes one small tuple per change instead of a struct."""
-    return _encoder.encode((VERSION, pool, replica, engine, r, epoch, cause, seq, sampling, ts, changes))
+    return _encoder.encode(
+        (VERSION, pool, replica, engine, r, epoch, cause, seq, sampling, ts, changes, kind)
+    )
 
 
 def kept_space(sampling: float) -> int:
@@ -203,6 +212,10 @@ def decode_delta(data: bytes, subject: str, prefix: str, pool: str) -> Delta:
     delta = _decode(_delta, MAX_DELTA_BYTES, data)
     if delta.pool != pool or subject != delta_subject(prefix, pool, delta.range, delta.replica):
         raise WireError("forged", "delta's pool, range or replica differs from its subject's")
+    if delta.kind not in ENGINES:
+        raise WireError(
+            "unknown_engine", f"delta of engine {delta.kind[:16]!r}, not one of {', '.join(ENGINES)}"
+        )
     return delta
 
 

@@ -140,7 +140,7 @@ def kv_events_poll(
     )
     into = events.ingest
     if wiring.publisher is not None:  # resyncs after a NATS outage from the rank's replay endpoint
-        into = wiring.publisher.tee(rank, events.ingest, lambda: replay_of(source.stream))
+        into = wiring.publisher.tee(rank, events.ingest, engine, lambda: replay_of(source.stream))
     return RankPoll(source, into, labels, offload=True)  # up to 100k batches a poll
 
 
@@ -193,7 +193,7 @@ class DiscoveredKvEvents:
         """The discovery poll's answer (None: it failed, the last answer stands)."""
         if found is not None and self.answer.offer(found):
             self._apply(found)
-            log.info("KV events from vLLM's /kv_event_sources: %s", found.describe())
+            log.info("KV events from %s: %s", found.asked, found.describe())
 
     def _apply(self, found: Found) -> None:
         wanted = {stream.rank: stream for stream in found.streams}
@@ -258,11 +258,19 @@ class PacedDiscovery:
         self.asked_at = float("-inf")
         self.was_up = True
 
+    def due(self) -> bool:
+        """Whether `collect` has anything to do: an ask, or the vLLM's up/down change to note. A
+        poll that is not due is skipped (Poll.due): its health stays that of the last ask."""
+        up = self.target is None or self.target.up
+        return up != self.was_up or not self._settled()
+
+    def _settled(self) -> bool:
+        return self.same >= SETTLED_ASKS and self.clock() - self.asked_at < self.reask
+
     async def collect(self) -> Any:
         up = self.target is None or self.target.up
         came_up, self.was_up = up and not self.was_up, up
-        settled = self.same >= SETTLED_ASKS and self.clock() - self.asked_at < self.reask
-        if settled and not came_up:
+        if self._settled() and not came_up:
             return self.last
         self.asked_at = self.clock()
         try:

@@ -327,9 +327,11 @@ def in_range(r: int, n: int = 3) -> list[int]:
     return [h for h in spread(4000) if wire.range_of(h, 1 << 64) == r][:n]
 
 
-def raw_delta(replica="a", r=5, seq=0, epoch=1, pool=POOL, sampling=1.0, hashes=None) -> bytes:
+def raw_delta(replica="a", r=5, seq=0, epoch=1, pool=POOL, sampling=1.0, hashes=None, kind="vllm") -> bytes:
     change = wire.Change(True, in_range(r) if hashes is None else hashes)
-    return wire.encode(wire.Delta(wire.VERSION, pool, replica, 0, r, epoch, 0, seq, sampling, 1.0, [change]))
+    return wire.encode(
+        wire.Delta(wire.VERSION, pool, replica, 0, r, epoch, 0, seq, sampling, 1.0, [change], kind)
+    )
 
 
 @pytest.mark.timeout(60)
@@ -357,6 +359,14 @@ def test_hostile_deltas_are_counted_and_dropped_and_the_rest_applied(nats_server
         (subject, raw_delta(seq=3), None),  # seqs 1 and 2 lost: missed 2
         (subject, raw_delta(seq=2), "duplicate"),  # late, out of order
         (subject, raw_delta(seq=0, epoch=0), "stale"),  # an earlier epoch after a later one
+        (subject, raw_delta(seq=4, kind="tensorrt"), "unknown_engine"),
+        (subject, raw_delta(seq=4, kind="sglang"), "engine_changed"),  # vLLM's epoch, SGLang's delta
+        # a sidecar from before deltas named their engine: read as vLLM's
+        (
+            subject,
+            msgspec.msgpack.encode([1, POOL, "a", 0, 5, 1, 0, 4, 1.0, 1.0, [[True, in_range(5)]]]),
+            None,
+        ),
     ]
 
     async def run():
@@ -381,7 +391,7 @@ def test_hostile_deltas_are_counted_and_dropped_and_the_rest_applied(nats_server
                     want[reason] = want.get(reason, 0) + 1
             assert dict(s.intake.dropped) == want
             a = s.intake.fleet.replicas["a"]
-            assert (a.resident, a.missed, s.intake.applied) == (3, 2, 2)
+            assert (a.resident, a.missed, s.intake.applied, a.engine) == (3, 2, 3, "vllm")
             samples = {(x.name, tuple(x.labels.items())): x.value for x in s.samples()}
             assert samples[("kvcache_fleet_deltas_dropped_total", (("reason", "forged"),))] == 3
             assert samples[("kvcache_kv_events_missed_batches_total", (("replica", "a"),))] == 2
@@ -390,6 +400,40 @@ def test_hostile_deltas_are_counted_and_dropped_and_the_rest_applied(nats_server
             await nc.close()
 
     asyncio.run(run())
+
+
+@pytest.mark.timeout(60)
+def test_a_mixed_pool_on_nats_keys_each_engines_hashes_apart(nats_server):
+    """A vLLM and an SGLang replica whose block hashes collide: each delta names its engine, so the
+    shard counts no block as shared; two vLLM replicas with the same hashes share every one."""
+
+    async def pool(kinds: dict[str, str]) -> FleetResidency:
+        publishers = {name: publisher(nats_server, name) for name in kinds}
+        intake = shard(nats_server)
+        for name, p in publishers.items():
+            p.tee(0, lambda _drain, _ts: None, kinds[name])  # serve's wiring: the rank's engine
+            p.start()
+            p.offer(0, drain(Batch(0, 1.0, (stored(spread(40)),))))
+            assert await p.flush()
+        await intake.start()
+        try:
+            await settled(intake)
+            assert intake.intake.dropped == {}
+            return intake.intake.fleet
+        finally:
+            for each in (*publishers.values(), intake):
+                await each.close()
+
+    mixed = asyncio.run(pool({"v": "vllm", "s": "sglang"}))
+    assert {n: v.engine for n, v in mixed.replicas.items()} == {"v": "vllm", "s": "sglang"}
+    assert [v.resident for v in mixed.replicas.values()] == [40, 40]
+    assert mixed.duplicates == 0 and sum(v.other_replica for v in mixed.replicas.values()) == 0
+    control = DeltaIntake(FleetResidency(), POOL)  # the same bytes, both replicas vLLM's
+    for name in ("v", "w"):
+        for r, hashes in wire.split(spread(40), 1 << 64).items():
+            data = wire.encode_delta(POOL, name, 0, r, 1, 0, 0, 1.0, 1.0, [(True, hashes, None, None, None)])
+            control.delta(wire.delta_subject("kvcache", POOL, r, name), data)
+    assert control.fleet.duplicates == 40 and control.dropped == {}
 
 
 def test_oversized_and_malformed_counters_are_dropped_without_nats():

@@ -98,6 +98,7 @@ def test_a_derivation_raising_costs_only_its_own_series(shared_fixtures, caplog)
     caplog.set_level(logging.WARNING, logger="kvcache_exporter")
     for _ in texts:
         asyncio.run(exporter.poll_once())
+        _ = exporter.latest  # a scrape: the derivations run at the first read after a poll
         now[0] += 10
     assert sample(exporter, c.EXPORTER_ERRORS_TOTAL, collector="derive", reason="internal_error") == 3
     assert sample(exporter, c.VLLM_UP) == 1
@@ -185,3 +186,36 @@ def test_an_offloaded_ingest_runs_beside_the_loop():
     ticks.clear()
     asyncio.run(scenario(offload=False))  # the check can fail: inline, the loop stands still
     assert sum(ingest["start"] < tick < ingest["end"] for tick in ticks) == 0
+
+
+def test_derivations_run_at_the_first_read_after_a_poll_and_not_in_a_workers_update(shared_fixtures):
+    texts = [s["text"] for s in seed_snapshots(shared_fixtures)][:4]
+    runs = []
+
+    def counted(state, options):
+        runs.append(state.now)
+        return []
+
+    class Slow:  # a source whose `into` runs in a worker thread (offload), as the KV events' do
+        name = "slow"
+
+        async def collect(self):
+            return "snapshot"
+
+        async def close(self):
+            pass
+
+    exporter, now = exporter_with(texts, derivations={**DERIVATIONS, "counted": counted})
+    for _ in range(2):  # polls nobody reads cost no derivation
+        asyncio.run(exporter.poll_once())
+        now[0] += 10
+    assert runs == []
+    first = exporter.latest
+    assert exporter.latest is first and runs == [10.0]  # one derivation per poll, however many reads
+    read_in_thread = []
+    exporter.polls.append(
+        Poll(Slow(), lambda snapshot, ts: read_in_thread.append(exporter.latest), offload=True)
+    )
+    asyncio.run(exporter.poll_once())
+    assert read_in_thread == [first] and runs == [10.0]  # mid-update: the last page, no derivation
+    assert exporter.latest is not first and runs == [10.0, 20.0]

@@ -41,7 +41,7 @@ class Replica:
         live = f"tcp://127.0.0.1:{free_port()}"  # vLLM connects out to it: nobody listens, no matter
         self.vllm = KVEventPublisher(self.ctx, live, replay, "", 0, buffer_steps=buffer_steps)
         self.sidecar = FleetPublisher(NatsOptions(nats.url), POOL, "a", max_buffered=max_buffered)
-        self.ingest = self.sidecar.tee(0, lambda _drain, _ts: None, lambda: (replay, "vllm"))
+        self.ingest = self.sidecar.tee(0, lambda _drain, _ts: None, replay=lambda: (replay, "vllm"))
         self.whole = FleetResidency()  # every batch applied directly: the view without any outage
         self.count = 0
 

@@ -82,6 +82,9 @@ def test_a_delta_round_trips_and_is_checked_against_its_subject():
         ({"range": 64}, "parse_error"),
         ({"sampling": 0.0}, "parse_error"),
         ({"changes": [[True, [1] * (wire.MAX_HASHES_PER_DELTA + 1)]]}, "parse_error"),  # over the bound
+        ({"kind": "tensorrt"}, "unknown_engine"),  # an engine no shard knows the hashes of
+        ({"kind": "x" * 17}, "parse_error"),
+        ({"kind": 3}, "parse_error"),
     ],
 )
 def test_malformed_deltas_name_their_reason(fields, reason):
@@ -112,3 +115,12 @@ def test_encode_delta_writes_the_bytes_of_the_delta_struct_it_does_not_build():
     assert (
         wire.decode_delta(bulk, wire.delta_subject("kvcache", "pool", 7, "rep-1"), "kvcache", "pool") == delta
     )
+
+
+def test_the_engine_travels_and_a_delta_from_before_it_reads_as_vllms():
+    subject = wire.delta_subject("kvcache", "pool", 7, "rep-1")
+    changes = [(True, [1, 2], None, None, None)]
+    sglang = wire.encode_delta("pool", "rep-1", 0, 7, 5, 1, 9, 1.0, 2.5, changes, "sglang")
+    assert wire.decode_delta(sglang, subject, "kvcache", "pool").kind == "sglang"
+    old = msgspec.msgpack.encode([1, "pool", "rep-1", 0, 7, 5, 1, 9, 1.0, 2.5, [list(changes[0])]])
+    assert wire.decode_delta(old, subject, "kvcache", "pool").kind == "vllm"

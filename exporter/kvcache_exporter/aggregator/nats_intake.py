@@ -88,6 +88,10 @@ class DeltaIntake:
         if name not in self.fleet.replicas and len(self.fleet.replicas) >= self.max_replicas:
             self.dropped["too_many_replicas"] += 1
             return
+        view = self.fleet.replicas.get(name)
+        if view is not None and view.engine != delta.kind and delta.epoch == self.epochs.get(name):
+            self.dropped["engine_changed"] += 1  # an epoch is one engine's: a new one may be another's
+            return
         mark = self._place(name, delta)
         if mark is None:
             return
@@ -110,6 +114,7 @@ class DeltaIntake:
                     self.fleet.clear(name)
                 else:
                     self.fleet.restart(name)
+            self.fleet.add_replica(name, delta.kind).engine = delta.kind  # its blocks, if any, forgotten
         following, key = self._next[name], (delta.engine, delta.range)
         expected = following.get(key, 0 if self._from_start[name] else None)
         if expected is not None and delta.seq < expected:

@@ -28,6 +28,7 @@ from .base import SourceError
 # We ask for plain text; an upstream may still compress, and then we inflate under the bound.
 REQUEST_HEADERS = {"Accept-Encoding": "identity, gzip;q=0.5", "User-Agent": "kvcache-exporter"}
 READ_SIZE = 1 << 16
+MAX_PREPARED = 256  # requests kept built per session (one per URL and header set)
 _Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
@@ -39,6 +40,7 @@ class Session:
     def __init__(self, keep_alive: bool = True) -> None:
         self.keep_alive = keep_alive
         self._idle: dict[tuple[str, str, int], _Connection] = {}
+        self._prepared: dict[tuple[str, ...], tuple[tuple[str, str, int], bytes]] = {}
         self._tls: ssl.SSLContext | None = None
 
     async def __aenter__(self) -> Session:
@@ -59,17 +61,13 @@ class Session:
         return await asyncio.open_connection(host, port, ssl=tls, limit=READ_SIZE)
 
     async def get(self, url: str, headers: dict[str, str], max_bytes: int) -> bytes:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise SourceError("connection", f"{url} is not an http(s) URL")
-        key = (parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        lines = [f"GET {target} HTTP/1.1", f"Host: {parts.netloc.rpartition('@')[2]}"]
-        if parts.username is not None and "Authorization" not in headers:  # as aiohttp did: the URL's user
-            user = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
-            headers = {**headers, "Authorization": "Basic " + base64.b64encode(user).decode()}
-        lines += [f"{name}: {value}" for name, value in {**REQUEST_HEADERS, **headers}.items()]
-        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        asked = (url, *headers.items())  # a poll repeats its request: built once, not every poll
+        prepared = self._prepared.get(asked)
+        if prepared is None:
+            if len(self._prepared) >= MAX_PREPARED:  # a token that rotates makes new ones
+                self._prepared.clear()
+            prepared = self._prepared[asked] = _request(url, headers)
+        key, request = prepared
         connection = self._idle.pop(key, None)
         if connection is not None and connection[0].at_eof():  # the upstream closed it while idle
             connection[1].close()
@@ -113,6 +111,21 @@ class Session:
         else:
             writer.close()
         return body
+
+
+def _request(url: str, headers: dict[str, str]) -> tuple[tuple[str, str, int], bytes]:
+    """The connection key (scheme, host, port) and the bytes of a GET of `url`."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SourceError("connection", f"{url} is not an http(s) URL")
+    key = (parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    lines = [f"GET {target} HTTP/1.1", f"Host: {parts.netloc.rpartition('@')[2]}"]
+    if parts.username is not None and "Authorization" not in headers:  # as aiohttp did: the URL's user
+        user = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        headers = {**headers, "Authorization": "Basic " + base64.b64encode(user).decode()}
+    lines += [f"{name}: {value}" for name, value in {**REQUEST_HEADERS, **headers}.items()]
+    return key, ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
 class HttpStatusError(SourceError):

@@ -61,11 +61,13 @@ class Found:
     rejected: Counter[str] = field(default_factory=Counter)
     other_host: tuple[int, ...] = ()
     state: str = "found"  # found | none_published | no_route
+    asked: str = "vLLM's /kv_event_sources"  # the route(s) asked, for the log line (Engine.title)
 
     def describe(self) -> str:
         """The one log line: what was found, what was left out. No topic text (it is data)."""
         if self.state == "no_route":
-            return "no /kv_event_sources route (vLLM before 0.32?): give --kv-events.endpoint"
+            hint = " (vLLM before 0.32?)" if "/kv_event_sources" in self.asked else ""
+            return f"no such route{hint}: give --kv-events.endpoint"
         if self.state == "none_published":
             parts = [
                 "the engine publishes no KV events (start it with --kv-events-config: docs/kv-events.md)"
@@ -221,12 +223,13 @@ class Engine:
     path: str
     parse: Callable[[Any], tuple[list[Announced], Counter[str]]]
     max_body_bytes: int = MAX_BODY_BYTES
+    title: str = ""  # how a log line names the route: "SGLang's /server_info"
 
 
 # SGLang's /server_info is every server argument (~43 KB for a tiny model): a larger bound
 ENGINES = {
-    "vllm": Engine("vllm", "/kv_event_sources", parse_vllm),
-    "sglang": Engine("sglang", "/server_info", parse_sglang, 1024 * 1024),
+    "vllm": Engine("vllm", "/kv_event_sources", parse_vllm, title="vLLM's /kv_event_sources"),
+    "sglang": Engine("sglang", "/server_info", parse_sglang, 1024 * 1024, "SGLang's /server_info"),
 }
 
 
@@ -320,7 +323,7 @@ class KvEventDiscovery:
             if len(self.engines) > 1:  # no such route: the other engine's from now on
                 self.engines.append(self.engines.pop(0))
                 self.url = sources_url(self.metrics_url, self.engine.path)[0]
-        return Found(state="no_route")
+        return Found(state="no_route", asked=" or ".join(e.title for e in self.engines))
 
     async def ask(self) -> bytes | None:
         """The route's body; None where the server has no such route (404)."""
@@ -379,4 +382,4 @@ def read_answer(body: bytes, engine: Engine, host: str, url: str = "the answer")
     except (ValueError, RecursionError) as err:  # RecursionError: deeply nested arrays
         raise SourceError("parse_error", f"{url}: not JSON ({type(err).__name__})") from err
     announced, rejected = engine.parse(answer)
-    return resolve(announced, host, rejected, engine.name)
+    return replace(resolve(announced, host, rejected, engine.name), asked=engine.title)

@@ -184,7 +184,7 @@ async def outage_past_the_buffer(store: Path, buffer_steps: int) -> dict[str, fl
     replay = f"tcp://127.0.0.1:{free_port()}"
     vllm = KVEventPublisher(ctx, f"tcp://127.0.0.1:{free_port()}", replay, "", 0, buffer_steps=buffer_steps)
     sidecar = Publisher(NatsOptions(nats.url), POOL, "r0", max_buffered=100)
-    ingest = sidecar.tee(0, lambda _drain, _ts: None, lambda: (replay, "vllm"))
+    ingest = sidecar.tee(0, lambda _drain, _ts: None, replay=lambda: (replay, "vllm"))
     whole, s, count = FleetResidency(), shard(nats), 0
 
     async def poll() -> None:
