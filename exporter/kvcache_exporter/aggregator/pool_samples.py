@@ -4,19 +4,31 @@ its own series. Each replica's poll health (collector="vllm") comes from the eng
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from .. import catalog as c
 from ..durations import window_label
 from ..samples import Sample
 from . import fleet_pool
-
-if TYPE_CHECKING:
-    from .pool import Aggregator, Member, PoolSettings
+from .fleet_residency import FleetResidency
 
 
-def residency(pool: Aggregator, settings: PoolSettings) -> list[Sample]:
+class Pool(Protocol):
+    """What the derivations read of the aggregator (pool.Aggregator): a protocol, so that this
+    module does not import pool.py, which imports it."""
+
+    members: dict[str, Any]
+    intake: Any
+    fleet: FleetResidency
+    left_out: int
+    fd_exhausted: Counter[str]
+
+    def streams_healthy(self, member: Any) -> bool: ...
+
+
+def residency(pool: Pool, settings: Any) -> list[Sample]:
     sizes = {name: member.block_size for name, member in pool.members.items()}
     if pool.intake is not None:
         sizes |= pool.intake.intake.block_sizes()
@@ -24,7 +36,7 @@ def residency(pool: Aggregator, settings: PoolSettings) -> list[Sample]:
     return out + fleet_pool.session_samples(*pool.fleet.sessions.counts())
 
 
-def windows(pool: Aggregator, settings: PoolSettings) -> list[Sample]:
+def windows(pool: Pool, settings: Any) -> list[Sample]:
     out: list[Sample] = []
     slice_scale = float(settings.hash_range.shards)
     for seconds in settings.windows:
@@ -38,7 +50,7 @@ def windows(pool: Aggregator, settings: PoolSettings) -> list[Sample]:
     return out
 
 
-def health(pool: Aggregator, settings: PoolSettings) -> list[Sample]:
+def health(pool: Pool, settings: Any) -> list[Sample]:
     watched = len(pool.members) if pool.intake is None else len(pool.fleet.replicas)
     out = [Sample(c.FLEET_REPLICAS, {}, float(watched))]
     if pool.intake is not None:
@@ -59,7 +71,7 @@ def health(pool: Aggregator, settings: PoolSettings) -> list[Sample]:
     return out
 
 
-def event_health(pool: Aggregator, replica: dict[str, str], member: Member) -> list[Sample]:
+def event_health(pool: Pool, replica: dict[str, str], member: Any) -> list[Sample]:
     view, streams = pool.fleet.replicas.get(replica["replica"]), member.replica.streams()
     if not streams or view is None:
         return []
@@ -79,7 +91,7 @@ def event_health(pool: Aggregator, replica: dict[str, str], member: Member) -> l
     return out
 
 
-DERIVATIONS: dict[str, Callable[[Aggregator, PoolSettings], list[Sample]]] = {
+DERIVATIONS: dict[str, Callable[[Pool, Any], list[Sample]]] = {
     "residency": residency,
     "windows": windows,
     "health": health,
