@@ -1572,3 +1572,13 @@ _check_constants()
 
 def get(name: str) -> Metric:
     return BY_NAME[name]
+
+
+def add(metrics: tuple[Metric, ...]) -> None:
+    """A source's own entries (kit.register): the catalog is the built-ins, then each row's."""
+    global CATALOG
+    taken = [m.name for m in metrics if m.name in BY_NAME]
+    if taken or len({m.name for m in metrics}) != len(metrics):
+        raise ValueError(f"metric declared twice: {', '.join(taken) or 'within one source'}")
+    CATALOG = CATALOG + tuple(metrics)
+    BY_NAME.update((m.name, m) for m in metrics)

@@ -7,7 +7,6 @@ import difflib
 import sys
 
 from . import __version__, config, docs
-from .config import OPTIONS
 
 DESCRIPTION = """Prometheus exporter for vLLM's KV (prefix) cache: run `serve` beside vLLM and scrape it.
 The other commands are tools around it. `kvcache-exporter COMMAND --help` lists a command's flags."""
@@ -20,7 +19,7 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
         help="poll vLLM (and the GPU, and the KV-event stream) and serve the derived metrics",
         description="Every flag has an environment twin (KVCACHE_EXPORTER_<FLAG>) and a --config.file key.",
     )
-    config.add_options(serve, OPTIONS)
+    config.add_options(serve, config.OPTIONS)  # with every registered source's (kit.py)
     serve.set_defaults(func=_serve)
 
 
@@ -28,7 +27,7 @@ def _serve(args: argparse.Namespace) -> int:
     from . import service
     from .server import build_exporter
 
-    return service.main(args, OPTIONS, config.resolve, build_exporter)
+    return service.main(args, config.OPTIONS, config.resolve, build_exporter)
 
 
 def _docs(args: argparse.Namespace) -> int:

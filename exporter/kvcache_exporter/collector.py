@@ -12,15 +12,16 @@ an `internal_error`, never the loop's end.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import catalog as c
-from .derive.registry import DERIVATIONS, Derivation, DeriveOptions
+from .derive.registry import DERIVATIONS
 from .derive.state import PollState
 from .guard import Guard
 from .samples import Sample
@@ -137,25 +138,57 @@ class Poll:
         await self.source.close()
 
 
+async def unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
+    """Run `work` unless `stop` is set first (then cancel it); True when it finished."""
+    task, stopped = asyncio.ensure_future(work), asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return False
+    task.result()  # its exception, if any, to the caller
+    return True
+
+
 class Exporter:
+    """The poll engine of both servers: polls -> state -> a derivation table -> samples.
+
+    `serve` passes a fixed list of polls; `aggregate` passes `discovery` (polls run first: where the
+    replicas are), `refresh` (the polls of this round, as discovery finds replicas come and go),
+    `limit` (how many polls run at once: its open-file budget) and `drain` (work after the polls and
+    every `drain_every` seconds between them: its KV events).
+    Either way each poll has the deadline, crash isolation and health series of `Poll.run`, and a
+    crash anywhere else is an `internal_error` of collector="derive", never the loop's end."""
+
     def __init__(
         self,
         polls: Sequence[Poll],
-        state: PollState,
-        options: DeriveOptions,
+        state: Any,
+        options: Any,
         *,
         interval: float,
         clock: Callable[[], float] = time.time,
-        derivations: dict[str, Derivation] = DERIVATIONS,
+        derivations: Mapping[str, Callable[[Any, Any], list[Sample]]] = DERIVATIONS,
         deadline: float | None = None,
+        discovery: Sequence[Poll] = (),
+        refresh: Callable[[], Awaitable[Sequence[Poll]]] | None = None,
+        limit: Callable[[], int] | None = None,
+        drain: Callable[[], Awaitable[None]] | None = None,
+        drain_every: float = 0.25,
+        up: Callable[[], bool] | None = None,
     ):
         self.polls = list(polls)
+        self.discovery = list(discovery)
         self.state = state
         self.options = options
         self.interval = interval
         self.clock = clock
         self.derivations = derivations
         self.deadline = deadline or max(2 * interval, 10.0)  # per source and poll
+        self.refresh, self.limit, self.drain, self.drain_every = refresh, limit, drain, drain_every
+        self.up = up or (lambda: any(t.up for t in self.state.targets))
         self.derive_health = Health()  # errors of the derivations themselves: collector="derive"
         self.guard = Guard()
         self._failing: set[str] = set()
@@ -178,27 +211,38 @@ class Exporter:
 
     async def poll_once(self) -> None:
         try:
-            due = [poll.run(self.clock, self.deadline) for poll in self.polls if poll.due()]
-            if len(due) == 1:  # the usual sidecar's poll: no task to make
-                await due[0]
+            await asyncio.gather(*(poll.run(self.clock, self.deadline) for poll in self.discovery))
+            if self.refresh is not None:
+                self.polls = list(await self.refresh())
+            due = [poll for poll in self.polls if poll.due()]
+            if self.limit is None and len(due) == 1:  # the usual sidecar's poll: no task to make
+                await due[0].run(self.clock, self.deadline)
             else:
-                await asyncio.gather(*due)
+                slots = asyncio.Semaphore(self.limit()) if self.limit is not None else None
+                await asyncio.gather(*(self._run(poll, slots) for poll in due))
+            if self.drain is not None:
+                await self.drain()
             self.state.end_poll(self.clock())
         finally:
             self._derived = False
-        self.ready = self.ready or any(t.up for t in self.state.targets)
+        self.ready = self.ready or self.up()
+
+    async def _run(self, poll: Poll, slots: asyncio.Semaphore | None) -> None:
+        if slots is None:
+            return await poll.run(self.clock, self.deadline)
+        async with slots:  # the deadline starts once a slot is free
+            await poll.run(self.clock, self.deadline)
 
     def derive(self) -> list[Sample]:
         out: list[Sample] = []
-        for poll in self.polls:
+        for poll in (*self.discovery, *self.polls):
             out += poll.samples()
         for name, derivation in self.derivations.items():
             try:
                 out += derivation(self.state, self.options)
                 self._failing.discard(name)
             except Exception as err:  # one broken derivation costs its own series, not /metrics
-                error = self.derive_health.crashed(f"derive {name}", err)
-                self.derive_health.errors[error.reason] += 1
+                error = self.crashed(f"derive {name}", err)
                 if name not in self._failing:  # one line while it keeps failing
                     self._failing.add(name)
                     log.warning(
@@ -206,6 +250,12 @@ class Exporter:
                     )
         kept = self.guard.filter(out)
         return kept + self._derive_errors()
+
+    def crashed(self, where: str, err: BaseException) -> SourceError:
+        """A bug outside any poll (a derivation, a drain): counted as collector="derive"."""
+        error = self.derive_health.crashed(where, err)
+        self.derive_health.errors[error.reason] += 1
+        return error
 
     def _derive_errors(self) -> list[Sample]:
         errors = self.derive_health.errors + self.guard.errors
@@ -215,27 +265,38 @@ class Exporter:
         ]
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Poll every `interval` until `stop` is set; a slow poll delays the next, never overlaps it."""
+        """Poll every `interval` until `stop` is set; a slow poll delays the next, never overlaps it,
+        and a stop mid-poll ends it at once (1,000 replicas' poll is not worth waiting for)."""
         while not stop.is_set():
             started = time.monotonic()
             try:
-                await self.poll_once()
+                if not await unless_stopped(self.poll_once(), stop):
+                    return
             except Exception as err:  # nothing above should raise; if it does, keep serving
-                error = self.derive_health.crashed("poll", err)
-                self.derive_health.errors[error.reason] += 1
+                error = self.crashed("poll", err)
                 if str(error) != self._poll_problem:
                     self._poll_problem = str(error)
                     log.warning("poll failed: %s", error, extra={"collector": "poll"})
-            delay = max(self.interval - (time.monotonic() - started), 0.0)
-            try:
-                async with asyncio.timeout(delay):  # no task a poll, as wait_for makes
-                    await stop.wait()
-            except TimeoutError:
-                pass
+            while (delay := self.interval - (time.monotonic() - started)) > 0:
+                step = delay if self.drain is None else min(delay, self.drain_every)
+                try:
+                    async with asyncio.timeout(step):  # no task a wait, as wait_for makes
+                        await stop.wait()
+                    return
+                except TimeoutError:
+                    await self._drain_between()
+
+    async def _drain_between(self) -> None:
+        if self.drain is None:
+            return
+        try:
+            await self.drain()
+        except Exception as err:  # a bug in a drain costs that drain, not the loop
+            self.crashed("drain", err)
 
     async def close(self) -> None:
         _ = self.latest  # the last poll's page stays what it was with its sources open
-        for poll in self.polls:
+        for poll in (*self.discovery, *self.polls):
             try:
                 await poll.close()
             except Exception as err:  # one source failing to close must not leak the others

@@ -602,6 +602,16 @@ def _pod_name(environ: dict[str, str]) -> str | None:
         return None
 
 
+def add_serve_options(options: tuple[Option, ...]) -> None:
+    """A source's own options (kit.register), after the built-in ones."""
+    global OPTIONS
+    taken = [o.key for o in options if o.key in BY_KEY or o.attr in Settings.__dataclass_fields__]
+    if taken:
+        raise ValueError(f"option declared twice: {', '.join(taken)}")
+    OPTIONS = OPTIONS + tuple(options)
+    BY_KEY.update((o.key, o) for o in options)
+
+
 def resolve(flags: dict[str, Any], environ: dict[str, str], config_file: str | None) -> Settings:
     """`serve`'s settings: defaults, file, environment and flags merged (`flags` maps keys to raw
     strings or lists); ConfigError lists every problem at once."""
@@ -609,7 +619,12 @@ def resolve(flags: dict[str, Any], environ: dict[str, str], config_file: str | N
     values["gpu.pod"] = values["gpu.pod"] or environ.get("POD_NAME")
     values["gpu.namespace"] = values["gpu.namespace"] or environ.get("POD_NAMESPACE")
     values["fleet.replica"] = values["fleet.replica"] or _pod_name(environ)
-    settings = Settings(**{BY_KEY[k].attr: v for k, v in values.items()})
+    fields = Settings.__dataclass_fields__
+    by_attr = {BY_KEY[k].attr: v for k, v in values.items()}
+    settings = Settings(
+        **{a: v for a, v in by_attr.items() if a in fields},
+        source_options={a: v for a, v in by_attr.items() if a not in fields},
+    )
     _settle(problems, checks(settings), {BY_KEY[k].flag for k in failed})
     return settings
 

@@ -61,7 +61,9 @@ def _row(m: catalog.Metric) -> str:
 
 def metrics_markdown() -> str:
     parts = [HEADER]
-    for group, title in GROUPS.items():
+    own = {m.group: m.group for m in catalog.CATALOG if m.group not in GROUPS}  # a source's group: its name
+    groups = GROUPS | own
+    for group, title in groups.items():
         metrics = [m for m in catalog.CATALOG if m.group == group]
         parts.append(f"\n## {title}\n\n{TABLE_HEAD}")
         parts += [_row(m) for m in metrics]
@@ -96,14 +98,18 @@ What SGLang's /metrics cannot support is absent for an SGLang target, never 0:
 |---|---|"""
 
 
-FLAG_TABLES = {"serve": config.OPTIONS, "aggregate": config.AGGREGATE_OPTIONS}
+def flag_table(command: str) -> tuple[config.Option, ...]:
+    """Read when asked, so a registered source's options (kit.py) are in serve's table."""
+    return config.OPTIONS if command == "serve" else config.AGGREGATE_OPTIONS
+
+
 FLAGS_HEAD = "| flag | environment | YAML key | default | |\n|---|---|---|---|---|"
 
 
 def flags_markdown(command: str) -> str:
     """Every option of `command`, as `--help` says it: flag, env twin, YAML key, default, meaning."""
     rows = [FLAGS_HEAD]
-    for o in FLAG_TABLES[command]:
+    for o in flag_table(command):
         repeat = " (repeatable)" if o.multiple else ""
         default = config.default_text(o)
         cells = (

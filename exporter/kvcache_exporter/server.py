@@ -7,12 +7,13 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from . import kit
 from .collector import Exporter, Poll, target_polls
 from .config import ConfigError
 from .derive.cost import Pricing
 from .derive.fields import Rules
 from .derive.front_fields import MAX_FRONT_TOKENS
-from .derive.registry import DeriveOptions
+from .derive.registry import DERIVATIONS, DeriveOptions
 from .derive.state import PollState, TargetState
 from .kv_event_streams import (
     DiscoveredKvEvents,
@@ -33,9 +34,8 @@ log = logging.getLogger("kvcache_exporter")
 
 
 def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Exporter:
-    """Every source as one Poll into one PollState. A new source is more than a line here: its
-    module in sources/, a part in derive/state.py, a derivation (derive/registry.py) and its
-    catalog entries, options (config.py) and settings (settings.py), then its Poll here."""
+    """Every source as one Poll into one PollState: the built-in sources wired below, then every
+    registered source's row (kit.py: its own polls, state part and derivations)."""
     state = PollState(retention=max(s.collect_windows) + 2 * s.collect_interval)
     vllm = {
         urlsplit(url).netloc: EngineSource(
@@ -100,9 +100,19 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
         gpu_count=s.cost_gpu_count,
         gpu_memory_utilization_ceiling=s.audit_gpu_memory_utilization_ceiling,
     )
+    polls += kit.wire(s, state)
     # past every source's own timeout
     deadline = max(2 * s.collect_interval, s.vllm_timeout + 1, s.gpu_dcgm_timeout + 1, 10.0)
-    exporter = Exporter(polls, state, options, interval=s.collect_interval, clock=clock, deadline=deadline)
+    derivations = DERIVATIONS | kit.derivations()
+    exporter = Exporter(
+        polls,
+        state,
+        options,
+        interval=s.collect_interval,
+        clock=clock,
+        deadline=deadline,
+        derivations=derivations,
+    )
     if discovered is not None:
         discovered.polls = exporter.polls  # a rank found later is polled from the next poll on
     if s.fields_debug_endpoint and decode is not None:

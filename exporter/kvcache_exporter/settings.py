@@ -3,7 +3,8 @@ config.OPTIONS and config.AGGREGATE_OPTIONS."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,7 @@ class Settings(ServiceSettings):
     fleet_credentials_file: str | None
     fleet_nkey_seed_file: str | None
     fleet_tls_ca_file: str | None
+    source_options: dict[str, Any] = field(default_factory=dict)  # a SourceKit's options (kit.py)
 
 
 @dataclass(frozen=True, slots=True)

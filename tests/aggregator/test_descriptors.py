@@ -120,10 +120,10 @@ def test_the_left_out_warning_is_logged_once_and_again_when_it_changes(caplog):
         aggregator = Aggregator(PoolSettings(max_replicas=2), [sd])
         try:
             for _ in range(5):
-                await aggregator.discover()
+                await aggregator.poll_once()
             sd.last = replicas(4)  # now two left out
             for _ in range(5):
-                await aggregator.discover()
+                await aggregator.poll_once()
         finally:
             await aggregator.close()
 

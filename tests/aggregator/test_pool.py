@@ -199,7 +199,7 @@ def test_bad_discovery_keeps_the_last_good_replicas_and_a_dead_replica_reads_dow
 
 def test_a_failing_poll_is_counted_and_the_loop_goes_on(tmp_path):
     aggregator = Aggregator(PoolSettings(windows=(60.0,), interval=0.05), [])
-    real_poll, polls = aggregator.poll_once, []
+    real_poll, polls = aggregator.engine.poll_once, []
 
     async def broken_three_times():
         polls.append(1)
@@ -208,7 +208,7 @@ def test_a_failing_poll_is_counted_and_the_loop_goes_on(tmp_path):
         await real_poll()  # the fourth poll exports what the loop counted
         stop.set()
 
-    aggregator.poll_once = broken_three_times  # the loop, not the poll, is under test
+    aggregator.engine.poll_once = broken_three_times  # the loop, not the poll, is under test
     stop = asyncio.Event()
     asyncio.run(aggregator.run(stop))
     assert values(aggregator.latest, "kvcache_exporter_errors_total") == {
@@ -222,8 +222,8 @@ def test_values_outside_their_range_never_reach_metrics():
         Sample("kvcache_fleet_duplicate_blocks_ratio", {}, 1.5),
         Sample("kvcache_fleet_replicas", {}, -1.0),
     ]
-    assert aggregator.guard.filter(bad) == []
-    assert aggregator.guard.errors["invalid_value"] == 2
+    assert aggregator.engine.guard.filter(bad) == []
+    assert aggregator.engine.guard.errors["invalid_value"] == 2
 
 
 def test_replicas_left_out_are_logged_once_per_change_not_every_interval(tmp_path, caplog):
@@ -237,10 +237,10 @@ def test_replicas_left_out_are_logged_once_per_change_not_every_interval(tmp_pat
 
     async def body():
         for _ in range(5):
-            await aggregator.discover()
+            await aggregator.poll_once()
         path.write_text(json.dumps([{"targets": targets[:2]}]))
         os.utime(path, ns=(1, 1))
-        await aggregator.discover()
+        await aggregator.poll_once()
 
     asyncio.run(body())
     lines = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]

@@ -1,6 +1,7 @@
-"""The aggregator's poll loop: discovery -> one member per replica (its /metrics poll, run by
-`serve`'s Poll: a deadline per source, a crash costs that replica's poll only) -> the fleet view
--> the samples /metrics serves.
+"""The aggregator: discovery -> one member per replica (its /metrics poll) -> the fleet view ->
+the derivation table of pool_samples.py, all run by `serve`'s engine (collector.Exporter): the
+polls of each round from discovery, as many at once as the open-file budget allows, each with its
+deadline and crash isolation, and the same health series and error tally as `serve`.
 
 Every replica's KV events arrive through one `FleetEvents` (one ZMQ context, a few sockets, one
 thread: events.py), one stream per data-parallel rank (named (replica, rank)); each poll drains
@@ -11,27 +12,24 @@ them into the one `FleetResidency`, which tracks every rank's sequence numbers a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from .. import catalog as c
-from ..collector import Health, Poll
+from ..collector import Exporter, Poll
 from ..derive.windows import SeriesHistory
-from ..durations import window_label
-from ..guard import Guard
 from ..samples import Sample
 from ..sources.base import SourceError
 from ..sources.kv_event_sources import Found, KvEventDiscovery, Settled
 from ..sources.kv_events_decode import Batch, Dropped, weight
-from ..sources.vllm import VllmSnapshot, VllmSource
-from . import fleet_pool
+from ..sources.sglang import EngineSource
+from ..sources.vllm_snapshot import VllmSnapshot
+from . import fleet_pool, pool_samples
 from .descriptors import SCRAPE_RESERVE, FdBudget, open_file_limit, open_now
-from .discovery import DiscoveryError, RankStream, Replica, bounded
+from .discovery import DnsSd, FileSd, RankStream, Replica, StaticSd, bounded
 from .events import FleetEvents
 from .fleet_residency import FleetResidency, HashRange
 from .fleet_sessions import SessionSpread
@@ -44,20 +42,6 @@ DRAIN_SECONDS = 0.25
 PENDING_HASHES = 131_072
 YIELD_HASHES = 8_192  # a heavy drain is applied in slices of this, letting scrapes in between
 CLOSE_AT_ONCE = 64  # replicas closed in parallel at shutdown
-
-
-async def _unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
-    """Run `work` unless `stop` is set first (then cancel it); True when it finished."""
-    task, stopped = asyncio.ensure_future(work), asyncio.ensure_future(stop.wait())
-    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    stopped.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        return False
-    task.result()  # its exception, if any, to the caller
-    return True
 
 
 @dataclass(frozen=True)
@@ -107,6 +91,28 @@ def stream_name(replica: str, rank: int) -> tuple[str, int]:
 
 
 @dataclass
+class Discovered:
+    """One discovery as a source of the engine: what it found, its last good answer while it fails
+    (DiscoveryError: the failure is its health series'), and collector="discovery_..." on both."""
+
+    discovery: StaticSd | FileSd | DnsSd
+    found: list[Replica] = field(default_factory=list)
+    name: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.name = self.discovery.name
+
+    async def collect(self) -> list[Replica]:
+        return await self.discovery.refresh()
+
+    def into(self, replicas: list[Replica] | None, ts: float) -> None:
+        self.found = list(self.discovery.last) if replicas is None else replicas
+
+    async def close(self) -> None:
+        pass
+
+
+@dataclass
 class Member:
     """One replica being watched."""
 
@@ -130,37 +136,53 @@ class Aggregator:
         intake: Callable[[FleetResidency], NatsIntake] | None = None,
     ):
         self.settings, self.discoveries, self.clock = settings, discoveries, clock
-        self.deadline = max(2 * settings.interval, settings.timeout + 1, 10.0)  # as serve's
         sessions = SessionSpread(retention=max(settings.windows))
         self.fleet = FleetResidency(settings.hash_range, settings.max_blocks_per_replica, sessions)
         self.intake = intake(self.fleet) if intake is not None else None  # --fleet.source: NATS
         self.events = FleetEvents(settings.topic, settings.max_batches_per_second, PENDING_HASHES)
         self.members: dict[str, Member] = {}
         self.kv_sources: dict[str, KvSources] = {}
-        self.discovery_health = {d.name: Health() for d in discoveries}
+        self.discovered = [Discovered(d) for d in discoveries]
         self.left_out = 0
         self._left_out_names: frozenset[str] = frozenset()
         self.fds = FdBudget(fd_limit or open_file_limit())
         self.fd_exhausted: Counter[str] = Counter()  # polls each replica went unsubscribed, by the budget
         self._logged_unsubscribed = 0
-        self.ready = False
-        self.guard = Guard()  # the last check before exposition, as in serve
-        self.loop_errors = 0
-        self.latest: list[Sample] = []
+        self.engine = Exporter(
+            [],
+            self,
+            settings,
+            interval=settings.interval,
+            clock=clock,
+            derivations=pool_samples.DERIVATIONS,
+            deadline=max(2 * settings.interval, settings.timeout + 1, 10.0),  # as serve's
+            discovery=[Poll(d, d.into) for d in self.discovered],
+            refresh=self.refresh,
+            limit=lambda: self.fds.poll_slots(open_now()),
+            drain=self.drain_all,
+            drain_every=DRAIN_SECONDS,
+            up=self.any_up,
+        )
+
+    @property
+    def latest(self) -> list[Sample]:
+        return self.engine.latest
+
+    @property
+    def ready(self) -> bool:
+        return self.engine.ready
+
+    def any_up(self) -> bool:
+        return any(m.up for m in self.members.values()) or (
+            self.intake is not None and self.intake.connected_once
+        )
 
     # --- membership -------------------------------------------------------------------------
 
     async def discover(self) -> list[Replica]:
-        found: list[Replica] = []
-        for discovery in self.discoveries:
-            started, error = self.clock(), None
-            health = self.discovery_health[discovery.name]
-            try:
-                found += await discovery.refresh()
-            except Exception as err:  # the last good answer stands until the source recovers
-                error = err if isinstance(err, DiscoveryError) else health.crashed(discovery.name, err)
-                found += discovery.last
-            self.discovery_health[discovery.name].record(discovery.name, started, self.clock(), error)
+        """The replicas every discovery found at this round's discovery polls (the engine ran
+        them), at most --replica.max, with the KV-event streams each one's vLLM names."""
+        found = [replica for d in self.discovered for replica in d.found]
         kept, self.left_out = bounded(found, self.settings.max_replicas)
         left_out = frozenset(r.name for r in found) - {r.name for r in kept}
         if left_out != self._left_out_names and left_out:  # once, and again when the set changes
@@ -268,7 +290,8 @@ class Aggregator:
         retention = max(s.windows) + 2 * s.interval
         self.fleet.add_replica(replica.name, replica.engine)
         member = Member(replica, SeriesHistory(retention), SeriesHistory(retention))
-        source = VllmSource(replica.metrics_url, s.timeout, s.max_body_bytes, keep_alive=False)
+        kind = "sglang" if replica.engine == "sglang" else "auto"  # the page says vLLM or SGLang
+        source = EngineSource(replica.metrics_url, s.timeout, s.max_body_bytes, keep_alive=False, kind=kind)
         member.poll = Poll(
             source, lambda snapshot, ts: self._into(member, snapshot, ts), {"replica": replica.name}
         )
@@ -325,132 +348,48 @@ class Aggregator:
 
     # --- polling ----------------------------------------------------------------------------
 
-    async def poll_once(self) -> None:
+    async def refresh(self) -> list[Poll]:
+        """The polls of this round: one per replica discovery finds now."""
         await self.reconcile(await self.discover())
         self.fd_exhausted.update(self.unsubscribed())
-        slots = asyncio.Semaphore(self.fds.poll_slots(open_now()))
+        return [m.poll for m in self.members.values()]
 
-        async def poll(member: Member) -> None:
-            async with slots:  # the deadline starts once a slot is free
-                await member.poll.run(self.clock, self.deadline)
+    async def poll_once(self) -> None:
+        await self.engine.poll_once()
 
-        await asyncio.gather(*(poll(m) for m in self.members.values()))
-        await self.drain_all()
-        now = self.clock()
+    def end_poll(self, now: float) -> None:
+        """After the polls and their drain: the fleet counters' histories, for the windows."""
         self.fleet.sessions.age(now)
-        sizes = {name: member.block_size for name, member in self.members.items()}
         if self.intake is not None:
             self.intake.intake.record(now)
-            sizes |= self.intake.intake.block_sizes()
         for name, member in self.members.items():
             view = self.fleet.replicas.get(name)
             if view is not None:
                 member.fleet_history.append(now, fleet_pool.fleet_counters(view, self.fleet.scale))
-        residency = fleet_pool.residency_samples(self.fleet, sizes)
-        residency += fleet_pool.session_samples(*self.fleet.sessions.counts())
-        self.ready = self.ready or any(m.up for m in self.members.values())
-        self.ready = self.ready or (self.intake is not None and self.intake.connected_once)
-        samples = self.guard.filter(residency + self._pool_samples() + self._health_samples())
-        self.latest = samples + self._own_errors()
 
-    def _own_errors(self) -> list[Sample]:
-        errors = self.guard.errors + Counter(internal_error=self.loop_errors)
-        return [
-            Sample(c.EXPORTER_ERRORS_TOTAL, {"collector": "derive", "reason": reason}, n)
-            for reason, n in errors.items()
-            if n
-        ]
-
-    def _pool_samples(self) -> list[Sample]:
-        out: list[Sample] = []
-        slice_scale = float(self.settings.hash_range.shards)
-        for seconds in self.settings.windows:
-            windows = [
-                (m.vllm_history.window(seconds), m.fleet_history.window(seconds), m.block_size)
-                for m in self.members.values()
-            ]
-            if self.intake is not None:
-                windows += self.intake.intake.windows(seconds)
-            pool = fleet_pool.pool_window(windows, slice_scale)
-            out += fleet_pool.window_samples(window_label(seconds), pool)
-        return out
-
-    def _health_samples(self) -> list[Sample]:
-        watched = len(self.members) if self.intake is None else len(self.fleet.replicas)
-        out = [Sample(c.FLEET_REPLICAS, {}, float(watched))]
-        if self.intake is not None:
-            out += self.intake.samples()
-        for name, member in self.members.items():
-            count = len(member.replica.kv_events_ranks or ())  # the ranks followed as its vLLM says
-            out.append(Sample(c.KV_EVENTS_DISCOVERED_ENDPOINTS, {"replica": name}, float(count)))
-        out.append(Sample(c.FLEET_REPLICAS_LEFT_OUT, {}, float(self.left_out)))
-        for name, health in self.discovery_health.items():
-            out += health.samples({"collector": name})
-        for name, member in self.members.items():
-            replica = {"replica": name}
-            out.append(Sample(c.VLLM_UP, replica, float(member.up)))
-            out += member.poll.samples()
-            if member.up:
-                out += [
-                    Sample(c.FLEET_QUERY_TOKENS_TOTAL, replica, member.counters["query_tokens"]),
-                    Sample(c.FLEET_HIT_TOKENS_TOTAL, replica, member.counters["hit_tokens"]),
-                ]
-            out += self._event_health(replica, member)
-        return out
-
-    def _event_health(self, replica: dict[str, str], member: Member) -> list[Sample]:
-        view, streams = self.fleet.replicas.get(replica["replica"]), member.replica.streams()
-        if not streams or view is None:
-            return []
-        success = float(all(self.events.healthy(stream_name(member.replica.name, s.rank)) for s in streams))
-        collector = {**replica, "collector": "kv_events"}
-        out = [
-            Sample(c.EXPORTER_COLLECTOR_SUCCESS, collector, success),
-            Sample(c.KV_EVENTS_BATCHES_TOTAL, replica, view.batches),
-            Sample(c.KV_EVENTS_MISSED_BATCHES_TOTAL, replica, view.missed),
-            *(
-                Sample(c.KV_EVENTS_DROPPED_TOTAL, {**replica, "reason": reason}, n)
-                for reason, n in member.dropped.items()
-            ),
-        ]
-        if refused := self.fd_exhausted.get(replica["replica"]):  # polls it went unsubscribed
-            out.append(Sample(c.EXPORTER_ERRORS_TOTAL, {**collector, "reason": "fd_exhausted"}, refused))
-        return out
+    def streams_healthy(self, member: Member) -> bool:
+        name = member.replica.name
+        return all(self.events.healthy(stream_name(name, s.rank)) for s in member.replica.streams())
 
     async def drain_all(self) -> None:
         for name, member in list(self.members.items()):
             try:
                 await self._drain(name, member)
             except Exception as err:  # a bug in one replica's stream costs that replica's events
-                error = member.poll.health.crashed(f"kv_events {name}", err)
-                self.loop_errors += 1
+                error = self.engine.crashed(f"kv_events {name}", err)
                 log.warning("applying KV events failed: %s", error, extra={"replica": name})
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Poll every `interval`; between polls, drain the subscribers every DRAIN_SECONDS so that a
+        """Poll every `interval`, draining the subscribers every DRAIN_SECONDS in between so that a
         busy pool's events are applied in small slices, never as one long pause of the event loop."""
         if self.intake is not None:
             await self.intake.start()
-        while not stop.is_set():
-            started = time.monotonic()
-            try:
-                if not await _unless_stopped(self.poll_once(), stop):
-                    return  # a signal mid-poll: 1,000 replicas' poll is not worth waiting for
-            except Exception:  # a bug must not end the loop: count it, log it, keep the last samples
-                self.loop_errors += 1
-                log.exception(
-                    "aggregator poll failed", extra={"collector": "derive", "reason": "internal_error"}
-                )
-            while (delay := self.settings.interval - (time.monotonic() - started)) > 0:
-                try:
-                    await asyncio.wait_for(stop.wait(), timeout=min(delay, DRAIN_SECONDS))
-                    return
-                except TimeoutError:
-                    await self.drain_all()
+        await self.engine.run(stop)
 
     async def close(self) -> None:
         """At SIGTERM: every replica's poll closed, CLOSE_AT_ONCE at a time, then the one ZMQ
         context. The fleet view is not taken apart replica by replica: the process is ending."""
+        _ = self.engine.latest  # the last poll's page stays what it was with its replicas held
         slots = asyncio.Semaphore(CLOSE_AT_ONCE)
 
         async def drop(name: str) -> None:

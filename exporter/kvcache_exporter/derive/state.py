@@ -4,9 +4,9 @@ Sources hand snapshots to the `ingest` of one part (a vLLM target, the GPU, a KV
 derivations (derive/registry.py and the modules it calls) only read it. Ingesting is the one place
 state changes, so deriving twice from the same state gives the same samples.
 
-A new kind of source adds a part here (a dataclass with `ingest(snapshot, ts)`) and a pure
-function over it in derive/; per-replica sources (the fleet view) add one part each, told apart by
-their `labels`.
+A built-in source has a part here (a dataclass with `ingest(snapshot, ts)`) and a pure function
+over it in derive/. A source registered as a row (kit.py) keeps its part in `parts[its name]`,
+declared in its own module, so this file is not edited for it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..sources.gpu import GpuSnapshot
 from ..sources.kv_events_decode import Batch, Dropped
@@ -207,6 +208,7 @@ class PollState:
     kv_events: list[KvEventsState] = field(default_factory=list)
     now: float = 0.0  # when the latest poll ended
     host_tier_bytes: int | None = None  # --whatif.host-tier-bytes (whatif.py)
+    parts: dict[str, Any] = field(default_factory=dict)  # a registered source's own part (kit.py)
     load_peaks: LoadPeaks = field(init=False)
 
     def __post_init__(self) -> None:

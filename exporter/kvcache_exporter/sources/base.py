@@ -8,9 +8,10 @@ A source is one module with one class:
         async def close(self) -> None:          # release sockets/handles
 
 It returns a snapshot (plain data, no exported samples) or raises `SourceError(reason, message)`;
-any other exception is caught by the poll loop and counted as `internal_error`. Wiring it is one
-line in server.py: `Poll(MySource(...), state.<part>.ingest)`, where the poll state's part turns
-snapshots into history and a pure function in derive/ turns that history into samples. The poll
+any other exception is caught by the poll loop and counted as `internal_error`. It is wired by
+one row, a `kit.SourceKit` (its catalog entries, options, `wire` returning
+`Poll(MySource(...), part.ingest)` for a part of the poll state it keeps in `state.parts`, and
+the pure functions of its derivation module that turn that part into samples): see kit.py. The poll
 loop (collector.py) times every collect(), records success, duration, last success and
 errors_total{collector, reason}, and logs once per reason.
 

@@ -1,0 +1,124 @@
+"""The source kit (kit.py): a toy source added the way a new source is meant to be, in files written
+here to a temporary folder (its source module, its derivation module) and one row, run as the real
+`kvcache-exporter serve` and `docs` processes. The test lists the files the source needed and shows
+its metric served on /metrics (and following its input), documented in docs/metrics.md's output,
+its flag in --help, and a bad reading counted under its own collector, not the loop's end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from kvcache_exporter.tools.harness import stop, wait_showing
+from tests.conftest import free_port
+
+TOY_SOURCE = '''
+"""A toy source: one reading from a file; its option beside it."""
+from kvcache_exporter.config import Option
+from kvcache_exporter.sources.base import SourceError
+
+OPTIONS = (Option("toy.path", str, "", "file holding the toy reading"),)
+
+
+class ToySource:
+    name = "toy"
+
+    def __init__(self, path):
+        self.path = path
+
+    async def collect(self):
+        text = open(self.path).read().strip()
+        try:
+            return float(text)
+        except ValueError:
+            raise SourceError("parse_error", "not a number") from None
+
+    async def close(self):
+        pass
+'''
+
+TOY_DERIVE = '''
+"""The toy's state part, its catalog entry and its derivation."""
+from kvcache_exporter.catalog import Metric
+from kvcache_exporter.collector import Poll
+from kvcache_exporter.samples import Sample
+
+from toy_source import ToySource
+
+TOY_READING = "kvcache_toy_reading"
+METRICS = (Metric(TOY_READING, "gauge", "The toy's last reading.", group="toy", per_target=False),)
+
+
+class ToyPart:
+    value = None
+
+    def ingest(self, reading, ts):
+        self.value = reading
+
+
+def wire(settings, state):
+    part = state.parts["toy"] = ToyPart()
+    return [Poll(ToySource(settings.source_options["toy_path"]), part.ingest)]
+
+
+def reading(state, options):
+    value = state.parts["toy"].value
+    return [] if value is None else [Sample(TOY_READING, {}, value)]
+'''
+
+ROW = """
+import sys
+import toy_derive, toy_source
+from kvcache_exporter import kit
+row = kit.SourceKit("toy", toy_derive.METRICS, toy_source.OPTIONS, toy_derive.wire, {"r": toy_derive.reading})
+kit.register(row)
+from kvcache_exporter.cli import main
+sys.exit(main())
+"""
+
+
+TOY = [sys.executable, "-c", textwrap.dedent(ROW)]  # kvcache-exporter, with the toy's row
+
+
+@pytest.mark.timeout(90)
+def test_a_toy_source_needs_its_two_modules_and_one_row(tmp_path):
+    toy = tmp_path / "toy"
+    toy.mkdir()
+    (toy / "toy_source.py").write_text(TOY_SOURCE)
+    (toy / "toy_derive.py").write_text(TOY_DERIVE)
+    needed = sorted(p.name for p in toy.iterdir())
+    assert needed == ["toy_derive.py", "toy_source.py"]  # plus the one row, no product file edited
+    env = {**os.environ, "PYTHONPATH": str(toy)}
+    run = dict(cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+
+    helped = subprocess.run([*TOY, "serve", "--help"], **run)
+    assert "--toy.path" in helped.stdout and "KVCACHE_EXPORTER_TOY_PATH" in helped.stdout
+    documented = subprocess.run([*TOY, "docs", "--output", str(tmp_path / "metrics.md")], **run)
+    assert documented.returncode == 0, documented.stderr
+    assert "| `kvcache_toy_reading` | gauge |" in (tmp_path / "metrics.md").read_text()
+
+    reading, port = tmp_path / "reading", free_port()
+    reading.write_text("41.5\n")
+    serve = subprocess.Popen(
+        [*TOY, "serve", "--vllm.url", f"http://127.0.0.1:{free_port()}/metrics",
+         "--toy.path", str(reading), "--web.listen-address", f"127.0.0.1:{port}",
+         "--collect.interval", "200ms", "--gpu.source", "none", "--kv-events.discovery", "off"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        text = wait_showing(url, "kvcache_toy_reading 41.5", 45)
+        assert 'kvcache_exporter_collector_success{collector="toy"} 1.0' in text
+        reading.write_text("not a number\n")  # bad input: counted under its collector, its series absent
+        text = wait_showing(url, 'kvcache_exporter_errors_total{collector="toy",reason="parse_error"}', 30)
+        assert 'kvcache_exporter_collector_success{collector="toy"} 0.0' in text
+        assert "kvcache_toy_reading " not in text
+        reading.write_text("7\n")
+        wait_showing(url, "kvcache_toy_reading 7.0", 30)
+    finally:
+        stop(serve)
