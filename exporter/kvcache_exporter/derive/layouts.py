@@ -24,7 +24,6 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from itertools import compress, pairwise, repeat
 from operator import is_, ne
-from typing import NamedTuple
 
 from .fingerprints import K
 
@@ -40,13 +39,10 @@ def pair_keys(prints: Sequence[int]) -> list[int]:
     return list(map(hash, pairwise(prints)))
 
 
-class Pairs(NamedTuple):
-    """An event's anchors as `AnchorOrder` reads them, once per event for both the walk and learning."""
-
-    prints: Sequence[int]
-    keys: list[int]  # pair_keys(prints)
-    followers: list | None  # each key's follower in the new generation; None: learned (not looked up)
-    digest: int  # the anchors' sequence
+# An event's anchors as `AnchorOrder.read` reads them, once per event for both the walk and learning:
+# (the fingerprints, their pair_keys, each key's follower in the new generation or None where the sequence
+# was learned already (not looked up), the sequence's digest). A plain tuple: built once per event.
+Pairs = tuple[list[int], list[int], list | None, int]
 
 
 class AnchorOrder:
@@ -69,27 +65,31 @@ class AnchorOrder:
     def __len__(self) -> int:
         return len(self.new) + len(self.old)
 
-    def read(self, prints: Sequence[int]) -> Pairs:
+    def read(self, prints: list[int]) -> Pairs:
         """An event's anchors, before the walk and learning them."""
         digest = hash(tuple(prints))
         keys = self._learned.get(digest)
         if keys is not None:
-            return Pairs(prints, keys, None, digest)
+            return prints, keys, None, digest
         keys = pair_keys(prints)
-        return Pairs(prints, keys, list(map(self.new.get, keys)), digest)
+        return prints, keys, list(map(self.new.get, keys)), digest
 
     def learn(self, pairs: Pairs) -> None:
         """Remember an event's anchors in order (after reading it: an event never matches itself)."""
-        keys, before = pairs.keys, pairs.followers
+        prints, keys, before, digest = pairs
         if before is None or not keys:
             return
         new, old = self.new, self.old
-        after = [*pairs.prints[2:], _END]
-        if before[-1] is not None:  # the event's last pair keeps a follower it had
-            after[-1] = before[-1]
+        after = prints[2:]
+        after.append(_END if before[-1] is None else before[-1])  # the last pair keeps a follower it had
         if before != after:  # (equal: every pair known with this follower, the common case: no change)
             changed = list(compress(before, map(ne, before, after)))  # what those pairs were followed by
-            if not old and changed.count(None) + changed.count(_BRANCH) == len(changed):  # only new pairs
+            unknown = changed.count(None)
+            if old:
+                self._merge(keys, before, after)
+            elif unknown == len(changed):  # only new pairs: the others are rewritten with what they hold
+                new.update(zip(keys, after, strict=True))
+            elif unknown + changed.count(_BRANCH) == len(changed):  # new pairs and branch points: add
                 new.update(compress(zip(keys, after, strict=True), map(is_, before, repeat(None))))
             else:
                 self._merge(keys, before, after)
@@ -97,7 +97,7 @@ class AnchorOrder:
             self.old, self.new = new, {}
             self._learned, self._learned_keys = {}, 0
         elif self._learned_keys + len(keys) <= self.remembered:
-            self._learned[pairs.digest] = keys
+            self._learned[digest] = keys
             self._learned_keys += len(keys)
 
     def _merge(self, keys: list[int], before: list, after: list) -> None:
@@ -119,12 +119,10 @@ class AnchorOrder:
         """From anchor `first`: (the last anchor reached in order, the first branch point on the way or
         that last one when there is none)."""
         new, old = self.new, self.old
-        if pairs.followers is None:
-            followers = list(map(new.get, pairs.keys[first:]))
-        else:
-            followers = pairs.followers[first:]
+        _, keys, looked, _ = pairs
+        followers = list(map(new.get, keys[first:])) if looked is None else looked[first:]
         if old and None in followers:
-            tail = pairs.keys[first:]
+            tail = keys[first:]
             followers = [f if f is not None else old.get(k) for f, k in zip(followers, tail, strict=True)]
         if None in followers:
             del followers[followers.index(None) :]
