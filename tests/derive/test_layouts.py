@@ -27,7 +27,7 @@ def test_a_repeated_phrase_is_no_branch_in_its_context():
 
 
 def test_a_sequence_learned_again_is_neither_keyed_nor_looked_up():
-    order = AnchorOrder(1000)
+    order = AnchorOrder(1000, remember_from=4)
     order.learn(order.read([1, 2, 3, 4]))
     again = order.read([1, 2, 3, 4])
     assert again[2] is None  # remembered: not looked up, learning it again would change nothing
@@ -37,13 +37,13 @@ def test_a_sequence_learned_again_is_neither_keyed_nor_looked_up():
 
 # Events drawn from a few anchors (repeats, branches, pairs seen in other contexts) and a small bound, so
 # the generations turn many times.
-EVENTS = st.lists(st.lists(st.integers(1, 6), max_size=8), max_size=60)
+EVENTS = st.lists(st.lists(st.integers(1, 6), max_size=8), max_size=60)  # (all remembered: from 2 anchors)
 
 
 @settings(max_examples=300, deadline=None)
 @given(EVENTS, st.integers(4, 40))
 def test_remembering_sequences_changes_no_answer_and_no_state(events, bound):
-    remembering, plain = AnchorOrder(bound), AnchorOrder(bound, remembered=0)
+    remembering, plain = AnchorOrder(bound, remember_from=2), AnchorOrder(bound, remembered=0)
     for prints in events:
         read, read_plain = remembering.read(prints), plain.read(prints)
         for first in range(len(prints)):

@@ -31,6 +31,7 @@ LAYOUTS = ("end", "after_template")
 # What `AnchorOrder` keeps per anchor pair: the anchor that followed it, or one of these.
 _BRANCH = -1  # followed by more than one anchor: requests went their own ways there
 _END = -2  # an event's last pair: nothing after it seen yet
+REMEMBER_FROM = 16  # anchors: a shorter sequence is keyed and looked up again faster than its digest
 
 
 def pair_keys(prints: Sequence[int]) -> list[int]:
@@ -49,16 +50,18 @@ class AnchorOrder:
     """Which anchor followed which pair of anchors, in the stored stream: a map from pair keys, bounded
     as two generations (fingerprints.Generations' scheme).
 
-    A learned sequence of anchors is remembered (its digest and keys, up to `remembered` keys in all,
-    forgotten when the generations turn): while every one of its pairs is in the new generation,
-    learning it again changes nothing (a pair's follower only ever goes from none to the end mark to an
-    anchor to a branch point), so an event that repeats one is neither keyed nor looked up again."""
+    A learned sequence of `remember_from` anchors or more is remembered (its digest and keys, up to
+    `remembered` keys in all, forgotten when the generations turn): while every one of its pairs is in
+    the new generation, learning it again changes nothing (a pair's follower only ever goes from none to
+    the end mark to an anchor to a branch point), so an event that repeats one is neither keyed nor
+    looked up again."""
 
-    def __init__(self, bound: int, remembered: int | None = None) -> None:
+    def __init__(self, bound: int, remembered: int | None = None, remember_from: int = REMEMBER_FROM) -> None:
         self.half = max(bound // 2, 1)
         self.new: dict[int, int] = {}
         self.old: dict[int, int] = {}
         self.remembered = self.half // 4 if remembered is None else remembered
+        self.remember_from = remember_from
         self._learned: dict[int, list[int]] = {}  # digest -> keys: sequences learned in this generation
         self._learned_keys = 0
 
@@ -67,11 +70,13 @@ class AnchorOrder:
 
     def read(self, prints: list[int]) -> Pairs:
         """An event's anchors, before the walk and learning them."""
-        digest = hash(tuple(prints))
-        keys = self._learned.get(digest)
-        if keys is not None:
-            return prints, keys, None, digest
-        keys = pair_keys(prints)
+        digest = None
+        if len(prints) >= self.remember_from:
+            digest = hash(tuple(prints))
+            keys = self._learned.get(digest)
+            if keys is not None:
+                return prints, keys, None, digest
+        keys = list(map(hash, pairwise(prints)))  # pair_keys, inline: this runs once an event
         return prints, keys, list(map(self.new.get, keys)), digest
 
     def learn(self, pairs: Pairs) -> None:
@@ -96,7 +101,7 @@ class AnchorOrder:
         if len(new) >= self.half:
             self.old, self.new = new, {}
             self._learned, self._learned_keys = {}, 0
-        elif self._learned_keys + len(keys) <= self.remembered:
+        elif digest is not None and self._learned_keys + len(keys) <= self.remembered:
             self._learned[digest] = keys
             self._learned_keys += len(keys)
 
