@@ -106,10 +106,10 @@ WHAT_IS_ON = {
 
 def toggle_throughput(streams: dict[str, list[list[bytes]]], seconds: float, passes: int = 9) -> dict:
     """stream -> {switch: stored hashes/s from the median CPU time of a pass, "fronts": the fronts one
-    pass names when every front is named}; the SWITCHES run in turn pass after pass, for `seconds` and
-    at least `passes` each, so load on the machine falls on each alike. The "served" namer is one
-    across passes, as one stream has (at most 20 fronts and 10 ms of CPU a second); "every" names
-    every front (the unsampled worst case)."""
+    pass names when every front is named}; the SWITCHES run in turn (a shuffled order each round) pass
+    after pass, for `seconds` and at least `passes` each, so load on the machine falls on each alike.
+    The "served" namer is one across passes, as one stream has (at most 20 fronts and 10 ms of CPU a
+    second); "every" names every front (the unsampled worst case)."""
     decode = safe_decoder(load_tokenizer(TINY_LLAMA), MAX_FRONT_TOKENS)
     out = {}
     for name, frames in streams.items():
@@ -119,9 +119,12 @@ def toggle_throughput(streams: dict[str, list[list[bytes]]], seconds: float, pas
             "every": lambda: FrontFields(decode, per_second=10**9, timer=lambda: 0.0),
         }
         times: dict[str, list[float]] = {switch: [] for switch in SWITCHES}
+        turn, shuffle = list(SWITCHES), random.Random(0).shuffle
         start = time.process_time()
         while time.process_time() - start < seconds or len(times["off"]) < passes:
-            for switch, (layouts, namer) in SWITCHES.items():
+            shuffle(turn)  # no switch always runs after the one that leaves the caches coldest
+            for switch in turn:
+                layouts, namer = SWITCHES[switch]
                 fields = namers[namer]()
                 began = time.process_time()
                 _attribute(frames, fields, layouts)
