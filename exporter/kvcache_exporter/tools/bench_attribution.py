@@ -15,13 +15,12 @@ units of 256, 28 hashes over the groups), an older request's blocks removed from
 200 requests are held; measured per stored hash (all groups), decode + cursor + event view + group
 model + attribution, as `serve` runs them. Its memory: RSS growth per tracked unit.
 
-Field naming (--fields.tokenizer, derive/front_fields.py): the same two streams with the tiny-llama
-tokenizer naming each diverged front, measured beside attribution without it, interleaved in the
-same run: as served (at most 20 fronts and 10 ms of CPU a second, one namer across rounds as one
-stream has) and with every front named (the unsampled worst case).
-
-The per-layout reorder estimate (derive/layouts.py): the same two streams with it and without it
-(`Attribution(reorder_layouts=False)`), interleaved in the same run.
+Field naming (--fields.tokenizer, derive/front_fields.py) and the per-layout reorder estimate
+(derive/layouts.py), each on and both on, beside attribution with both off: the two streams, the
+switches in turn in a shuffled order each round, the median pass of each (`toggle_throughput`). Naming
+as served is one namer across passes, as one stream has (at most 20 fronts and 10 ms of CPU a second).
+Every front named (the unsampled worst case) is timed beside off apart, also on DeepSeek-V4-shaped
+streams where every prompt is new: no prefix diverges there, so the tokenizer must cost nothing.
 """
 
 from __future__ import annotations
