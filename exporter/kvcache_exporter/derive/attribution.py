@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from ..sources.kv_events_decode import IN_ORDER, Batch, Event, Mark
 from .content_causes import foreign_span, moved_span, rewritten_span
 from .fingerprints import FingerprintSet, Generations, anchors
-from .layouts import LAYOUTS, AnchorOrder, layout_served, pair_keys
+from .layouts import LAYOUTS, AnchorOrder, layout_served
 from .reorder import (
     KnownRun,
     first_known_run,
@@ -221,7 +221,7 @@ class Attribution:
         before = 0 if parent_hash is None else None if depth is None else (depth + 1) * size
         found = anchors(event.token_ids)
         order = self._order
-        keys = pair_keys(found[1]) if order is not None else []
+        pairs = order.read(found[1]) if order is not None else None
         known = self._known(event.token_ids, found, length, rewritable)
         run, served, spans = None, 0, ()
         if known is not None:
@@ -251,20 +251,20 @@ class Attribution:
             diverged_span = next((span[1:] for span in spans if span[0] == "prefix_diverged"), None)
             if diverged_span is not None and order is not None:
                 served_at = run.start if run.fronted else 0
-                self._layouts(known[0], keys, diverged_span, served_at, unit, count * size)
+                self._layouts(known[0], pairs, diverged_span, served_at, unit, count * size)
             if not diverged and depth is not None and run.fronted:
                 self._observe_offset(depth * size + run.start)
                 if self.fields is not None:
                     self.fields.observe(event, run.start, served)
         if order is not None:
-            order.learn(keys, found[1])
+            order.learn(pairs)
         self._track(hashes, depth, marked, 0, turns)
 
     def _layouts(
-        self, positions, keys, span: tuple[int, int], run_start: int, unit: int, length: int
+        self, positions, pairs, span: tuple[int, int], run_start: int, unit: int, length: int
     ) -> None:
         """Of the prefix_diverged span, what a reorder to each layout would hit (layouts.py)."""
-        end, template = layout_served(self._order, positions, keys, span, run_start, unit, length)
+        end, template = layout_served(self._order, positions, pairs, span, run_start, unit, length)
         tokens = self.totals.reorder_tokens
         tokens["end"] += end
         tokens["after_template"] += template

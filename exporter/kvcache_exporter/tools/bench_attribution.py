@@ -15,13 +15,12 @@ units of 256, 28 hashes over the groups), an older request's blocks removed from
 200 requests are held; measured per stored hash (all groups), decode + cursor + event view + group
 model + attribution, as `serve` runs them. Its memory: RSS growth per tracked unit.
 
-Field naming (--fields.tokenizer, derive/front_fields.py): the same two streams with the tiny-llama
-tokenizer naming each diverged front, measured beside attribution without it, interleaved in the
-same run: as served (at most 20 fronts and 10 ms of CPU a second, one namer across rounds as one
-stream has) and with every front named (the unsampled worst case).
-
-The per-layout reorder estimate (derive/layouts.py): the same two streams with it and without it
-(`Attribution(reorder_layouts=False)`), interleaved in the same run.
+Field naming (--fields.tokenizer, derive/front_fields.py) and the per-layout reorder estimate
+(derive/layouts.py), each on and both on, beside attribution with both off: the two streams, the
+switches in turn in a shuffled order each round, the median pass of each (`toggle_throughput`). Naming
+as served is one namer across passes, as one stream has (at most 20 fronts and 10 ms of CPU a second).
+Every front named (the unsampled worst case) is timed beside off apart, also on DeepSeek-V4-shaped
+streams where every prompt is new: no prefix diverges there, so the tokenizer must cost nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ import gc
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -87,41 +87,55 @@ def _attribute(frames: list[list[bytes]], fields: FrontFields | None = None, lay
 TINY_LLAMA = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "tiny-llama"
 
 
-def field_throughput(streams: dict[str, list[list[bytes]]], seconds: float) -> dict:
-    """stream -> (off, as served, every front) in stored hashes per second, from the shortest CPU time
-    of one pass, the three run in turn pass after pass (so load on the machine falls on each alike);
-    and the fronts one pass names when every front is named."""
+# What each pass runs: (the per-layout reorder estimate on, the field namer: None, "served" or "every")
+SWITCHES = {
+    "off": (False, None),
+    "layouts": (True, None),
+    "fields": (False, "served"),
+    "both": (True, "served"),
+    "every": (False, "every"),
+}
+SERVED = ("off", "layouts", "fields", "both")  # as served, timed together; "every" beside "off" apart
+WHAT_IS_ON = {
+    "layouts": "the per-layout reorder estimate on (derive/layouts.py)",
+    "fields": "field naming on as served (<= 20 fronts/s)",
+    "both": "the reorder estimate and field naming on",
+    "every": "every front named (the unsampled worst case)",
+}
+
+
+def toggle_throughput(
+    streams: dict[str, list[list[bytes]]], seconds: float, switches: tuple[str, ...], passes: int = 9
+) -> dict:
+    """stream -> {switch: stored hashes/s from the median CPU time of a pass, "fronts": the fronts one
+    pass names when every front is named}; the `switches` (of SWITCHES) run in turn (shuffled each round) pass
+    after pass, for `seconds` and at least `passes` each, so load on the machine falls on each alike.
+    The "served" namer is one across passes, as one stream has (at most 20 fronts and 10 ms of CPU a
+    second); "every" names every front (the unsampled worst case)."""
     decode = safe_decoder(load_tokenizer(TINY_LLAMA), MAX_FRONT_TOKENS)
     out = {}
     for name, frames in streams.items():
-        stored = _stored_hashes(frames)
-        namers = [None, FrontFields(decode), FrontFields(decode, per_second=10**9, timer=lambda: 0.0)]
-        times: list[list[float]] = [[], [], []]
+        namers = {
+            None: lambda: None,
+            "served": (lambda served: lambda: served)(FrontFields(decode)),
+            "every": lambda: FrontFields(decode, per_second=10**9, timer=lambda: 0.0),
+        }
+        times: dict[str, list[float]] = {switch: [] for switch in switches}
+        turn, shuffle = list(switches), random.Random(0).shuffle
         start = time.process_time()
-        while time.process_time() - start < seconds or len(times[0]) < 5:
-            for namer, kept in zip(namers, times, strict=True):
+        while time.process_time() - start < seconds or len(times["off"]) < passes:
+            shuffle(turn)  # no switch always runs after the one that leaves the caches coldest
+            for switch in turn:
+                layouts, namer = SWITCHES[switch]
+                fields = namers[namer]()
                 began = time.process_time()
-                _attribute(frames, namer)
-                kept.append(time.process_time() - began)
+                _attribute(frames, fields, layouts)
+                times[switch].append(time.process_time() - began)
         once = FrontFields(decode, per_second=10**9, timer=lambda: 0.0)
-        _attribute(frames, once)
-        out[name] = (*(stored / min(kept) for kept in times), once.sampled)
-    return out
-
-
-def layout_throughput(streams: dict[str, list[list[bytes]]], seconds: float) -> dict[str, tuple]:
-    """stream -> (without, with) the per-layout reorder estimate (derive/layouts.py), in stored hashes per
-    second from the shortest CPU time of one pass, the two run in turn pass after pass."""
-    out = {}
-    for name, frames in streams.items():
-        times: tuple[list[float], list[float]] = ([], [])
-        start = time.process_time()
-        while time.process_time() - start < seconds or len(times[0]) < 5:
-            for layouts, kept in zip((False, True), times, strict=True):
-                began = time.process_time()
-                _attribute(frames, layouts=layouts)
-                kept.append(time.process_time() - began)
-        out[name] = tuple(_stored_hashes(frames) / min(kept) for kept in times)
+        _attribute(frames, once, layouts=False)
+        stored = _stored_hashes(frames)
+        out[name] = {switch: stored / statistics.median(kept) for switch, kept in times.items()}
+        out[name]["fronts"] = once.sampled
     return out
 
 
@@ -132,15 +146,18 @@ DSV4_GROUPS = {
 }
 
 
-def dsv4_frames(requests: int = 400, prompt: int = 1024, held: int = 200, seed: int = 3) -> list[list[bytes]]:
+def dsv4_frames(
+    requests: int = 400, prompt: int = 1024, held: int = 200, seed: int = 3, header: int = 8
+) -> list[list[bytes]]:
     """One message per request: its prefill's 6 stores (each group its blocks in the last window, the
-    anchor all 4 units), after removing, from every group, what a request `held` earlier stored."""
+    anchor all 4 units), after removing, from every group, what a request `held` earlier stored. Each
+    prompt is `header` per-request tokens before a shared template (0: no prefix diverges)."""
     rng = random.Random(seed)
     template = [rng.randrange(5, 60_000) for _ in range(prompt)]
     stored: list[list[tuple[int, list[int]]]] = []
     frames = []
     for i in range(requests):
-        tokens = [rng.randrange(5, 60_000) for _ in range(8)] + template[8:]  # a header before a template
+        tokens = [rng.randrange(5, 60_000) for _ in range(header)] + template[header:]
         chain = {end: rng.getrandbits(64) for end in range(4, prompt + 1, 4)}
         events, mine = [], []
         if i >= held:
@@ -189,12 +206,22 @@ def serve_gc() -> Iterator[None]:
 
 def rows(seconds: float = 3.0) -> list[tuple[str, str]]:
     frames = seed_frames()
+
+    def fronts(stream: str) -> str:
+        return f"tiny-llama tokenizer, {unsampled[stream]['fronts']} diverged fronts a pass"
+
     with serve_gc():
         plain = _blocks_per_second(frames, _plain_decode, seconds)
         full = _blocks_per_second(frames, _attribute, seconds)
         dsv4 = _blocks_per_second(dsv4_frames(), _attribute, seconds)
-        fields = field_throughput({"seed": frames, "dsv4": dsv4_frames()}, seconds)
-        layouts = layout_throughput({"seed": frames, "dsv4": dsv4_frames()}, seconds)
+        toggles = toggle_throughput({"seed": frames, "dsv4": dsv4_frames()}, seconds, SERVED)
+        # every front named beside off apart: its tokenizer runs slowed the passes after them by a few %
+        unsampled = toggle_throughput(
+            {"seed": frames, "dsv4": dsv4_frames(), "no front": dsv4_frames(header=1024)},
+            seconds,
+            ("off", "every"),
+        )
+    nothing = unsampled["no front"]
     memory, units = (
         json.loads(
             subprocess.run(
@@ -220,26 +247,19 @@ def rows(seconds: float = 3.0) -> list[tuple[str, str]]:
         ),
         *(
             (
-                f"miss attribution with field naming on ({what}; tiny-llama tokenizer, {fronts} diverged "
-                "fronts a pass)",
-                f"{on / off:.0%} of the throughput without it, as served (<= 20 fronts/s named): {on:,.0f} "
-                f"vs {off:,.0f}/s in turn in this run; every front named: {every / off:.0%} ({every:,.0f}/s)",
+                f"miss attribution with {WHAT_IS_ON[switch]} ({what}; {fronts(stream)})",
+                f"{rate[switch] / rate['off']:.1%} of the throughput with both off: {rate[switch]:,.0f} vs "
+                f"{rate['off']:,.0f} stored hashes/s, medians of passes in turn in this run",
             )
-            for what, (off, on, every, fronts) in (
-                ("real vLLM 0.32 frames", fields["seed"]),
-                ("DeepSeek-V4-shaped streams", fields["dsv4"]),
-            )
+            for stream, what in (("seed", "real vLLM 0.32 frames"), ("dsv4", "DeepSeek-V4-shaped streams"))
+            for switch, rate in ((on, (unsampled if on == "every" else toggles)[stream]) for on in WHAT_IS_ON)
         ),
-        *(
-            (
-                f"miss attribution with the per-layout reorder estimate ({what}; derive/layouts.py)",
-                f"{on / off:.0%} of the throughput without it: {on:,.0f} vs {off:,.0f} stored hashes/s in "
-                "turn in this run",
-            )
-            for what, (off, on) in (
-                ("real vLLM 0.32 frames", layouts["seed"]),
-                ("DeepSeek-V4-shaped streams", layouts["dsv4"]),
-            )
+        (
+            "miss attribution with every front named, no prefix diverged (DeepSeek-V4-shaped streams, "
+            f"every prompt new: nothing known; {fronts('no front')})",
+            f"{nothing['every'] / nothing['off']:.1%} of the throughput without the tokenizer: "
+            f"{nothing['every']:,.0f} vs {nothing['off']:,.0f} stored hashes/s, medians of passes in turn in "
+            "this run",
         ),
         (
             f"group model + attribution memory, DeepSeek-V4 layout ({units['units']:,} units held)",
