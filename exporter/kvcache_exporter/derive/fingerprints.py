@@ -48,6 +48,35 @@ def anchors(tokens: Sequence[int]) -> tuple[list[int], list[int]]:
     return positions, prints
 
 
+PREFIX_STEPS = 16  # prefix lengths a chain's start is remembered at, per hit unit
+
+
+def prefix_lengths(unit: int) -> range:
+    """The lengths a chain's first tokens are remembered at (docs/kv-events.md, "below_hit_unit"):
+    from K up to the hit unit (excluded) in sixteenths of it; at most PREFIX_STEPS a chain."""
+    step = max(unit // PREFIX_STEPS, 1)
+    return range(-(-K // step) * step, unit, step)
+
+
+def prefix_prints(tokens: Sequence[int], unit: int) -> tuple[list[int], list[int]]:
+    """(lengths, fingerprints) of `tokens`' prefixes at prefix_lengths(unit) (those it holds). Shared
+    content shorter than K anchors cannot be told apart from a template's role header."""
+    lengths = [n for n in prefix_lengths(unit) if n <= len(tokens)]
+    words = _words(tokens[: lengths[-1]]) if lengths else b""
+    return lengths, [hash(words[: n * 4]) for n in lengths]
+
+
+def shared_prefix(lengths: Sequence[int], prints: Sequence[int], seen: FingerprintSet) -> int:
+    """The longest of `lengths` whose prefix fingerprint was `seen` (prefixes: a longer one seen means
+    every shorter one was); 0 when none."""
+    shared = 0
+    for length, print_ in zip(lengths, prints, strict=True):
+        if print_ not in seen:
+            break
+        shared = length
+    return shared
+
+
 def anchored_prints(tokens: Sequence[int]) -> list[tuple[int, int]]:
     """(token position, fingerprint) of every anchor of `tokens` with K tokens to fingerprint."""
     return list(zip(*anchors(tokens), strict=True))
