@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 from ..sources.kv_events_decode import IN_ORDER, Batch, Event, Mark
 from .content_causes import foreign_span, moved_span, rewritten_span, seams, whole_units
-from .fingerprints import FingerprintSet, Generations, anchors, prefix_prints, shared_prefix
+from .fingerprints import PREFIX_STEPS, FingerprintSet, Generations, anchors, prefix_prints, shared_prefix
 from .layouts import _END as _END_OF_EVENT
 from .layouts import LAYOUTS, AnchorOrder, layout_served, pair_keys, stop_after
 from .reorder import (
@@ -141,7 +141,9 @@ class Attribution:
         self._blocks = Generations(max_blocks)
         share = max_fingerprints // 8
         self._content_prints = FingerprintSet(max_fingerprints - 3 * share - share // 2)
-        self._prefixes = FingerprintSet(share // 2)  # of chains' first tokens: shared starts short of a unit
+        # of chains' first tokens (shared starts short of a unit); an update adds up to PREFIX_STEPS past
+        # the bound before it rotates: kept under its share, off where the share is that small
+        self._prefixes = FingerprintSet(share // 2 - PREFIX_STEPS) if share // 2 > 2 * PREFIX_STEPS else None
         self._generated = FingerprintSet(max_fingerprints // 8)  # of decode-filled blocks: generated text
         self._foreign = FingerprintSet(max_fingerprints // 8)  # of adapters' and salted chains, untagged
         # which anchor followed which: the layouts' worth; None: not estimated (the bench's baseline)
@@ -160,7 +162,8 @@ class Attribution:
     @property
     def tracked(self) -> tuple[int, int]:
         """(tracked hashes, tracked fingerprints): never above the bounds."""
-        prints = len(self._content_prints) + len(self._generated) + len(self._foreign) + len(self._prefixes)
+        prints = len(self._content_prints) + len(self._generated) + len(self._foreign)
+        prints += len(self._prefixes or ())
         return len(self._blocks), prints + len(self._order or ())
 
     def mark(self, mark: Mark) -> None:
@@ -225,17 +228,18 @@ class Attribution:
                     return
         unit, length = self.hit_unit or size, count * size
         before = 0 if parent_hash is None else None if depth is None else (depth + 1) * size
-        found = anchors(event.token_ids)
+        tokens = event.token_ids  # decoded on each read: once
+        found = anchors(tokens)
         order = self._order
         keys = pair_keys(found[1]) if order is not None else []
-        known = self._known(event.token_ids, found, length, rewritable)
+        known = self._known(tokens, found, length, rewritable)
         run, served, spans = None, 0, ()
         if known is not None:
             run, served, spans = self._content(
                 known, size, length, parent_hash is None, unit, before, diverged, keys
             )
-        if parent_hash is None:
-            spans = self._shared_start(event.token_ids, unit, spans)
+        if parent_hash is None and self._prefixes is not None:
+            spans = self._shared_start(self._prefixes, tokens, unit, spans)
         if (
             self.other_replica is None
             and blocks.new.keys().isdisjoint(hashes)
@@ -268,11 +272,13 @@ class Attribution:
             order.learn(keys, found[1])
         self._track(hashes, depth, marked, 0, turns)
 
-    def _shared_start(self, tokens: Sequence[int], unit: int, spans: Sequence) -> Sequence:
+    @staticmethod
+    def _shared_start(
+        prefixes: FingerprintSet, tokens: Sequence[int], unit: int, spans: Sequence
+    ) -> Sequence:
         """At a chain's root: shared content short of a unit that no anchor saw (below_hit_unit from the
         first token, as far as the longest prefix seen before), when the anchors named nothing."""
         lengths, prints = prefix_prints(tokens, unit)
-        prefixes = self._prefixes
         shared = 0 if spans or not lengths else shared_prefix(lengths, prints, prefixes)
         prefixes.update(prints)
         return [("below_hit_unit", 0, shared)] if shared else spans
@@ -376,9 +382,9 @@ class Attribution:
         field). Returns (the result or None, whether the anchor order was known: not when more pairs
         are new than seen in order, as when they were forgotten)."""
         first = seen.index(True)
-        paired = [False] * first + self._in_order_steps(keys, first, positions, prints, seen)
         if root and first:  # any token before known content at a root is a per-request front: reorder.py
             return None, True
+        paired = [False] * first + self._in_order_steps(keys, first, positions, prints, seen)
         joins, last = seams(positions, seen, paired, first)
         fronted = first or (joins and positions[joins[0]] < 2 * size)
         if joins and not fronted:  # in order at the divergence point, seams only further on: the rule below
