@@ -58,7 +58,7 @@ def test_raw_phase_names_the_diverged_prefix_and_covers_the_misses(seed_run):
     raw_end = next(i for i, s in enumerate(snapshots) if s["n_done"] == 160) + 1
     exporter = run(snapshots, drains, raw_end)
     misses = values(exporter, "kvcache_prefix_cache_miss_tokens_total")
-    assert misses[(("cause", "prefix_diverged"),)] > 0.8 * sum(misses.values())
+    assert misses[(("cause", "prefix_diverged"),)] > 0.8 * sum(misses.values()), misses
     coverage = values(exporter, "kvcache_prefix_cache_miss_attribution_coverage_ratio")[(("window", "1m"),)]
     assert 0.9 < coverage <= 1.0  # only each prompt's last partial block is never stored
     estimate = values(exporter, "kvcache_prefix_cache_hit_ratio_estimate")

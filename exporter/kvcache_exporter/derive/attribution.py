@@ -45,9 +45,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..sources.kv_events_decode import IN_ORDER, Batch, Event, Mark
-from .content_causes import foreign_span, moved_span, rewritten_span
-from .fingerprints import FingerprintSet, Generations, anchors
-from .layouts import LAYOUTS, AnchorOrder, layout_served
+from .content_causes import foreign_span, moved_span, rewritten_span, seams, whole_units
+from .fingerprints import PREFIX_STEPS, FingerprintSet, Generations, anchors, prefix_prints, shared_prefix
+from .layouts import _END as _END_OF_EVENT
+from .layouts import LAYOUTS, AnchorOrder, layout_served, stop_after
 from .reorder import (
     KnownRun,
     first_known_run,
@@ -73,6 +74,9 @@ CAUSES = (  # the `cause` label of the miss tokens, in rule order (the module do
     "cold",
 )
 CAPACITY_FACTORS = (2, 4)
+# Known content in order behind a field with no anchor (nothing shows where it is) counts from this many
+# hit units on: a question recombined from shared sentences is shorter.
+FIELD_RUN_UNITS = 4
 # Token offsets of the divergence histogram: where shared content starts in a prompt.
 OFFSET_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 # The rewritten-turn histogram: which rewrite along a conversation a history_rewritten event is (the
@@ -135,7 +139,11 @@ class Attribution:
         self.resident = 0
         self.resident_peak = 0
         self._blocks = Generations(max_blocks)
-        self._content_prints = FingerprintSet(max_fingerprints - 3 * (max_fingerprints // 8))
+        share = max_fingerprints // 8
+        self._content_prints = FingerprintSet(max_fingerprints - 3 * share - share // 2)
+        # of chains' first tokens (shared starts short of a unit); an update adds up to PREFIX_STEPS past
+        # the bound before it rotates: kept under its share, off where the share is that small
+        self._prefixes = FingerprintSet(share // 2 - PREFIX_STEPS) if share // 2 > 2 * PREFIX_STEPS else None
         self._generated = FingerprintSet(max_fingerprints // 8)  # of decode-filled blocks: generated text
         self._foreign = FingerprintSet(max_fingerprints // 8)  # of adapters' and salted chains, untagged
         # which anchor followed which: the layouts' worth; None: not estimated (the bench's baseline)
@@ -155,6 +163,7 @@ class Attribution:
     def tracked(self) -> tuple[int, int]:
         """(tracked hashes, tracked fingerprints): never above the bounds."""
         prints = len(self._content_prints) + len(self._generated) + len(self._foreign)
+        prints += len(self._prefixes or ())
         return len(self._blocks), prints + len(self._order or ())
 
     def mark(self, mark: Mark) -> None:
@@ -219,15 +228,19 @@ class Attribution:
                     return
         unit, length = self.hit_unit or size, count * size
         before = 0 if parent_hash is None else None if depth is None else (depth + 1) * size
-        found = anchors(event.token_ids)
+        tokens = event.token_ids  # decoded on each read: once
+        found = anchors(tokens)
         order = self._order
         pairs = order.read(found[1]) if order is not None else None
-        known = self._known(event.token_ids, found, length, rewritable)
+        keys = pairs[1] if pairs is not None else []  # the event's anchor pairs, keyed
+        known = self._known(tokens, found, length, rewritable)
         run, served, spans = None, 0, ()
         if known is not None:
             run, served, spans = self._content(
-                known, size, length, parent_hash is None, unit, before, diverged
+                known, size, length, parent_hash is None, unit, before, diverged, keys
             )
+        if parent_hash is None and self._prefixes is not None:
+            spans = self._shared_start(self._prefixes, tokens, unit, spans)
         if (
             self.other_replica is None
             and blocks.new.keys().isdisjoint(hashes)
@@ -260,6 +273,17 @@ class Attribution:
             order.learn(pairs)
         self._track(hashes, depth, marked, 0, turns)
 
+    @staticmethod
+    def _shared_start(
+        prefixes: FingerprintSet, tokens: Sequence[int], unit: int, spans: Sequence
+    ) -> Sequence:
+        """At a chain's root: shared content short of a unit that no anchor saw (below_hit_unit from the
+        first token, as far as the longest prefix seen before), when the anchors named nothing."""
+        lengths, prints = prefix_prints(tokens, unit)
+        shared = 0 if spans or not lengths else shared_prefix(lengths, prints, prefixes)
+        prefixes.update(prints)
+        return [("below_hit_unit", 0, shared)] if shared else spans
+
     def _layouts(
         self, positions, pairs, span: tuple[int, int], run_start: int, unit: int, length: int
     ) -> None:
@@ -288,7 +312,15 @@ class Attribution:
                 totals["cold"] += rest
 
     def _content(
-        self, known: tuple, size: int, length: int, root: bool, unit: int, depth: int | None, diverged: int
+        self,
+        known: tuple,
+        size: int,
+        length: int,
+        root: bool,
+        unit: int,
+        depth: int | None,
+        diverged: int,
+        keys: list[int],
     ) -> tuple[KnownRun | None, int, list[tuple[str, int, int]]]:
         """The content causes of new tokens with known content, in order (docs/kv-events.md): the
         known run, the tokens a reorder serves, and the spans (cause, start, stop), apart and ascending."""
@@ -300,12 +332,17 @@ class Attribution:
         if not found:  # known under another adapter or salt only, or too little generated text
             isolated = foreign_span(positions, elsewhere, length, unit) if elsewhere else None
             return None, 0, [] if isolated is None else [("identity_isolated", *isolated)]
-        seen = None
+        seen, ordered = None, False
+        if self._order is not None and not diverged and len(prints) > 1:
+            seen = list(map(found.__contains__, prints))
+            decided, ordered = self._in_order(positions, prints, seen, keys, size, unit, length, root)
+            if decided is not None:
+                return decided
         if found.issuperset(prints) and not root:  # all known (the common case when any is): the rest
             start = max(positions[0] - lead(positions, length), 0)
             run = KnownRun(start, length, front_without_anchors(start, root, unit, depth))
         else:
-            seen = list(map(found.__contains__, prints))
+            seen = seen or list(map(found.__contains__, prints))
             run = first_known_run(positions, seen, length, root, unit, depth)
         served = served_tokens(run, length, unit, bool(diverged), size // 2)
         spans: list[tuple[str, int, int]] = []
@@ -318,11 +355,84 @@ class Attribution:
             start = stop
         elif run.fronted:
             start = max(run.start, start)
-        if seen is not None and not diverged:
+        if seen is not None and not diverged and not ordered:  # the anchor order saw no move
             moved = moved_span(positions, seen, length, unit, bisect_left(positions, run.start), start)
             if moved is not None:
                 spans.append(("content_moved", *moved))
         return run, served, spans
+
+    def _in_order(
+        self,
+        positions: Sequence[int],
+        prints: Sequence[int],
+        seen: list[bool],
+        keys: list[int],
+        size: int,
+        unit: int,
+        length: int,
+        root: bool,
+    ) -> tuple[tuple | None, bool]:
+        """The order-aware rules (content_causes.seams; docs/kv-events.md, "A field with no anchor at
+        the seam"). The front is the unseen content before the first seen anchor, else the first seam
+        when it lies in the first two blocks (a field after known content), else (no seam at all) a
+        field with no anchor in the first block. A seam past the front joining a section of a hit
+        unit or more: `content_moved` from the front on. Known content in order past the front, for
+        4 hit units or more: `prefix_diverged` at any depth. In order at the divergence point with
+        seams only further on: left to the rule without the order (a seam right at the divergence
+        point shows no pair: a move there looks like sentences recombined behind an anchor-free
+        field). Returns (the result or None, whether the anchor order was known: not when more pairs
+        are new than seen in order, as when they were forgotten)."""
+        first = seen.index(True)
+        if root and first:  # any token before known content at a root is a per-request front: reorder.py
+            return None, True
+        paired = [False] * first + self._in_order_steps(keys, first, positions, prints, seen)
+        joins, last = seams(positions, seen, paired, first)
+        fronted = first or (joins and positions[joins[0]] < 2 * size)
+        if joins and not fronted:  # in order at the divergence point, seams only further on: the rule below
+            return None, False  # (questions recombined from shared sentences behind a field with no anchor)
+        moves = joins if first else joins[1:]
+        if sum(paired[first:last]) < 2 * len(moves):
+            return None, False
+        end = stop_after(positions, last, length)
+        if first:
+            start = 0 if positions[first] < 2 * size else positions[first] - lead(positions, length)
+        elif fronted:
+            start = max(positions[joins[0]] - lead(positions, length), positions[joins[0] - 1] + 1)
+        else:
+            start = size
+        bounds = [positions[j] for j in joins] + [end]  # a seam moves a section of a hit unit or more
+        if any(bounds[i + 1] - bounds[i] >= unit for i in range(len(joins) - len(moves), len(joins))):
+            moved = whole_units(start, end, unit)
+            return (None if moved is None else (None, 0, [("content_moved", *moved)])), True
+        if first or root:  # at a root an anchor-free front may come first: the rule below
+            return None, True
+        if not joins and end - start < FIELD_RUN_UNITS * unit:  # a short in-order stretch: recombined pieces
+            return None, True
+        run = KnownRun(start, end, True)
+        served = served_tokens(run, length, unit, False, size // 2) if end > start else 0
+        if served <= 0:
+            return None, True
+        return (run, served, [("prefix_diverged", *served_span(run, length, served))]), True
+
+    def _in_order_steps(
+        self, keys: list[int], first: int, positions: Sequence[int], prints: Sequence[int], seen: list[bool]
+    ) -> list[bool]:
+        """From anchor `first` on, per step from an anchor to the next: whether it was seen before in
+        that order, in context (the pair of the anchor and the one before it was followed by the
+        next; the first step and the one after an unseen anchor: the pair was seen). A pair followed
+        by several anchors (requests going their own ways, sections seen in more than one order) is
+        in order for none."""
+        new, old = self._order.new, self._order.old
+        steps = []
+        for i in range(first, len(positions) - 1):
+            if i == first or not seen[i - 1]:  # no context: the pair seen at all
+                steps.append(keys[i] in new or keys[i] in old)
+                continue
+            follower = new.get(keys[i - 1])
+            if follower is None:
+                follower = old.get(keys[i - 1])
+            steps.append(follower == prints[i + 1] or follower == _END_OF_EVENT)
+        return steps
 
     def _known(
         self, tokens: Sequence[int], found: tuple[list[int], list[int]], length: int, rewritable: bool

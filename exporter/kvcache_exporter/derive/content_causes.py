@@ -14,6 +14,12 @@ explains, `(start, stop)`, or None (docs/kv-events.md, one section per cause):
   content; the run after a seam a hit unit or more): the same sections in another order. A fixed
   order would have served the joined stretch: from `start` (where the caller's own rule stopped)
   to the last joined run's end, in whole hit units.
+- `seams` (order-aware, docs/kv-events.md "content_moved"): where known content joins known content
+  it did not follow before: two seen anchors next to each other whose pair (layouts.py's anchor
+  order) is new, or seen anchors either side of a few unseen ones (SEAM_SPREAD). A move changes at
+  least three adjacencies (the one at the divergence point and two more); a per-request field
+  changes one. Fingerprints of token runs do not depend on block alignment, so a seam or a field
+  with no anchor of its own still shows as a pair never seen in that order (or as none at all).
 - `foreign_span`: content known only under another adapter or cache salt: from the first such
   anchor to the last one's window, in whole hit units (not a fault; vLLM isolates them on purpose).
 """
@@ -22,7 +28,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .fingerprints import K
+from .fingerprints import ANCHOR_SPACING, K
+
+SEAM_SPREAD = 3 * K  # unseen anchors a seam or a short field (up to 2 K tokens) holds: windows over it
+SEAM_GAP = K + 4 * ANCHOR_SPACING  # two seen anchors further apart, with none between: unique content
 
 
 def whole_units(start: int, stop: int, unit: int) -> tuple[int, int] | None:
@@ -96,3 +105,28 @@ def foreign_span(
         return None
     first = foreign.index(True)
     return whole_units(positions[first] if first else 0, _end(positions, foreign, length), unit)
+
+
+def seams(
+    positions: Sequence[int], seen: Sequence[bool], paired: Sequence[bool], first: int
+) -> tuple[list[int], int]:
+    """From seen anchor `first` along the known stretch: the seen anchors right after a seam, and the
+    stretch's last seen anchor. `paired[i]`: anchors i and i + 1 were seen next to each other before.
+    The stretch ends at unique content: unseen anchors spread over SEAM_SPREAD or more, or SEAM_GAP
+    tokens with no anchor between seen anchors whose pair is new."""
+    joins: list[int] = []
+    last = first
+    for k in range(first + 1, len(seen)):
+        if not seen[k]:
+            continue
+        if k == last + 1:
+            if not paired[last]:
+                if positions[k] - positions[last] > SEAM_GAP:
+                    break
+                joins.append(k)
+        elif positions[k - 1] - positions[last + 1] < SEAM_SPREAD:
+            joins.append(k)
+        else:
+            break
+        last = k
+    return joins, last

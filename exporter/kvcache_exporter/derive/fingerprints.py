@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Hashable, Sequence
+from functools import cache
 
 K = 8  # tokens per fingerprint: long enough that random 8-token matches are rare
 _MULT = 0x9E3779B1  # Knuth's multiplicative hash: spreads neighbouring values
@@ -46,6 +47,40 @@ def anchors(tokens: Sequence[int]) -> tuple[list[int], list[int]]:
         prints.append(hash(words[at * 4 : at * 4 + _WIDTH]))
         at = find(1, at + 1, end)
     return positions, prints
+
+
+PREFIX_STEPS = 16  # prefix lengths a chain's start is remembered at, per hit unit
+
+
+@cache
+def prefix_lengths(unit: int) -> tuple[int, ...]:
+    """The lengths a chain's first tokens are remembered at (docs/kv-events.md, "below_hit_unit"):
+    from K up to the hit unit (excluded) in sixteenths of it; at most PREFIX_STEPS a chain."""
+    step = max(unit // PREFIX_STEPS, 1)
+    return tuple(range(-(-K // step) * step, unit, step))
+
+
+def prefix_prints(tokens: Sequence[int], unit: int) -> tuple[tuple[int, ...], list[int]]:
+    """(lengths, fingerprints) of `tokens`' prefixes at prefix_lengths(unit) (those it holds). Shared
+    content shorter than K anchors cannot be told apart from a template's role header."""
+    lengths = prefix_lengths(unit)
+    if lengths and lengths[-1] > len(tokens):
+        lengths = tuple(n for n in lengths if n <= len(tokens))
+    if not lengths:
+        return lengths, []
+    words = _words(tokens[: lengths[-1]])
+    return lengths, [hash(words[: n * 4]) for n in lengths]
+
+
+def shared_prefix(lengths: Sequence[int], prints: Sequence[int], seen: FingerprintSet) -> int:
+    """The longest of `lengths` whose prefix fingerprint was `seen` (prefixes: a longer one seen means
+    every shorter one was); 0 when none."""
+    shared = 0
+    for length, print_ in zip(lengths, prints, strict=True):
+        if print_ not in seen:
+            break
+        shared = length
+    return shared
 
 
 def anchored_prints(tokens: Sequence[int]) -> list[tuple[int, int]]:

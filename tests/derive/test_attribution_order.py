@@ -1,0 +1,108 @@
+"""The order-aware rules (issue 29): a field or a seam with no anchor of its own, told by the order the
+anchors were seen in, and shared starts short of a unit that no anchor saw. Hand-built streams laid out
+as vLLM stores them; each test fails without its rule."""
+
+from __future__ import annotations
+
+import random
+
+from kvcache_exporter.derive.attribution import Attribution
+from kvcache_exporter.derive.content_causes import seams
+from kvcache_exporter.derive.fingerprints import SELECTED, FingerprintSet, K, prefix_prints, shared_prefix
+from tests.derive.test_attribution import BS, Stream, tokens_by_cause
+from tests.derive.test_attribution_causes import ask, joined, text
+
+ANCHOR = 256 * 7 + min(SELECTED)  # a token that starts an anchor
+
+
+def no_anchor(seed: int, n: int) -> list[int]:
+    """Tokens with no anchor among them: ids whose low byte is never a selected one (0-3)."""
+    rng = random.Random(seed)
+    return [rng.randrange(1, 200) * 256 + rng.randrange(0, 4) for _ in range(n)]
+
+
+def test_a_field_with_no_anchor_deep_in_the_prompt_is_prefix_diverged():
+    """A long shared system prompt (far past the first two units), a per-request field of ids no
+    anchor can fall on, then shared content: every anchor is known and in the order seen before;
+    only the block hash shows the change. Without the anchor order this read cold."""
+    stream, held = Stream(Attribution()), set()
+    system, rest = text(1, 10 * BS + 5), text(2, 30 * BS)
+    for seed in range(6):
+        ask(stream, system + no_anchor(seed, 6) + rest, held)
+    tokens = tokens_by_cause(stream)
+    assert tokens.keys() == {"cold", "prefix_diverged"}, tokens
+    assert tokens["prefix_diverged"] >= 5 * 26 * BS, tokens  # all but the first request's, bar a block or two
+
+
+def test_quotes_in_appended_turns_are_named_as_without_the_order_rule():
+    """Append-only turns of one chat, each new message quoting an earlier one: the order rule adds
+    nothing (no move, no more diverged tokens) to what the rule without the anchor order says."""
+
+    def causes(attribution: Attribution) -> dict[str, int]:
+        stream, held = Stream(attribution), set()
+        prompt = text(3, 8 * BS + 3)
+        for seed in range(5):
+            prompt = prompt + text(100 + seed, 3 * BS) + prompt[40 : 40 + 2 * BS]
+            ask(stream, prompt, held)
+        return tokens_by_cause(stream)
+
+    assert causes(Attribution()) == causes(Attribution(reorder_layouts=False))
+
+
+def test_sections_swapped_with_no_anchor_at_the_seams_are_content_moved():
+    """Documents whose seams no anchor window straddles (each ends with an anchor whose window ends
+    with it): the anchors are all known, their pairs across the seams are not. The first block after
+    the cached prefix holds the end of the first document (12 tokens, that anchor among them), so the
+    seam at the divergence point shows."""
+
+    def moved(attribution: Attribution) -> float:
+        stream, held = Stream(attribution), set()
+        system = text(4, 5 * BS + 3)
+        docs = [[*text(20 + i, 6 * BS), ANCHOR, *no_anchor(30 + i, K - 1)] for i in range(4)]
+        ask(stream, system + joined(docs) + text(5, 2 * BS), held)
+        before = stream.attribution.totals.prompt_miss_tokens
+        ask(stream, system + joined(docs[i] for i in (0, 2, 1, 3)) + text(5, 2 * BS), held)
+        computed = stream.attribution.totals.prompt_miss_tokens - before
+        return stream.attribution.totals.tokens["content_moved"] / computed
+
+    assert moved(Attribution()) >= 0.8
+    assert moved(Attribution(reorder_layouts=False)) == 0  # without the anchor order: no seam shows
+
+
+def test_a_shared_start_short_of_a_unit_with_no_anchor_is_below_hit_unit():
+    """Two chains sharing their first 12 tokens (no anchor can see 12 tokens: K = 8 from an anchor
+    one in 16) of a 16-token unit: the shared start can never hit."""
+    stream = Stream(Attribution())
+    shared = no_anchor(7, 12)
+    stream.prompt(shared + text(8, 3 * BS))
+    stream.prompt(shared + text(9, 3 * BS))
+    tokens = tokens_by_cause(stream)
+    assert tokens["below_hit_unit"] == 12, tokens
+
+
+def test_a_shared_start_shorter_than_k_is_a_role_header_not_a_cause():
+    stream = Stream(Attribution())
+    stream.prompt([1, 2, 3, 4, 5, *text(8, 3 * BS)])
+    stream.prompt([1, 2, 3, 4, 5, *text(9, 3 * BS)])
+    assert tokens_by_cause(stream).keys() == {"cold"}
+
+
+def test_shared_prefix_is_the_longest_prefix_seen():
+    seen = FingerprintSet(100)
+    tokens = list(range(100, 200))
+    lengths, prints = prefix_prints(tokens, 32)
+    assert lengths[0] >= K and lengths[-1] < 32
+    seen.update(prefix_prints(tokens[:20] + [7] * 12, 32)[1])
+    assert shared_prefix(lengths, prints, seen) == 20
+
+
+def test_seams_are_new_pairs_and_short_unseen_gaps():
+    positions = [0, 16, 32, 48, 64, 80, 200]
+    seen = [True, True, False, True, True, True, True]
+    paired = [True, False, False, True, False, True]
+    # 0->16 in order; 16 -> (32 unseen) -> 48 a short gap: a seam; 48->64 in order; 64->80 a new pair;
+    # 80 -> 200: 120 tokens with no anchor and a new pair... here seen in order (paired[5]).
+    joins, last = seams(positions, seen, paired, 0)
+    assert joins == [3, 5] and last == 6
+    paired[5] = False  # a new pair that far apart: unique content ends the stretch
+    assert seams(positions, seen, paired, 0) == ([3, 5], 5)
