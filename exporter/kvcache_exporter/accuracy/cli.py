@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
     else:
         print(f"{vllm_json} is missing: the real-vLLM part is left out (make accuracy)", file=sys.stderr)
+    real = len(sections)
     sections += simulated(args.cases, args.seed)
-    Path(args.output).write_text(render(sections))
+    Path(args.output).write_text(render(sections, real))
     return 0

@@ -58,8 +58,8 @@ COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 @dataclass(frozen=True)
 class VllmShape:
     """A deployment shape on real vLLM: how it is started and what the workload may inject there.
-    `blocks` x `unit` is the GPU cache in tokens as vLLM's start-up log says it (`CPU KV cache size`,
-    rounded down to whole units); `model` is relative to the repository."""
+    `blocks` x `unit` is the GPU cache in tokens the workload sizes its cases by (a third of it the
+    longest prompt, 1.5 of it a capacity overflow); `model` is relative to the repository."""
 
     key: str  # --shape
     title: str  # the table's heading
@@ -82,6 +82,10 @@ class VllmShape:
         return Shape(self.title, self.unit, self.blocks * self.unit, self.max_model_len - 1, kinds)
 
 
+# DeepSeek-V4's 921-block pool: vLLM says 2,150 tokens (a prompt's window and state blocks while it
+# runs), but those are freed uncached, so the pool holds ~20 such prompts' full units: a case that
+# overflows it would need prompts past the budget a case keeps (a third of the cache), so
+# capacity_overflow is left out there and window_dropped's prompts are sized by the 2,048 tokens.
 LORA_ARGS = (
     "--data-parallel-size", "2", "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
     "--lora-modules", f"tiny-lora-a={ADAPTERS / 'lora-a'}", f"tiny-lora-b={ADAPTERS / 'lora-b'}",
@@ -103,11 +107,11 @@ SHAPES = {
             "gemma-3",
             "vLLM 0.32 CPU, tiny Gemma-3 pattern",
             "tiny Gemma-3 pattern, 5 sliding-window layers (window 64) per full one: 6 KV-cache groups, "
-            "dummy weights, 32-token blocks, a 2,661-token cache",
+            "dummy weights, 32-token blocks, a 512-block pool taken as 8,192 tokens of cache",
             "tests/fixtures/tiny-gemma3",
             ("--max-model-len", "1024", "--block-size", str(BLOCK_SIZE), "--kv-cache-memory-bytes", "4M"),
             BLOCK_SIZE,
-            83,
+            256,  # of the pool's 512: a running prompt's window blocks take the rest, freed uncached
             1024,
             skip=NOT_ON_VLLM,
             cases=40,
@@ -122,7 +126,7 @@ SHAPES = {
             256,
             8,
             2048,
-            skip=NOT_ON_VLLM,
+            skip=NOT_ON_VLLM | {"capacity_overflow"},  # see the note above SHAPES
             cases=30,
             env=(
                 ("PYTHONPATH", str(ROOT / "tests" / "integration" / "dsv4_site")),
