@@ -85,6 +85,11 @@ FOOTER = """
   tiny Llama on data parallel 2, cases alternating ranks (`X-data-parallel-rank`, a `session_id`
   each) and `other_identity` as a LoRA adapter instead of a `cache_salt`. The sidecar follows each
   rank as its own stream, as `serve` does.
+- A hybrid model's pool holds more than vLLM's start-up figure (`CPU KV cache size`, which counts a
+  running prompt's window blocks): the blocks a window leaves are freed uncached and reused first.
+  The Gemma-3 shape's cases are sized by half its 512-block pool (8,192 tokens); on DeepSeek-V4 (921
+  blocks, 2,150 tokens by vLLM's figure) a case that overflows the pool would need prompts past a
+  case's budget, so `capacity_overflow` is left out there.
 - `host_tier_load` runs on the simulator's CPU tier only (vLLM's offloading connector does not run
   on its CPU backend); `engine_restart` on the simulator only (a real restart takes ~25 s a case;
   tests/integration/test_real_vllm_attribution.py covers it once).

@@ -379,7 +379,8 @@ def launch(
 
         def healthy() -> bool:
             if proc.poll() is not None:
-                raise StartError(f"vLLM exited with {proc.returncode}: see {log_path}")
+                tail = log_path.read_text(errors="replace").splitlines()[-30:]  # the folder goes with us
+                raise StartError(f"vLLM exited with {proc.returncode}; its log ends:\n" + "\n".join(tail))
             return http_get(base_url + "/health", timeout=2)[0] == 200
 
         wait_until(healthy, "vLLM to answer /health", timeout, every=0.5)
