@@ -78,7 +78,13 @@ FOOTER = """
 
 - `window_dropped`: the simulator's hybrid pool evicts a unit's window blocks together with its
   full-attention block (docs/simulator.md), so it cannot drop a window part alone, and the tiny Llama
-  has no window: it is measured on the real Gemma-3 pattern and DeepSeek-V4 shapes only.
+  has no window: it is run on the real Gemma-3 pattern and DeepSeek-V4 shapes only. There the
+  workload's half-cache fill did not drop a window part: the prompt sent again was all hit (its
+  events hold no stored block, so vLLM computed none), and the row reads `hit`, the sidecar's right
+  reading of a change that did not happen. vLLM frees a finished request's blocks together, window
+  groups' before the full group's (the blocks a window leaves while the prompt runs are never cached),
+  so a window part goes alone only when eviction stops between the two: a narrow band that a fill
+  sized by the cache seldom lands in. Injecting it for sure needs a fill measured on the server.
 - The real shapes are those of tests/integration/conftest.py, started by the one launcher
   (tools/harness.py): the tiny Llama; the Gemma-3 pattern (5 sliding-window layers to 1 full, 6
   groups); DeepSeek-V4 through ../shared/tools/deepseek-v4-cpu (6 groups, 256-token hit unit); the
