@@ -96,6 +96,11 @@ FOOTER = """
   The Gemma-3 shape's cases are sized by half its 512-block pool (8,192 tokens); on DeepSeek-V4 (921
   blocks, 2,150 tokens by vLLM's figure) a case that overflows the pool would need prompts past a
   case's budget, so `capacity_overflow` is left out there.
+- DeepSeek-V4 (256-token hit unit) reads low: its cases are sized by the 2,048 tokens taken as its
+  cache (a third of it the longest prompt), so most prompts span two units or less. A change inside
+  a unit vLLM never stores is not in the stream at all (`hit` or `cold`), and shared content ending
+  inside the first unit reads `below_hit_unit`. Larger prompts need a larger cache than this shape's
+  42M (a prompt's window and state blocks while it runs nearly fill the pool at 2,048 tokens).
 - `host_tier_load` runs on the simulator's CPU tier only (vLLM's offloading connector does not run
   on its CPU backend); `engine_restart` on the simulator only (a real restart takes ~25 s a case;
   tests/integration/test_real_vllm_attribution.py covers it once).
