@@ -89,14 +89,15 @@ test: preflight venv system-deps vllm-venv sglang-venv lint
 	$(PY) -m pytest -q -p no:cacheprovider --ignore=tests/containers
 	$(MAKE) --no-print-directory image-test
 
-# The injected-cause suite at full size: the real vLLM part (tiny Llama on the CPU build, ~30 min on
+# The injected-cause suite at full size: the real vLLM part, every deployment shape in turn (tiny Llama,
+# the Gemma-3 pattern, DeepSeek-V4 through the shared shim, DP 2 + LoRA; one server at a time, ~2 h on
 # two cores) into docs/accuracy-vllm.json, then docs/accuracy.md with the simulator part, which
-# `make generate` reruns (seeded) while it renders the vLLM part from that JSON. The run's raw events
-# go to build/accuracy-vllm.jsonl: `--vllm-replay build/accuracy-vllm.jsonl` scores them again.
+# `make generate` reruns (seeded) while it renders the vLLM part from that JSON. Each shape's raw events
+# go to build/accuracy-vllm/<shape>.jsonl: `--vllm-replay build/accuracy-vllm/*.jsonl` scores them again.
 accuracy: venv vllm-venv
 	mkdir -p build
 	$(PY) -m kvcache_exporter.accuracy --vllm --output docs/accuracy.md --vllm-json docs/accuracy-vllm.json \
-	  --vllm-record build/accuracy-vllm.jsonl
+	  --vllm-record build/accuracy-vllm
 
 # Property tests at full strength: every test module named *fuzz* with 100,000 cases per property;
 # an input that breaks one is kept under tests/fixtures/fuzz/ and replayed by `make test` from then on.

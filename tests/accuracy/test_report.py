@@ -5,7 +5,7 @@ import json
 from collections import Counter
 
 from kvcache_exporter.accuracy.harness import Table
-from kvcache_exporter.accuracy.report import columns, render, summary
+from kvcache_exporter.accuracy.report import REAL_TOTAL, columns, combined, render, summary
 from tests.conftest import REPO
 
 TABLE = Table(
@@ -49,11 +49,34 @@ def test_tables_survive_their_json():
     assert Table.from_json(json.loads(json.dumps(TABLE.to_json()))) == TABLE
 
 
+def test_the_real_shapes_sum_into_one_row():
+    other = Table(
+        "other", {"uuid_first": Counter({"cold": 2}), "tools_reordered": Counter({"content_moved": 3})}
+    )
+    total = combined(REAL_TOTAL, [TABLE, other])
+    assert summary(total) | {"repeats": 0, "repeats_hit": 0} == {
+        "kinds": 3,
+        "injected": 21,
+        "right": 14,
+        "appends": 22,
+        "faulted_appends": 1,
+        "repeats": 0,
+        "repeats_hit": 0,
+    }
+    text = render([(TABLE, ""), (other, ""), (TABLE, "the simulator")], real=2)
+    assert f"| {REAL_TOTAL} | 21 | 3 | 14 (66.7%) | 22 | 1 |" in text
+    assert REAL_TOTAL not in render([(TABLE, ""), (other, "")], real=1)
+
+
 def test_the_committed_doc_shows_the_committed_real_vllm_run():
     doc = (REPO / "docs" / "accuracy.md").read_text()
-    for data in json.loads((REPO / "docs" / "accuracy-vllm.json").read_text())["tables"]:
-        table = Table.from_json(data)
+    committed = json.loads((REPO / "docs" / "accuracy-vllm.json").read_text())["tables"]
+    tables = [Table.from_json(data) for data in committed]
+    for table, data in zip(tables, committed, strict=True):
         s = summary(table)
         assert f"## {table.shape}" in doc and data["note"] in doc
-        assert s["injected"] >= 2000 and s["kinds"] >= 10  # `make accuracy`'s full size
-        assert f"| {table.shape} | {s['injected']:,} | {s['kinds']} |" in doc
+        assert s["kinds"] >= 10 and f"| {table.shape} | {s['injected']:,} | {s['kinds']} |" in doc
+    s = summary(combined(REAL_TOTAL, tables))
+    assert s["injected"] >= 2000 and s["kinds"] >= 10  # over the real servers: `make accuracy`'s full size
+    if len(tables) > 1:
+        assert f"| {REAL_TOTAL} | {s['injected']:,} | {s['kinds']} |" in doc

@@ -6,10 +6,15 @@ import json
 
 import pytest
 
+from kvcache_exporter.accuracy.cli import merged, replayed_vllm
+from kvcache_exporter.accuracy.harness import Sidecar, named
 from kvcache_exporter.accuracy.vllm import (
-    NOT_ON_VLLM,
+    NO_WINDOW,
+    ROOT,
+    SHAPES,
     Replayed,
     Sent,
+    completion,
     counters_from,
     llama_shape,
     load_recording,
@@ -53,7 +58,7 @@ def test_stored_tokens_count_gpu_stores_only():
 def test_the_llama_shape_takes_twelve_injected_kinds():
     shape = llama_shape()
     assert (shape.unit, shape.capacity_tokens, shape.max_prompt) == (32, 2048, 1023)
-    assert not NOT_ON_VLLM & set(shape.kinds) and len(shape.kinds) == 14
+    assert not NO_WINDOW & set(shape.kinds) and len(shape.kinds) == 14
 
 
 def test_a_recorded_run_replays_its_events_and_answers_and_refuses_other_cases(tmp_path):
@@ -73,3 +78,67 @@ def test_a_recorded_run_replays_its_events_and_answers_and_refuses_other_cases(t
     assert generated == (5, 6) and stored_tokens(batches[0]) == 32
     with pytest.raises(ValueError, match="not of these cases"):
         replayed.send(Request(tuple(range(11)), "append_turn", None))
+
+
+def test_stored_tokens_count_the_group_that_holds_most():
+    """A hybrid model stores a unit once per group, its window group only the window's hashes (with
+    all the unit's token ids): the full group's count is what was computed."""
+    tokens = list(range(20, 20 + 320))
+    events = [
+        BlockStored(
+            [1, 2], None, tokens, 32, group_idx=0, kv_cache_spec_kind="sliding_window", sliding_window=64
+        ),
+        BlockStored(list(range(10, 20)), None, tokens, 32, group_idx=1),
+    ]
+    batch = decode_message([b"kv", (0).to_bytes(8, "big"), encode_batch(events, 0, 1.0)], with_tokens=True)
+    assert stored_tokens(batch) == 320
+
+
+def test_each_shape_injects_what_its_server_can():
+    for key, spec in SHAPES.items():
+        kinds = set(spec.shape.kinds)
+        assert not {"engine_restart", "host_tier_load"} & kinds, key
+        assert ("window_dropped" in kinds) == (key in ("gemma-3", "deepseek-v4")), key
+        assert len(kinds) >= 13 and spec.shape.name == spec.title, key
+        assert (ROOT / spec.model / "config.json").exists(), key
+    # the Llama recordings replay only with the cases they were made with: its shape never moves
+    assert SHAPES["llama"].shape == llama_shape()
+    assert (SHAPES["deepseek-v4"].unit, SHAPES["deepseek-v4"].ranks) == (256, 1)
+    assert SHAPES["dp2-lora"].ranks == 2 and SHAPES["dp2-lora"].adapters
+
+
+def test_a_completion_carries_the_shapes_identity_rank_and_session():
+    body, headers = completion(SHAPES["llama"], [5, 6], "tenant-1", 0, 0, None)
+    assert body["cache_salt"] == "tenant-1" and body["model"] == "tiny" and "session_id" not in body
+    assert "X-data-parallel-rank" not in headers and body["max_tokens"] == 1
+    body, headers = completion(SHAPES["dp2-lora"], [5, 6], "tenant-1", 64, 1, "case-7")
+    assert body["model"] == "tiny-lora-b" and "cache_salt" not in body and body["session_id"] == "case-7"
+    assert headers["X-data-parallel-rank"] == "1" and body["max_tokens"] == 64 and body["return_token_ids"]
+    body, _ = completion(SHAPES["dp2-lora"], [5], None, 0, 0, "case-8")
+    assert body["model"] == "tiny"
+
+
+def test_each_dp_rank_is_its_own_stream_in_the_sidecar():
+    """Two ranks each store the same prompt from seq 0: two streams, each a cold miss. Fed as one
+    stream the second seq 0 would read as a restart and the same hashes as already resident."""
+    tokens = list(range(20, 84))
+    sidecar = Sidecar()
+    for rank in (0, 1):
+        events = [BlockStored([1, 2], None, tokens, 32)]
+        frame = [b"kv", (0).to_bytes(8, "big"), encode_batch(events, rank, 1.0)]
+        delta = sidecar.feed([decode_message(frame, with_tokens=True)])
+        assert named(delta) == "cold", (rank, delta)
+    assert sorted(sidecar.parts) == [0, 1]
+
+
+def test_a_recording_names_its_shape_and_tables_merge_by_shape(tmp_path):
+    path = tmp_path / "gemma.jsonl"
+    path.write_text(json.dumps({"shape": "gemma-3", "cases": 2, "seed": 3}) + "\n")
+    table = replayed_vllm(path)
+    assert table["key"] == "gemma-3" and table["shape"] == SHAPES["gemma-3"].title
+    assert "first 0 of 30 cases" in table["note"]
+    path.write_text(json.dumps({"cases": 2, "seed": 3}) + "\n")  # round 4's, before shapes had names
+    assert replayed_vllm(path)["key"] == "llama"
+    old = [{"key": "dp2-lora", "n": 1}, {"n": 2}]  # a table without a key is the Llama's
+    new = [{"key": "gemma-3", "n": 3}, {"key": "llama", "n": 4}]
+    assert [t["n"] for t in merged(old, new)] == [4, 3, 1]

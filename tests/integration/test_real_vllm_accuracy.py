@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from kvcache_exporter.accuracy.harness import run, tabulate
-from kvcache_exporter.accuracy.vllm import RealVllm, llama_shape
+from kvcache_exporter.accuracy.vllm import RealVllm
 from kvcache_exporter.accuracy.workload import FAULTS, Generator
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -21,7 +21,7 @@ FRONT_FIELDS = ("timestamp_first", "request_id_first", "uuid_first")
 
 
 def test_attribution_accuracy_on_real_vllm(vllm_server) -> None:
-    backend = RealVllm(vllm_server.base_url, vllm_server.kv_events_endpoint, llama_shape())
+    backend = RealVllm(vllm_server.base_url, vllm_server.kv_events_endpoint)  # the tiny Llama shape
     try:
         backend.warm_up()
         outcomes = run(backend, Generator(backend.shape, 11).cases(2 * len(backend.shape.kinds)))

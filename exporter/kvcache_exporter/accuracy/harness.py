@@ -17,7 +17,7 @@ from typing import Protocol
 
 from ..derive.attribution import Attribution
 from ..derive.kv_events import EventState
-from ..derive.state import PollState
+from ..derive.state import KvEventsState, PollState
 from ..derive.units import UnitView
 from ..sources.kv_events_decode import Batch, KvEventDrain
 from .workload import FAULTS, KINDS, Request, Shape
@@ -28,6 +28,10 @@ HIT, DECODE, TIER_RESTORED = "hit", "decode", "tier_restored"
 class Backend(Protocol):
     shape: Shape
 
+    def begin(self, case: int) -> None:
+        """Case `case` (numbered from 0) starts: a backend with several engines picks the case's."""
+        ...
+
     def send(self, request: Request) -> tuple[list[Batch], tuple[int, ...]]:
         """Do the request's `before` action, send it (generating `request.answer` tokens, at least one);
         return the KV-event batches it caused, decoded, and the token ids it generated."""
@@ -35,19 +39,29 @@ class Backend(Protocol):
 
 
 class Sidecar:
-    """The attribution as `serve` wires it, fed batch by batch."""
+    """The attribution as `serve` wires it, fed batch by batch: a stream (and attribution) a DP rank,
+    added as its first batch arrives."""
 
     def __init__(self) -> None:
         self.state = PollState(retention=60.0)
-        self.part = self.state.add_kv_events(EventState(), attribution=Attribution(), units=UnitView())
-        self.attribution: Attribution = self.part.attribution
+        self.parts: dict[int, KvEventsState] = {}
+        self.part = self._part(0)
+        self.attribution: Attribution = self.part.attribution  # rank 0's (the only one without DP)
         self.clock = 0.0
+
+    def _part(self, rank: int) -> KvEventsState:
+        if rank not in self.parts:
+            labels = {"engine": str(rank)} if rank else None
+            self.parts[rank] = self.state.add_kv_events(EventState(), labels, Attribution(), UnitView())
+        return self.parts[rank]
 
     def feed(self, batches: Sequence[Batch]) -> dict[str, int]:
         """Apply one request's batches as one poll; its miss tokens by cause (only those that moved)."""
         before = self._counted()
         self.clock += 1.0
-        self.part.ingest(KvEventDrain(tuple(batches)), self.clock)
+        for rank in sorted({b.dp_rank or 0 for b in batches} | set(self.parts)):  # every stream, every poll
+            mine = tuple(b for b in batches if (b.dp_rank or 0) == rank)
+            self._part(rank).ingest(KvEventDrain(mine), self.clock)
         self.state.end_poll(self.clock)
         after = self._counted()
         return {cause: n - before.get(cause, 0) for cause, n in after.items() if n != before.get(cause, 0)}
@@ -55,11 +69,14 @@ class Sidecar:
     def _counted(self) -> dict[str, int]:
         """Miss tokens by cause, and the tokens loaded back from a host tier: not a miss, but what the
         sidecar says happened to them (serve exports them apart)."""
-        totals = self.attribution.totals
-        return {**totals.tokens, TIER_RESTORED: totals.tier_restored_tokens}
+        counted: Counter[str] = Counter()
+        for part in self.parts.values():
+            totals = part.attribution.totals
+            counted.update({**totals.tokens, TIER_RESTORED: totals.tier_restored_tokens})
+        return dict(counted)
 
     def decode_tokens(self) -> int:
-        return self.attribution.totals.decode_tokens
+        return sum(part.attribution.totals.decode_tokens for part in self.parts.values())
 
 
 def named(delta: dict[str, int], decode: int = 0) -> str:
@@ -119,7 +136,8 @@ def run(backend: Backend, cases: Iterable[list[Request]], sidecar: Sidecar | Non
     follows the one before re-renders what that one generated (`Request.sent`)."""
     sidecar = sidecar or Sidecar()
     outcomes = []
-    for case in cases:
+    for number, case in enumerate(cases):
+        backend.begin(number)
         prompt: tuple[int, ...] = ()
         answer: tuple[int, ...] = ()
         for request in case:

@@ -77,9 +77,30 @@ FOOTER = """
 ## What is not measured here, and why
 
 - `window_dropped`: the simulator's hybrid pool evicts a unit's window blocks together with its
-  full-attention block (docs/simulator.md), so it cannot drop a window part alone; the tiny Llama has
-  no window. It needs the real Gemma-3 or DeepSeek-V4 shape (tests/integration/conftest.py), one more
-  row for the harness.
+  full-attention block (docs/simulator.md), so it cannot drop a window part alone, and the tiny Llama
+  has no window: it is run on the real Gemma-3 pattern and DeepSeek-V4 shapes only. There the
+  workload's half-cache fill did not drop a window part: the prompt sent again was all hit (its
+  events hold no stored block, so vLLM computed none), and the row reads `hit`, the sidecar's right
+  reading of a change that did not happen. vLLM frees a finished request's blocks together, window
+  groups' before the full group's (the blocks a window leaves while the prompt runs are never cached),
+  so a window part goes alone only when eviction stops between the two: a narrow band that a fill
+  sized by the cache seldom lands in. Injecting it for sure needs a fill measured on the server.
+- The real shapes are those of tests/integration/conftest.py, started by the one launcher
+  (tools/harness.py): the tiny Llama; the Gemma-3 pattern (5 sliding-window layers to 1 full, 6
+  groups); DeepSeek-V4 through ../shared/tools/deepseek-v4-cpu (6 groups, 256-token hit unit); the
+  tiny Llama on data parallel 2, cases alternating ranks (`X-data-parallel-rank`, a `session_id`
+  each) and `other_identity` as a LoRA adapter instead of a `cache_salt`. The sidecar follows each
+  rank as its own stream, as `serve` does.
+- A hybrid model's pool holds more than vLLM's start-up figure (`CPU KV cache size`, which counts a
+  running prompt's window blocks): the blocks a window leaves are freed uncached and reused first.
+  The Gemma-3 shape's cases are sized by half its 512-block pool (8,192 tokens); on DeepSeek-V4 (921
+  blocks, 2,150 tokens by vLLM's figure) a case that overflows the pool would need prompts past a
+  case's budget, so `capacity_overflow` is left out there.
+- DeepSeek-V4 (256-token hit unit) reads low: its cases are sized by the 2,048 tokens taken as its
+  cache (a third of it the longest prompt), so most prompts span two units or less. A change inside
+  a unit vLLM never stores is not in the stream at all (`hit` or `cold`), and shared content ending
+  inside the first unit reads `below_hit_unit`. Larger prompts need a larger cache than this shape's
+  42M (a prompt's window and state blocks while it runs nearly fill the pool at 2,048 tokens).
 - `host_tier_load` runs on the simulator's CPU tier only (vLLM's offloading connector does not run
   on its CPU backend); `engine_restart` on the simulator only (a real restart takes ~25 s a case;
   tests/integration/test_real_vllm_attribution.py covers it once).
@@ -89,16 +110,15 @@ FOOTER = """
   last unit of a fully cached prompt (it needs the last token's logits), so only such a prompt can
   be all hit.
 
-Rerun: `make accuracy` starts the tiny Llama on vLLM's CPU build and sends about 5,000 requests
-(40-90 minutes on two cores shared with other work, plus 2-6 minutes for vLLM to start);
-`make generate` reruns only the simulator part (seeded: the same tables on every machine) and
-renders the vLLM part from docs/accuracy-vllm.json, so `make check` catches a doc edited by hand or
-a simulator result that moved. `--vllm-record FILE` keeps every request's raw KV-event messages and
-answer as the run goes (a line each); `--vllm-replay FILE` scores a recorded run again with today's
-rules, no server (the whole cases it holds: a run stopped at a deadline still scores). The committed
-real table is such a replay. On the same recorded events the rules as round 4 found them named
-1,761 of 2,135 right (82.5 %; `short_shared_prefix` 16, the two history kinds 238 of 274), today's
-1,846 (86.5 %; 80 and 259).
+Rerun: `make accuracy` starts each real shape in turn on vLLM's CPU build (one server at a time;
+`--shape` picks some) and sends its cases (the tiny Llama about 7,000 requests, 20-90 minutes on two
+cores shared with other work, plus 2-6 minutes a server to start); `make generate` reruns only the
+simulator part (seeded: the same tables on every machine) and renders the vLLM part from
+docs/accuracy-vllm.json, so `make check` catches a doc edited by hand or a simulator result that
+moved. `--vllm-record DIR` keeps every request's raw KV-event messages and answer as the run goes (a
+line each, in DIR/<shape>.jsonl); `--vllm-replay FILE...` scores recorded runs again with today's
+rules, no server, each into its shape's table (the whole cases a recording holds: a run stopped at a
+deadline still scores). The committed real tables are such replays.
 """
 
 
@@ -153,11 +173,25 @@ def shape_section(table: Table, note: str) -> str:
     return "\n".join(lines)
 
 
-def render(sections: Sequence[tuple[Table, str]]) -> str:
+def combined(name: str, tables: Sequence[Table]) -> Table:
+    """One table of several shapes' counts (the issue's goal is over all real servers)."""
+    counts: dict[str, Counter[str]] = {}
+    for table in tables:
+        for kind, named in table.counts.items():
+            counts.setdefault(kind, Counter()).update(named)
+    return Table(name, counts)
+
+
+REAL_TOTAL = "real vLLM, all shapes"
+
+
+def render(sections: Sequence[tuple[Table, str]], real: int = 0) -> str:
+    """`real`: how many of the first sections are real servers' (more than one: a row of their sum)."""
     kinds = "".join(f"| `{k}` | `{cause}` | {what} |\n" for k, (cause, what) in KINDS.items())
     rows = ["| shape | injected changes | kinds | named right | append-only turns | given a fault cause |"]
     rows.append("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for table, _ in sections:
+    total = [(combined(REAL_TOTAL, [t for t, _ in sections[:real]]), "")] if real > 1 else []
+    for table, _ in [*sections[:real], *total, *sections[real:]]:
         s = summary(table)
         right = f"{s['right']:,} ({s['right'] / max(s['injected'], 1):.1%})"
         rows.append(

@@ -70,6 +70,9 @@ class Simulated:
         )
         return Engine(config, 0)
 
+    def begin(self, case: int) -> None:
+        """One engine: every case is its."""
+
     def send(self, request: Request) -> tuple[list[Batch], tuple[int, ...]]:
         if request.before == "restart":
             self.engine, self.seq = self._engine(), 0

