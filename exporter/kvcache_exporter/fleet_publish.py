@@ -149,6 +149,7 @@ class FleetPublisher:
         self.epoch, self.cause = time.time_ns(), "start"
         self._announce = True  # the next enqueue sends every range a delta of the new epoch
         self._cursors: dict[int, SeqCursor] = {}  # vLLM's seq per engine: its restarts
+        self._subjects = [wire.delta_subject(prefix, pool, r, replica) for r in range(wire.RANGES)]
         self._seqs: dict[tuple[int, int], int] = {}  # (engine, range) -> next delta seq in this epoch
         self._nc: Any = None
         self._js: Any = None
@@ -181,12 +182,12 @@ class FleetPublisher:
             ts = item.ts
             for event in item.events:
                 kind = event.type
-                if kind != "AllBlocksCleared" and getattr(event, "medium", None) not in GPU_MEDIA:
+                if kind != "AllBlocksCleared" and event.medium not in GPU_MEDIA:
                     continue  # a lower tier's copy (vLLM's CPU, SGLang's CPU_PINNED): not the pool's GPUs
                 if kind == "BlockStored":
                     now = (True, event.group, event.lora_name, event.session_id)
-                elif kind == "BlockRemoved":  # decode's typed removal carries no adapter
-                    now = (False, event.group, getattr(event, "lora_name", None), None)
+                elif kind == "BlockRemoved":
+                    now = (False, event.group, event.lora_name, None)
                 elif kind == "AllBlocksCleared":
                     pending.add(key, run)
                     key, run = None, []
@@ -241,7 +242,7 @@ class FleetPublisher:
                 payload = wire.encode_delta(
                     self.pool, self.replica, engine, r, self.epoch, cause, seq, self.sampling, ts, changes
                 )
-                self._put(wire.delta_subject(self.prefix, self.pool, r, self.replica), payload, now)
+                self._put(self._subjects[r], payload, now)
         self._wake_sender()
 
     def _put(self, subject: str, payload: bytes, now: float) -> None:
@@ -400,14 +401,17 @@ class PendingDeltas:
             return
         self.hashes += len(hashes)
         if self.kept == wire.SPACE:  # unsampled int hashes, the common case: the range is the top bits
-            keys, last, changes = self.keys, self.last, self.changes
+            keys, last, changes, mask, shift = self.keys, self.last, self.changes, wire.MASK, SHIFT
+            stored, group, adapter, session = key
             try:
                 for block_hash in hashes:  # _put, inlined: this loop is the publisher's per-block cost
-                    r = (block_hash & wire.MASK) >> SHIFT
-                    if keys[r] is not key:
-                        keys[r], last[r] = key, []
-                        changes[r].append((key[0], last[r], key[1], key[2], key[3]))
-                    last[r].append(block_hash)
+                    r = (block_hash & mask) >> shift
+                    if keys[r] is key:
+                        last[r].append(block_hash)
+                    else:
+                        keys[r] = key
+                        last[r] = run = [block_hash]
+                        changes[r].append((stored, run, group, adapter, session))
                 return
             except TypeError:  # a bytes hash: it and the rest the general way (ints before it are placed)
                 hashes = hashes[hashes.index(block_hash) :]
