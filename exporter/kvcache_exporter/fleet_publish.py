@@ -158,6 +158,7 @@ class FleetPublisher:
         self.epoch, self.cause = time.time_ns(), "start"
         self._announce = True  # the next enqueue sends every range a delta of the new epoch
         self._cursors: dict[int, SeqCursor] = {}  # vLLM's seq per engine: its restarts
+        self._subjects = [wire.delta_subject(prefix, pool, r, replica) for r in range(wire.RANGES)]
         self._seqs: dict[tuple[int, int], int] = {}  # (engine, range) -> next delta seq in this epoch
         self._replays: dict[int, Callable[[], tuple[str | None, str]]] = {}  # engine -> its replay endpoint
         self._held: dict[int, Held] = {}  # engine -> where its held batches begin (fleet_resync.py)
@@ -215,12 +216,12 @@ class FleetPublisher:
             events = item.events[skip:] if i == 0 and skip else item.events
             for index, event in enumerate(events):
                 kind = event.type
-                if kind != "AllBlocksCleared" and getattr(event, "medium", None) not in GPU_MEDIA:
+                if kind != "AllBlocksCleared" and event.medium not in GPU_MEDIA:
                     continue  # a lower tier's copy (vLLM's CPU, SGLang's CPU_PINNED): not the pool's GPUs
                 if kind == "BlockStored":
                     now = (True, event.group, event.lora_name, event.session_id)
-                elif kind == "BlockRemoved":  # decode's typed removal carries no adapter
-                    now = (False, event.group, getattr(event, "lora_name", None), None)
+                elif kind == "BlockRemoved":
+                    now = (False, event.group, event.lora_name, None)
                 elif kind == "AllBlocksCleared":
                     pending.add(key, run)
                     key, run = None, []
@@ -415,7 +416,7 @@ class FleetPublisher:
             self._announce = False
             for r, seq, payload in out:
                 self._seqs[(engine, r)] = seq + 1  # taken even when dropped: the consumer sees the gap
-                self._put(wire.delta_subject(self.prefix, self.pool, r, self.replica), payload, now)
+                self._put(self._subjects[r], payload, now)
         self._wake_sender()
         return True
 
@@ -594,14 +595,17 @@ class PendingDeltas:
             return
         self.hashes += len(hashes)
         if self.kept == wire.SPACE:  # unsampled int hashes, the common case: the range is the top bits
-            keys, last, changes = self.keys, self.last, self.changes
+            keys, last, changes, mask, shift = self.keys, self.last, self.changes, wire.MASK, SHIFT
+            stored, group, adapter, session = key
             try:
                 for block_hash in hashes:  # _put, inlined: this loop is the publisher's per-block cost
-                    r = (block_hash & wire.MASK) >> SHIFT
-                    if keys[r] is not key:
-                        keys[r], last[r] = key, []
-                        changes[r].append((key[0], last[r], key[1], key[2], key[3]))
-                    last[r].append(block_hash)
+                    r = (block_hash & mask) >> shift
+                    if keys[r] is key:
+                        last[r].append(block_hash)
+                    else:
+                        keys[r] = key
+                        last[r] = run = [block_hash]
+                        changes[r].append((stored, run, group, adapter, session))
                 return
             except TypeError:  # a bytes hash: it and the rest the general way (ints before it are placed)
                 hashes = hashes[hashes.index(block_hash) :]

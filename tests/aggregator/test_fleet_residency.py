@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from kvcache_exporter.aggregator import fleet_holders
 from kvcache_exporter.aggregator.fleet_residency import SPACE, FleetResidency, HashRange, hash_position
 from kvcache_exporter.sources.kv_events_decode import Batch, Event, decode_message
 from tests.conftest import SHARED_FIXTURES
@@ -245,6 +246,69 @@ def test_ranks_sum_to_one_replica_per_rank_as_replicas_would_count_other_replica
     assert ranked.duplicates < as_replicas.duplicates
     for index in (2, 3):
         assert ranked.replicas[f"r{index}"].other_replica == as_replicas.replicas[f"r{index}"].other_replica
-    masks = [view.mask for view in ranked.replicas.values()]
-    holders = [sum(bool(held & mask) for mask in masks) for held in ranked._owners.values()]
+    holders = [len(fleet_holders.replicas(held)) for held in ranked._owners.values()]
     assert ranked.duplicates == sum(n > 1 for n in holders)
+
+
+def naive(streams_of):
+    """The counts from plain sets of hashes per (replica, rank), recounted from scratch."""
+    held: dict[tuple[str, int], set] = {key: set() for key in streams_of}
+    counts = {name: {"stored": 0, "other_replica": 0, "removed": 0} for name, _ in streams_of}
+    steps = max(len(s) for s in streams_of.values())
+    for step in range(steps):
+        for (name, rank), stream in streams_of.items():
+            if step >= len(stream):
+                continue
+            mine = held[(name, rank)]
+            for event in stream[step].events:
+                if event.type == "AllBlocksCleared":
+                    mine.clear()
+                    continue
+                for h in event.block_hashes:
+                    if event.type == "BlockRemoved":
+                        counts[name]["removed"] += h in mine
+                        mine.discard(h)
+                        continue
+                    counts[name]["stored"] += 1
+                    counts[name]["other_replica"] += any(h in s for (n, _), s in held.items() if n != name)
+                    mine.add(h)
+    for name, _ in streams_of:
+        counts[name]["resident"] = sum(len(s) for (n, _), s in held.items() if n == name)
+    by_hash: dict[int, set] = {}
+    for (name, _), hashes in held.items():
+        for h in hashes:
+            by_hash.setdefault(h, set()).add(name)
+    return counts, len(by_hash), sum(len(names) > 1 for names in by_hash.values())
+
+
+def test_hashes_many_replicas_and_ranks_hold_count_as_plain_sets_would():
+    """Twenty replicas (some with three ranks) on a small population: hashes reach more holders
+    than the inline shapes keep, and lose them again, through removals and clears."""
+    rng = random.Random(11)
+    population = [rng.getrandbits(64) for _ in range(60)]
+    streams_of = {}
+    for replica in range(20):
+        for rank in range(3 if replica % 4 == 0 else 1):
+            out = []
+            for seq in range(40):
+                events = [stored(*rng.sample(population, 6)), removed(*rng.sample(population, 4))]
+                if rng.random() < 0.05:
+                    events.append(Event("AllBlocksCleared"))
+                out.append(batch(seq, *events))
+            streams_of[(f"r{replica}", rank)] = out
+    fleet = FleetResidency()
+    for step in range(40):
+        for (name, rank), stream in streams_of.items():
+            fleet.apply(name, stream[step], rank=rank)
+    counts, distinct, duplicates = naive(streams_of)
+    assert any(type(held) is dict for held in fleet._owners.values())
+    for name, want in counts.items():
+        view = fleet.replicas[name]
+        assert {key: getattr(view, key) for key in want} == want, name
+    assert (fleet.distinct, fleet.duplicates) == (distinct, duplicates)
+    for name in list(counts)[::3]:
+        fleet.remove_replica(name)
+        del counts[name]
+    left = {key: s for key, s in streams_of.items() if key[0] in counts}
+    _, distinct, duplicates = naive(left)
+    assert (fleet.distinct, fleet.duplicates) == (distinct, duplicates)

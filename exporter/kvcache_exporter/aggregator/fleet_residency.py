@@ -1,13 +1,14 @@
 """Which replica of a pool holds which KV block, from every replica's KV-event stream. Pure, no I/O.
 
-One dict maps a block hash to a bitmask of the replicas holding it. A `BlockStored` block on
+One dict maps a block hash to the ranks holding it (`fleet_holders`: a shape whose size per
+(replica, block) does not grow with the pool). A `BlockStored` block on
 replica R whose hash is held by another replica is an `other_replica` miss: a prefix-affine router
 would have sent the request where the block already was. Hashes held by two or more replicas are
 duplicates: KV memory spent twice.
 
 A data-parallel replica's ranks are engines with caches of their own, each with its own stream
-(and sequence), so each rank has a bit of its own and its own residency; the replica is the union
-of its ranks. Across replicas only the replica counts: a block one rank stores while a sibling rank
+(and sequence), so each rank is a holder of its own with its own residency; the replica is the
+union of its ranks. Across replicas only the replica counts: a block one rank stores while a sibling rank
 holds it is not an `other_replica` miss (a prefix-affine router picks replicas, not ranks) and a
 block two ranks of one replica hold is no fleet duplicate, while the replica's resident blocks are
 its ranks' sum (each rank's copy is KV memory of its own).
@@ -27,7 +28,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from ..sources.kv_events_decode import IN_ORDER, Batch, Event, Mark, SeqCursor
+from ..sources.kv_events_decode import IN_ORDER, Batch, Event, Mark
+from . import fleet_holders as holders
+from .fleet_holders import Holders, Rank
 from .fleet_sessions import SessionSpread
 
 SPACE = 1 << 64
@@ -86,23 +89,14 @@ def _every(hashes: Sequence[int | bytes]) -> Sequence[int | bytes]:
 
 
 @dataclass
-class RankView:
-    """One data-parallel rank's stream: its own bit in the owner masks, sequence and residency."""
-
-    bit: int
-    resident: int = 0
-    cursor: SeqCursor = field(default_factory=SeqCursor)  # the rank's sequence, read once
-
-
-@dataclass
 class ReplicaView:
     """One replica's streams as seen so far (its ranks' counts summed); counts are of kept (sampled)
-    blocks. `bit` is rank 0's, the replica's own in the session masks; `mask` all its ranks' bits."""
+    blocks. `bit` is the replica's own in the session masks."""
 
+    name: str
     bit: int
     engine: str = "vllm"
-    mask: int = 0
-    ranks: dict[int, RankView] = field(default_factory=dict)
+    ranks: dict[int, Rank] = field(default_factory=dict)
     resident: int = 0
     stored: int = 0
     other_replica: int = 0
@@ -126,8 +120,7 @@ class FleetResidency:
         self.sessions = sessions or SessionSpread()  # every event's session, whatever the hash range
         self.replicas: dict[str, ReplicaView] = {}
         self.duplicates = 0  # hashes held by >= 2 replicas
-        self._owners: dict[int | bytes | tuple[str, int | bytes], int] = {}  # hash -> its ranks' bits
-        self._mask_of: dict[int, int] = {}  # a rank's bit -> its replica's mask
+        self._owners: dict[int | bytes | tuple[str, int | bytes], Holders] = {}
         self._free_bits: list[int] = []
         self._next_bit = 1
 
@@ -141,22 +134,21 @@ class FleetResidency:
         return len(self._owners)
 
     def add_replica(self, name: str, engine: str = "vllm") -> ReplicaView:
-        if name not in self.replicas:
-            view = self.replicas[name] = ReplicaView(0, engine)
-            view.bit = self._rank(view, 0).bit
-        return self.replicas[name]
-
-    def _rank(self, view: ReplicaView, rank: int) -> RankView:
-        """The replica's rank `rank`, given a bit of its own when first seen."""
-        state = view.ranks.get(rank)
-        if state is None:
+        view = self.replicas.get(name)
+        if view is None:
             bit = self._free_bits.pop() if self._free_bits else self._next_bit
             if bit == self._next_bit:
                 self._next_bit <<= 1
-            state = view.ranks[rank] = RankView(bit)
-            view.mask |= bit
-            for each in view.ranks.values():
-                self._mask_of[each.bit] = view.mask
+            view = self.replicas[name] = ReplicaView(name, bit, engine)
+            self._rank(view, 0)
+        return view
+
+    @staticmethod
+    def _rank(view: ReplicaView, rank: int) -> Rank:
+        """The replica's rank `rank`, given a bit among the replica's ranks when first seen."""
+        state = view.ranks.get(rank)
+        if state is None:
+            state = view.ranks[rank] = Rank(view.name, 1 << len(view.ranks))
         return state
 
     def remove_replica(self, name: str) -> None:
@@ -164,8 +156,7 @@ class FleetResidency:
         if view is not None:
             for state in view.ranks.values():
                 self._forget(view, state)
-                del self._mask_of[state.bit]
-                self._free_bits.append(state.bit)
+            self._free_bits.append(view.bit)
             self.sessions.forget(view.bit)
 
     def missing(self, name: str, seq: int, rank: int = 0) -> range:
@@ -223,33 +214,39 @@ class FleetResidency:
         view.cleared += 1
         self._forget(view, self._rank(view, rank))
 
-    def _mark(self, view: ReplicaView, state: RankView, mark: Mark) -> None:
+    def _mark(self, view: ReplicaView, state: Rank, mark: Mark) -> None:
         """Back to a lower seq (or an absurd jump) is a new publisher whose cache starts empty."""
         view.missed += mark.lost
         if mark.restart:
             view.restarts += 1
             self._forget(view, state)
 
-    def _one_replica(self, held: int) -> bool:
-        """Whether the ranks in `held` (not 0) are all of one replica."""
-        return not held & (held - 1) or not held & ~self._mask_of[held & -held]
-
-    def _store(self, view: ReplicaView, state: RankView, hashes: Sequence[int | bytes]) -> None:
-        owners, bit, mask, others = self._owners, state.bit, view.mask, ~view.mask
+    def _store(self, view: ReplicaView, state: Rank, hashes: Sequence[int | bytes]) -> None:
+        owners, name, sole_replica = self._owners, view.name, holders.sole_replica
         room = self.max_blocks - view.resident
         added = other = duplicates = 0  # counted here, added once: the loop runs per block
         for block_hash in hashes:
-            held = owners.get(block_hash, 0)
-            if held & others:
+            held = owners.get(block_hash)
+            if held is None:
+                if added >= room:
+                    view.overflow += 1
+                    continue
+                owners[block_hash] = state
+                added += 1
+                continue
+            if held is state:
+                continue  # already this rank's alone: a re-store after a view went stale
+            sole = sole_replica(held)
+            if sole != name:
                 other += 1
-            if held & bit:
-                continue  # already this rank's: a re-store after a view went stale
+            if holders.holds(held, state):
+                continue
             if added >= room:
                 view.overflow += 1
                 continue
-            if held and not held & mask and self._one_replica(held):
+            if sole is not None and sole != name:
                 duplicates += 1  # a second replica holds it
-            owners[block_hash] = held | bit
+            owners[block_hash] = holders.add(held, state)
             added += 1
         view.stored += len(hashes)
         view.other_replica += other
@@ -257,29 +254,30 @@ class FleetResidency:
         state.resident += added
         self.duplicates += duplicates
 
-    def _remove(self, view: ReplicaView, state: RankView, hashes: Iterable[int | bytes]) -> None:
-        owners, bit = self._owners, state.bit
+    def _remove(self, view: ReplicaView, state: Rank, hashes: Iterable[int | bytes]) -> None:
+        owners = self._owners
         for block_hash in hashes:
-            held = owners.get(block_hash, 0)
-            if not held & bit:
+            held = owners.get(block_hash)
+            if held is None or not (held is state or holders.holds(held, state)):
                 continue
             view.removed += 1
             view.resident -= 1
             state.resident -= 1
-            self._drop_bit(block_hash, held, bit, view.mask)
+            self._drop(block_hash, held, state)
 
-    def _forget(self, view: ReplicaView, state: RankView) -> None:
-        bit = state.bit
-        for block_hash, held in [item for item in self._owners.items() if item[1] & bit]:
-            self._drop_bit(block_hash, held, bit, view.mask)
+    def _forget(self, view: ReplicaView, state: Rank) -> None:
+        holds = holders.holds
+        for block_hash, held in [item for item in self._owners.items() if holds(item[1], state)]:
+            self._drop(block_hash, held, state)
         view.resident -= state.resident
         state.resident = 0
 
-    def _drop_bit(self, block_hash: int | bytes, held: int, bit: int, mask: int) -> None:
-        rest = held & ~bit
-        if not rest:
+    def _drop(self, block_hash: int | bytes | tuple[str, int | bytes], held: Holders, state: Rank) -> None:
+        rest = holders.remove(held, state)
+        if rest is None:
             del self._owners[block_hash]
             return
         self._owners[block_hash] = rest
-        if not rest & mask and self._one_replica(rest):
+        sole = holders.sole_replica(rest)
+        if sole is not None and sole != state.replica:
             self.duplicates -= 1  # the replica no longer holds it: back to a single replica

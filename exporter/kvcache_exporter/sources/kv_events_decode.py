@@ -180,6 +180,7 @@ class StoredWithTokens(_LazyTokens, msgspec.Struct, tag_field="type", tag="Block
 
 class RemovedWithTokens(msgspec.Struct, tag_field="type", tag="BlockRemoved", gc=False):
     type: ClassVar[str] = "BlockRemoved"
+    lora_name: ClassVar[None] = None  # a removal names no adapter: read like a store's
     block_hashes: Hashes
     medium: Name | None = None
     group: GroupIndex | None = msgspec.field(default=None, name="group_idx")
@@ -213,6 +214,7 @@ class _ArrayStoredWithTokens(_LazyTokens, msgspec.Struct, array_like=True, tag="
 
 class _ArrayRemovedWithTokens(msgspec.Struct, array_like=True, tag="BlockRemoved", gc=False):
     type: ClassVar[str] = "BlockRemoved"
+    lora_name: ClassVar[None] = None  # a removal names no adapter: read like a store's
     block_hashes: Hashes
     medium: Name | None = None
     group: GroupIndex | None = None

@@ -9,17 +9,20 @@
   the same stream, best of rounds taken in turn, at 100, 1,000 and 10,000 replicas.
 * Publish cost: serve's attribution of the real vLLM 0.32 seed frames beside the same plus the
   publisher's `offer` of that drain, in turn in the same run.
-* Memory: RSS growth of a shard holding 100 replicas x 2,048 blocks and 10,000 x 32 (a quarter
-  shared by all), in a child process, per (replica, block).
+* Memory: RSS growth of a shard holding 100, 1,000 and 10,000 replicas' blocks (a quarter shared
+  by all), in child processes at two sizes per replica: the slope per (replica, block) beside a
+  plain dict of the same hashes (the floor of any hash map), and what is left per replica.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 from .. import fleet_wire as wire
 from ..aggregator.fleet_residency import FleetResidency, HashRange
@@ -123,22 +126,25 @@ def _attribute(frames: list[list[bytes]], publisher: FleetPublisher | None = Non
 
 
 def publish_overhead(seconds: float = 3.0) -> tuple[float, float]:
-    """Attribution of the seed frames, alone and with the publisher's offer, µs a stored block (each
-    the shortest pass, the two in turn)."""
+    """Attribution of the seed frames alone, and what the publisher's offer adds to it, µs a stored
+    block: the median of passes taken in turn (alone, with), the addition the median of each
+    pair's difference, so load that drifts during the run weighs on both alike."""
     frames = seed_frames()
     stored = sum(
         len(e.block_hashes) for m in frames for e in decode_message(m).events if e.type == "BlockStored"
     )
     publisher = FleetPublisher(NatsOptions("nats://unused:4222"), POOL, "r0")
-    alone, with_publish = [], []
+    alone, added = [], []
     with serve_gc():
         start = time.process_time()
-        while time.process_time() - start < seconds or len(alone) < 5:
-            for publishing, kept in ((None, alone), (publisher, with_publish)):
-                began = time.process_time()
-                _attribute(frames, publishing)
-                kept.append(time.process_time() - began)
-    return min(alone) / stored * 1e6, min(with_publish) / stored * 1e6
+        while time.process_time() - start < seconds or len(alone) < 15:
+            began = time.process_time()
+            _attribute(frames)
+            middle = time.process_time()
+            _attribute(frames, publisher)
+            alone.append(middle - began)
+            added.append(time.process_time() - middle - alone[-1])
+    return statistics.median(alone) / stored * 1e6, statistics.median(added) / stored * 1e6
 
 
 def rows(sizes: tuple[int, ...] = (100, 1_000, 10_000)) -> list[tuple[str, str]]:
@@ -161,58 +167,69 @@ def rows(sizes: tuple[int, ...] = (100, 1_000, 10_000)) -> list[tuple[str, str]]
                 f"({replicas * BLOCKS_PER_BATCH / one:,.0f} blocks/s per core); " + "; ".join(parts),
             )
         )
-    alone, both = publish_overhead()
+    alone, added = publish_overhead()
     out.append(
         (
-            "fleet on NATS: publishing in the sidecar (real vLLM 0.32 seed frames, same run)",
-            f"{both - alone:.2f} µs a stored block on top of attribution's {alone:.2f} µs "
-            f"({(both - alone) / alone:.0%})",
+            "fleet on NATS: publishing in the sidecar (real vLLM 0.32 seed frames, same run, medians)",
+            f"{added:.2f} µs a stored block on top of attribution's {alone:.2f} µs ({added / alone:.0%})",
         )
     )
-    for replicas, blocks in ((100, 2_048), (10_000, 32)):
-        memory = json.loads(
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "kvcache_exporter.tools.bench_nats",
-                    "memory",
-                    str(replicas),
-                    str(blocks),
-                ],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-        )
+    for replicas, blocks in MEMORY_SHAPES:
+        shard = memory_per_block(replicas, blocks, "memory")
+        floor = memory_per_block(replicas, blocks, "floor")
         out.append(
             (
-                f"fleet on NATS: a shard's memory ({replicas:,} replicas x {blocks:,} blocks, a quarter "
-                "shared)",
-                f"{memory['bytes']:.0f} bytes per (replica, block) of RSS growth (a hash's holders are a "
-                "bitmask of replica bits: it grows with the replicas a shard has seen)",
+                f"fleet on NATS: a shard's memory at {replicas:,} replicas ({blocks:,} -> {2 * blocks:,} "
+                "blocks each, a quarter shared by all)",
+                f"{shard['block']:.0f} bytes per (replica, block) of RSS growth (a plain dict of the same "
+                f"hashes, same run: {floor['block']:.0f}); {shard['replica'] / 1024:.1f} KiB per replica",
             )
         )
     return out
 
 
-def _memory_child(replicas: int = 100, blocks: int = 2_048) -> None:
+MEMORY_SHAPES = ((100, 2_048), (1_000, 256), (10_000, 32))
+
+
+def memory_per_block(replicas: int, blocks: int, kind: str) -> dict[str, float]:
+    """RSS growth at `blocks` and at twice that per replica, each in a child process: the slope is
+    the cost of one more (replica, block), the rest the cost of a replica."""
+    grown = [_child(kind, replicas, b) for b in (blocks, 2 * blocks)]
+    block = (grown[1] - grown[0]) / (replicas * blocks)
+    return {"block": block, "replica": (grown[0] - block * replicas * blocks) / replicas}
+
+
+def _child(kind: str, replicas: int, blocks: int) -> float:
+    command = [sys.executable, "-m", "kvcache_exporter.tools.bench_nats", kind, str(replicas), str(blocks)]
+    return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)["bytes"]
+
+
+def _replica_hashes(replicas: int, blocks: int) -> Iterator[list[int]]:
     rng = random.Random(3)
     shared = [rng.getrandbits(64) for _ in range(blocks // 4)]
+    for _ in range(replicas):
+        yield shared + [rng.getrandbits(64) for _ in range(blocks - len(shared))]
+
+
+def _memory_child(replicas: int, blocks: int) -> None:
+    """A shard's RSS growth as it takes `replicas` x `blocks` stored (its deltas made beforehand)."""
     payloads = []
-    for i in range(replicas):
+    for i, own in enumerate(_replica_hashes(replicas, blocks)):
         publisher = FleetPublisher(NatsOptions("nats://unused:4222"), POOL, f"r{i}", max_buffered=1 << 30)
-        own = shared + [rng.getrandbits(64) for _ in range(blocks - len(shared))]
         publisher.offer(0, KvEventDrain((Batch(0, 0.0, (Event("BlockStored", tuple(own)),)),)))
         payloads += [(s, p) for s, p, _ in publisher._queue]
     intake = shard_intake(0, 1, replicas)
     before = _rss()
     for subject, payload in payloads:
         intake.delta(subject, payload)
-    after = _rss()
-    print(
-        json.dumps({"replicas": replicas, "blocks": blocks, "bytes": (after - before) / (replicas * blocks)})
-    )
+    print(json.dumps({"bytes": _rss() - before}))
+
+
+def _floor_child(replicas: int, blocks: int) -> None:
+    """The same hashes in a plain dict (hash -> None): what any map of them costs at least."""
+    before = _rss()
+    kept = dict.fromkeys(h for own in _replica_hashes(replicas, blocks) for h in own)
+    print(json.dumps({"bytes": _rss() - before, "distinct": len(kept)}))
 
 
 def _rss() -> int:
@@ -229,6 +246,8 @@ def _rss() -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["memory"]:
         _memory_child(*(int(a) for a in sys.argv[2:]))
+    elif sys.argv[1:2] == ["floor"]:
+        _floor_child(*(int(a) for a in sys.argv[2:]))
     else:
         for name, value in rows(tuple(int(a) for a in sys.argv[1:]) or (100, 1_000, 10_000)):
             print(f"| {name} | {value} |")
