@@ -272,6 +272,16 @@ def fleet_nats(g) -> list[dict]:
             "than the replica's event stream; the buffer drops once full.",
         )
         + g.alert(
+            "KVCacheFleetResyncFailed",
+            f'increase(kvcache_fleet_publish_resyncs_total{{result="failed"}}[{w}]) > 0',
+            "A sidecar could not resend what a NATS outage made it hold from vLLM's replay.",
+            f'{where} failed {{{{ $value | printf "%.0f" }}}} resyncs over the last {w} '
+            '(kvcache_fleet_publish_resyncs_total{result="failed"}): vLLM\'s replay no longer held '
+            "the first held batch, vLLM restarted meanwhile, or the replay did not answer; the shards "
+            "count the gap as missed and their residency of this replica is off until it stores its "
+            "blocks again.",
+        )
+        + g.alert(
             "KVCacheFleetConsumerLagging",
             "kvcache_fleet_consumer_pending > <threshold>",
             "An aggregator shard falls behind its part of the NATS stream.",
