@@ -24,7 +24,7 @@ from pathlib import Path
 from .. import catalog as c
 from ..sources.textformat import parse_line
 from .harness import CLI, Service, Services, free_port, free_ports, wait_until
-from .soak import Scraper, cpu_seconds, rss_mib
+from .soak import MAX_TRACKED_BLOCKS, Scraper, cpu_seconds, rss_mib
 
 POOL = "soak"
 # The engine shapes a replica can take: the simulator's flags, then its sidecar's.
@@ -116,12 +116,21 @@ class Run:
     sidecars: dict[str, str] = field(default_factory=dict)  # name -> final /metrics
     aggregate: str = ""
     shapes: dict[str, str] = field(default_factory=dict)
+    windows: str = "1m,5m,15m,1h"  # the exporters' --collect.windows
 
 
 def soak(
-    seconds: float, every: float, replicas: list[str], outage: tuple[float, float], rate: float, out: Path
+    seconds: float,
+    every: float,
+    replicas: list[str],
+    outage: tuple[float, float],
+    rate: float,
+    out: Path,
+    windows: tuple[str, ...] = (),
 ) -> Run:
     run = Run()
+    if windows:
+        run.windows = windows[1]
     nats = Nats(out / "jetstream", out / "nats.log")
     nats.start()
     try:
@@ -139,14 +148,16 @@ def soak(
                     "--vllm.url", f"http://127.0.0.1:{sim_port}/metrics", "--gpu.source", "none",
                     "--kv-events.endpoint", f"tcp://127.0.0.1:{zmq_port}", "--kv-events.mode", "bind",
                     "--fleet.publish", nats.url, "--fleet.pool", POOL, "--fleet.replica", name,
-                    *SHAPES[shape][1], timeout=90,
+                    "--kv-events.max-tracked-blocks", str(MAX_TRACKED_BLOCKS),
+                    "--kv-events.max-fingerprints", str(2 * MAX_TRACKED_BLOCKS),
+                    *windows, *SHAPES[shape][1], timeout=90,
                 )  # fmt: skip
                 run.shapes[name] = shape
             port = free_port()
             procs["aggregate"] = services.start(
                 "aggregate",
                 [*CLI, "aggregate", "--fleet.source", nats.url, "--fleet.pool", POOL,
-                 "--web.listen-address", f"127.0.0.1:{port}"],
+                 "--web.listen-address", f"127.0.0.1:{port}", *windows],
                 port, "/metrics", timeout=90,
             )  # fmt: skip
             scrapers = [Scraper(f"{p.url}/metrics") for p in procs.values()]
@@ -253,7 +264,9 @@ def report(run: Run, warm_up: float) -> str:
         "`aggregate --fleet.source`; every exporter's `/metrics` scraped once a second.",
         "",
         f"- Length {pts[-1].seconds / 60:.0f} min, RSS sampled every {pts[1].seconds - pts[0].seconds:.0f} s;"
-        f" warm-up (the longest window, 1 h, filling) the first {warm / 60:.0f} min.",
+        f" warm-up (the longest of the windows {run.windows} filling, and each sidecar's attribution"
+        f" memory, bounded at {MAX_TRACKED_BLOCKS:,} blocks as in [soak.md](soak.md)) the first"
+        f" {warm / 60:.0f} min.",
     ]
     if run.gap:
         lines.append(
@@ -321,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--outage-at", type=float, default=0.4, help="when, as a fraction of the run")
     parser.add_argument("--warm-up", type=float, default=3600.0, help="seconds before RSS must be flat")
+    parser.add_argument(
+        "--windows", default=None, help="--collect.windows for every exporter (default: theirs, up to 1 h)"
+    )
     parser.add_argument("--output", default="docs/soak-fleet.md")
     parser.add_argument("--workdir", default=None, help="keep logs here (default: a temporary folder)")
     args = parser.parse_args(argv)
@@ -331,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(args.workdir) if args.workdir else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         outage = (args.seconds * args.outage_at, args.nats_outage)
-        run = soak(args.seconds, args.sample_every, replicas, outage, args.rate, work)
+        windows = ("--collect.windows", args.windows) if args.windows else ()
+        run = soak(args.seconds, args.sample_every, replicas, outage, args.rate, work, windows)
     text = report(run, args.warm_up)
     Path(args.output).write_text(text)
     print(text)
