@@ -194,6 +194,9 @@ class FleetPublisher:
         read already if `advanced` (a resync resuming inside a batch). Stops at a hold."""
         cursor = self._cursors.setdefault(engine, SeqCursor())
         pending, ts = PendingDeltas(self.kept), 0.0
+        # Equal keys as one object: a range whose last change has this key extends it (a store, a
+        # removal elsewhere, a store again: one change in each range the removal did not touch).
+        interned: dict[tuple, tuple] = {}
         key, run = None, []  # consecutive like changes, handed to `pending` at once
         origin = (0, skip, advanced, cursor.next)  # where `pending` begins: (item, skip, advanced, cursor)
         for i, item in enumerate(items):
@@ -235,7 +238,7 @@ class FleetPublisher:
                     continue
                 if now != key:
                     pending.add(key, run)
-                    key, run = now, []
+                    key, run = interned.setdefault(now, now), []
                 run += event.block_hashes
             if pending.hashes + len(run) >= FLUSH_HASHES:
                 pending.add(key, run)

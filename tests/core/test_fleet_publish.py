@@ -177,6 +177,28 @@ def test_a_cleared_cache_and_a_restarted_sidecar_start_new_epochs_that_forget_th
     assert intake.dropped == {"stale": 1} and view.missed == 0
 
 
+def test_a_range_extends_its_last_change_when_nothing_else_touched_that_range():
+    """A store, a removal in range 1 only, a store again: range 2 carries one change of both stores,
+    range 1 three in order (what the shard applies, and so its residency, depends on that order)."""
+    a, b, c, d = (1 << 58) + 1, (2 << 58) + 1, (1 << 58) + 2, (2 << 58) + 2
+    publisher = FleetPublisher(NatsOptions("nats://127.0.0.1:1"), POOL, "a")
+    batch = Batch(
+        0, 1.0, (Event("BlockStored", (a, b)), Event("BlockRemoved", (a,)), Event("BlockStored", (c, d)))
+    )
+    publisher.offer(0, KvEventDrain((batch,)))
+    deltas = queued(publisher)
+    changes = {
+        delta.range: [(ch.stored, list(ch.hashes)) for ch in delta.changes]
+        for delta in (wire.decode_delta(p, s, "kvcache", POOL) for s, p in deltas)
+    }
+    assert changes[1] == [(True, [a]), (False, [a]), (True, [c])]
+    assert changes[2] == [(True, [b, d])]
+    intake = DeltaIntake(FleetResidency(), POOL)
+    for subject, payload in deltas:
+        intake.delta(subject, payload)
+    assert intake.fleet.replicas["a"].resident == 3  # b, c, d: a was removed
+
+
 def test_hash_sampling_applies_before_publishing_and_shards_of_another_sampling_drop_it():
     half = FleetPublisher(NatsOptions("nats://127.0.0.1:1"), POOL, "a", sampling=0.5)
     half.offer(0, KvEventDrain((every_range(0),)))  # 64 hashes, one per 1/64 of the space
