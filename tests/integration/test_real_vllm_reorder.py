@@ -5,10 +5,12 @@ first, then the same requests with the shared template first and the header last
 header-first phase has been seen, prefix_diverged dominates its misses and the reordered estimate
 (hits + prefix_diverged) / queries predicts the fixed layout's real hit ratio; in the fixed phase
 prefix_diverged is not dominant. Then the template first with the header between it and recurring
-questions: the layout is fixed, prefix_diverged is not dominant either.
+questions: the header still costs the questions behind it, a part of the misses is prefix_diverged.
 
 Measured (2026-12-03): header first 0.000 hit ratio, reordered estimate 0.870, prefix_diverged 93 %;
-template first 0.856 (estimate 0.856), prefix_diverged 0; template/header/question 0.743, 2 %."""
+template first 0.856 (estimate 0.856), prefix_diverged 0; template/header/question 0.743, 2 %.
+Measured (2026-12-04, order-aware seams): template/header/question 0.743, prefix_diverged 29 %,
+estimate at the end 0.797 (the header-last phase reached 0.856)."""
 
 from __future__ import annotations
 
@@ -94,6 +96,9 @@ def test_the_reorder_is_predicted_live_and_the_cause_goes_away_after_it(vllm_ser
     assert abs(raw_estimate["after_template"] - between_ratio) <= 0.03, (raw_estimate, between_ratio)
     assert fixed_causes.get("prefix_diverged", 0) < 0.2 * sum(fixed_causes.values()), fixed_causes
     assert abs(fixed_estimate["end"] - fixed_ratio) < 0.05, (fixed_estimate, fixed_ratio)
-    # the header after the template: questions that recur behind it are not what a reorder is for
-    assert between_causes.get("prefix_diverged", 0) < 0.2 * sum(between_causes.values()), between_causes
+    # the header after the template still costs the questions that recur behind it (the header-last
+    # phase hit more): named prefix_diverged, the accuracy suite's field_after_system, and the
+    # estimate made then says a gain no larger than what that layout really reached
+    assert 0 < between_causes.get("prefix_diverged", 0) < 0.5 * sum(between_causes.values()), between_causes
+    assert between_ratio < between_estimate["end"] <= fixed_ratio + 0.03, (between_estimate, fixed_ratio)
     assert gauge and 0 < max(gauge) <= 1  # the exporter's own gauge, over its 1h window

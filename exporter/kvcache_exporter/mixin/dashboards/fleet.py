@@ -12,6 +12,8 @@ from grafana_foundation_sdk.models import units
 
 from .common import BATCHES_PER_SECOND, RATE, TOKENS_PER_SECOND, Query, dashboard, graph, ratio, sel
 
+FAILED_RESYNCS = sel("kvcache_fleet_publish_resyncs_total", 'result="failed"')
+
 UID = "kvcache-fleet"
 
 OTHER = sel("kvcache_prefix_cache_miss_tokens_total", 'cause="other_replica"')
@@ -127,11 +129,16 @@ def panels():
             Query(
                 f"max by (replica) ({sel('kvcache_fleet_publish_lag_seconds')})", "{{replica}} lag", unit="s"
             ),
+            Query(
+                f"sum by (replica) (rate({FAILED_RESYNCS}[{RATE}]))",
+                "{{replica}} failed resyncs/s",
+            ),
             shows="With --fleet.publish: each sidecar's residency deltas sent to NATS per second, those it "
-            "dropped (its bounded buffer full, NATS away) and how old its oldest unsent delta is.",
-            action="Drops or a growing lag: NATS is unreachable or slow from that sidecar; the shards mark "
-            "the gap as missed until the replica stores its blocks again (runbook).",
-            alerts=("KVCacheFleetPublishDropping", "KVCacheFleetPublishLagging"),
+            "dropped (its bounded buffer full, NATS away), how old its oldest unsent delta is, and "
+            "resyncs from vLLM's replay after an outage that failed.",
+            action="Drops, a growing lag or failed resyncs: NATS is unreachable or slow from that sidecar; "
+            "the shards mark the gap as missed until the replica stores its blocks again (runbook).",
+            alerts=("KVCacheFleetPublishDropping", "KVCacheFleetPublishLagging", "KVCacheFleetResyncFailed"),
             unit=DELTAS_PER_SECOND,
         ),
         graph(
