@@ -73,6 +73,17 @@ async def outage(nats: NatsServer, replica: Replica, during: int) -> None:
     assert await replica.sidecar.flush(30)
 
 
+async def ten_batches_then_an_outage(nats: NatsServer, replica: Replica, s) -> None:
+    """Sidecar and shard started and connected, 10 batches published, then 40 in an outage."""
+    replica.sidecar.start()
+    await s.start()
+    await until(lambda: replica.sidecar.connected and s.connected_once, 20)
+    for _ in range(10):
+        await replica.step()
+    assert await replica.sidecar.flush(20)
+    await outage(nats, replica, during=40)
+
+
 async def polls_until_resynced(replica: Replica, batches: int = 1) -> None:
     """Polls go on after NATS is back: the first with the buffer sent resends the held batches
     (which may fill the buffer again, and the next such poll resends the rest)."""
@@ -91,14 +102,8 @@ def test_an_overflow_in_a_nats_outage_is_resent_from_vllms_replay_and_the_shard_
     async def run():
         replica = Replica(nats, buffer_steps=10_000, max_buffered=100)
         s = shard(nats)
-        replica.sidecar.start()
-        await s.start()
         try:
-            await until(lambda: replica.sidecar.connected and s.connected_once, 20)
-            for _ in range(10):
-                await replica.step()
-            assert await replica.sidecar.flush(20)
-            await outage(nats, replica, during=40)
+            await ten_batches_then_an_outage(nats, replica, s)
             assert replica.sidecar.resyncs == {} and replica.sidecar._held  # held, not dropped
             await polls_until_resynced(replica)
             try:  # a shard reconnecting after the outage may still be catching up: until it converges
@@ -126,14 +131,8 @@ def test_when_replay_no_longer_has_the_batches_the_gap_is_marked_as_without_repl
     async def run():
         replica = Replica(nats, buffer_steps=8, max_buffered=100)  # vLLM keeps only its last 8
         s = shard(nats)
-        replica.sidecar.start()
-        await s.start()
         try:
-            await until(lambda: replica.sidecar.connected and s.connected_once, 20)
-            for _ in range(10):
-                await replica.step()
-            assert await replica.sidecar.flush(20)
-            await outage(nats, replica, during=40)
+            await ten_batches_then_an_outage(nats, replica, s)
             await polls_until_resynced(replica, batches=2)  # every range again: the gap shows
             await settled(s, 30)
             assert replica.sidecar.resyncs == {"failed": 1} and not replica.sidecar._held

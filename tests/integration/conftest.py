@@ -15,7 +15,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import pytest
 from kvcache_exporter.tools.harness import (
     TINY_LLAMA_ARGS,
     TINY_LLAMA_BLOCK,
+    bindable,
     free_port,
     spawn_logged,
     stop,
@@ -264,17 +264,8 @@ def free_ports(count: int, taken: set[int]) -> int:
         ports = set(range(first, first + count))
         if ports & taken:
             continue
-        if all(_bindable(port) for port in ports):
+        if all(bindable(port) for port in ports):
             return first
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @contextlib.contextmanager

@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import socket
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -33,6 +32,7 @@ from ..tools.harness import (
     TINY_LLAMA_ARGS,
     TINY_LLAMA_BLOCK,
     StartError,
+    bindable,
     free_ports,
     http_get,
     spawn_logged,
@@ -395,12 +395,3 @@ def free_kv_ports(count: int) -> int:
         first = free_ports(1)[0]
         if count == 1 or all(bindable(first + r) for r in range(1, count)):
             return first
-
-
-def bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True

@@ -54,6 +54,16 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
+def bindable(port: int) -> bool:
+    """Whether `port` is free on the loopback address now."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
     """(status, body); an HTTP error answers with its status instead of raising."""
     try:
