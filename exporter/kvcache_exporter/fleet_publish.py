@@ -40,7 +40,8 @@ log = logging.getLogger("kvcache_exporter.fleet")
 
 MAX_BUFFERED = 65_536  # deltas: at ~2 a batch, minutes of a busy replica's stream
 MAX_BUFFERED_BYTES = 64 * 1024 * 1024
-PUBLISH_TIMEOUT = 2.0  # one JetStream ack; past it the delta is dropped (publish_error)
+PUBLISH_TIMEOUT = 2.0  # one JetStream ack; past it the delta is sent again
+PUBLISH_ATTEMPTS = 3  # late acks before the delta is dropped (publish_error)
 IDLE_SECONDS = 0.05
 FLUSH_HASHES = 16_384  # a range's delta is sent at this many hashes: 32-byte hashes stay under 1 MiB
 STREAM_MAX_AGE = 6 * 3600.0  # the pool's stream when a sidecar creates it: `aggregate` sets its own
@@ -153,6 +154,7 @@ class FleetPublisher:
         self._queue: deque[tuple[str, bytes, float]] = deque()  # subject, payload, monotonic enqueue time
         self._bytes = 0
         self._sending = False
+        self._attempts = 0  # late acks of the queue's head
         self.published = 0
         self.dropped: Counter[str] = Counter()
         self.epoch, self.cause = time.time_ns(), "start"
@@ -461,12 +463,10 @@ class FleetPublisher:
             try:
                 self._nc = await connect(self.options, f"kvcache-publish-{self.pool}-{self.replica}")
                 self._js = self._nc.jetstream()
-                stream = wire.stream_name(self.prefix, self.pool)
-                subjects = f"{self.prefix}.{self.pool}.>"
                 try:
-                    await ensure_stream(self._js, stream, subjects, STREAM_MAX_AGE, STREAM_MAX_BYTES)
+                    await self._ensure_stream()
                 except Exception as err:  # no permission: the aggregator or the operator makes it
-                    log.info("NATS stream %s not checked: %s", stream, err)
+                    log.info("NATS stream %s not checked: %s", wire.stream_name(self.prefix, self.pool), err)
             except Exception as err:  # NATS down at start: keep counting, try again
                 log_once(f"NATS {self.options.where}: not connected ({err}); retrying every second")
                 await asyncio.sleep(1.0)
@@ -484,15 +484,39 @@ class FleetPublisher:
             try:
                 await self._js.publish(subject, payload, timeout=PUBLISH_TIMEOUT)
                 self.published += 1
-            except Exception as err:  # no ack in time, no stream: this delta is lost
+                self._attempts = 0
+            except Exception as err:
                 log.debug("publishing %s failed: %s", subject, err)
-                if self.connected:
-                    self.dropped["publish_error"] += 1
-                else:  # NATS went away under it: sent again once back (a shard drops a second copy)
-                    self._again(item)
-                    await asyncio.sleep(IDLE_SECONDS)
+                await self._failed(item, err)
             finally:
                 self._sending = False
+
+    async def _failed(self, item: tuple[str, bytes, float], err: Exception) -> None:
+        """A delta not acked: sent again while NATS is away, the stream is missing (JetStream still
+        starting, or deleted: made again) or the ack was late (a shard drops a second copy); lost
+        only after PUBLISH_ATTEMPTS late acks or an error that another try cannot mend."""
+        from nats.js.errors import NoStreamResponseError
+
+        if not self.connected or isinstance(err, NoStreamResponseError):
+            self._again(item)
+            if self.connected:
+                log_once(f"NATS {self.options.where}: no stream answers {item[0].rsplit('.', 2)[0]}; holding")
+                await asyncio.sleep(1.0)
+                with contextlib.suppress(Exception):
+                    await self._ensure_stream()
+            else:
+                await asyncio.sleep(IDLE_SECONDS)
+            return
+        self._attempts += 1
+        if isinstance(err, asyncio.TimeoutError) and self._attempts < PUBLISH_ATTEMPTS:
+            self._again(item)
+            return
+        self._attempts = 0
+        self.dropped["publish_error"] += 1
+
+    async def _ensure_stream(self) -> None:
+        stream = wire.stream_name(self.prefix, self.pool)
+        await ensure_stream(self._js, stream, f"{self.prefix}.{self.pool}.>", STREAM_MAX_AGE, STREAM_MAX_BYTES)
 
     def _again(self, item: tuple[str, bytes, float]) -> None:
         with self.lock:

@@ -65,6 +65,29 @@ def test_nats_down_drops_are_counted_and_the_gap_is_marked_once_it_is_back(tmp_p
     asyncio.run(run())
 
 
+@pytest.mark.timeout(90)
+def test_a_deleted_stream_is_made_again_and_its_deltas_held_meanwhile(tmp_path):
+    server = NatsServer(tmp_path / "jetstream").start()
+
+    async def run():
+        publisher = FleetPublisher(NatsOptions(server.url), POOL, "a")
+        publisher.start()
+        try:
+            await until_async(lambda: publisher.connected)
+            await publisher._js.stream_info(wire.stream_name("kvcache", POOL))  # the publisher made it
+            await publisher._js.delete_stream(wire.stream_name("kvcache", POOL))
+            publisher.offer(0, KvEventDrain((every_range(0),)))  # 64 deltas, no stream to take them
+            await until_async(lambda: publisher.published == 64)
+            assert publisher.dropped["publish_error"] == 0
+            info = await publisher._js.stream_info(wire.stream_name("kvcache", POOL))
+            assert info.state.messages == 64
+        finally:
+            await publisher.close()
+            server.stop()
+
+    asyncio.run(run())
+
+
 async def until_async(check, seconds: float = 20.0) -> None:
     for _ in range(int(seconds / 0.05)):
         if check():
