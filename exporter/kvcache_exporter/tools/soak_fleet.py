@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import socket
+import statistics
 import subprocess
 import tempfile
 import time
@@ -25,6 +26,11 @@ from .. import catalog as c
 from ..sources.textformat import parse_line
 from .harness import CLI, Service, Services, free_port, free_ports, wait_until
 from .soak import MAX_TRACKED_BLOCKS, Scraper, cpu_seconds, rss_mib
+
+# At the soak's rate a sidecar remembers ~50 new content fingerprints a minute: a bound that fills
+# within the warm-up, so RSS after it is the bounded state's, not a table still filling.
+MAX_FINGERPRINTS = 2_048
+TRACKED = c.PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED
 
 POOL = "soak"
 # The engine shapes a replica can take: the simulator's flags, then its sidecar's.
@@ -104,6 +110,7 @@ class Point:
     in_gap: bool
     buffered: float  # messages waiting in the sidecars' buffers for NATS, all sidecars
     pending: float  # messages JetStream holds for the aggregator and has not delivered
+    tracked: dict[str, float] = field(default_factory=dict)  # kind -> the fewest any sidecar holds
 
 
 @dataclass
@@ -149,7 +156,7 @@ def soak(
                     "--kv-events.endpoint", f"tcp://127.0.0.1:{zmq_port}", "--kv-events.mode", "bind",
                     "--fleet.publish", nats.url, "--fleet.pool", POOL, "--fleet.replica", name,
                     "--kv-events.max-tracked-blocks", str(MAX_TRACKED_BLOCKS),
-                    "--kv-events.max-fingerprints", str(2 * MAX_TRACKED_BLOCKS),
+                    "--kv-events.max-fingerprints", str(MAX_FINGERPRINTS),
                     *windows, *SHAPES[shape][1], timeout=90,
                 )  # fmt: skip
                 run.shapes[name] = shape
@@ -206,7 +213,12 @@ def _sample(
         buffered = sum(totals(t, c.FLEET_PUBLISH_BUFFERED) for n, t in pages.items() if n != "aggregate")
         pending = totals(pages["aggregate"], c.FLEET_CONSUMER_PENDING)
         failed = sum(s.failed for s in scrapers)
-        run.points.append(Point(elapsed, rss, cpu, failed, in_gap, buffered, pending))
+        sidecars = [t for n, t in pages.items() if n != "aggregate" and t]
+        tracked = {
+            kind: min((totals(t, TRACKED, kind=kind) for t in sidecars), default=0.0)
+            for kind in ("blocks", "fingerprints")
+        }
+        run.points.append(Point(elapsed, rss, cpu, failed, in_gap, buffered, pending, tracked))
         print(
             f"{elapsed / 60:6.1f} min  " + "  ".join(f"{n} {r:.1f}" for n, r in rss.items())
             + f"  buffered {buffered:.0f} pending {pending:.0f} failed {failed}{' (gap)' if in_gap else ''}",
@@ -244,7 +256,8 @@ def report(run: Run, warm_up: float) -> str:
     names = list(pts[0].rss)
     warm = min(warm_up, pts[-1].seconds / 2)
     after = [p for p in pts if p.seconds >= warm and not p.in_gap]
-    hours = max((after[-1].seconds - after[0].seconds) / 3600, 1e-9) if after else 1e-9
+    full = next((p.seconds for p in pts if p.tracked.get("fingerprints", 0) >= MAX_FINGERPRINTS / 2
+                 and p.tracked.get("blocks", 0) >= MAX_TRACKED_BLOCKS / 2), None)  # fmt: skip
     published = sum(totals(t, c.FLEET_PUBLISHED_TOTAL) for t in run.sidecars.values())
     pub_dropped: dict[str, float] = {}
     for t in run.sidecars.values():
@@ -256,6 +269,12 @@ def report(run: Run, warm_up: float) -> str:
     sidecar_missed = sum(totals(t, c.KV_EVENTS_MISSED_BATCHES_TOTAL) for t in run.sidecars.values())
     in_gap = sum(pub_dropped.values())
     shapes = ", ".join(f"{n} ({s}-shaped)" for n, s in run.shapes.items())
+    filled = (
+        "both attribution tables past half their bound (they drop their older half at it) from minute"
+        f" {full / 60:.0f}"
+        if full is not None
+        else "the attribution tables never both reached half their bound: not warmed up"
+    )
     lines = [
         "# Soak: the fleet view on NATS",
         "",
@@ -265,8 +284,9 @@ def report(run: Run, warm_up: float) -> str:
         "",
         f"- Length {pts[-1].seconds / 60:.0f} min, RSS sampled every {pts[1].seconds - pts[0].seconds:.0f} s;"
         f" warm-up (the longest of the windows {run.windows} filling, and each sidecar's attribution"
-        f" memory, bounded at {MAX_TRACKED_BLOCKS:,} blocks as in [soak.md](soak.md)) the first"
-        f" {warm / 60:.0f} min.",
+        f" memory, bounded at {MAX_TRACKED_BLOCKS:,} blocks and {MAX_FINGERPRINTS:,} fingerprints) the first"
+        f" {warm / 60:.0f} min; {filled}.",
+        "- Slope: the least-squares fit of RSS over the samples after warm-up, outside the gap.",
     ]
     if run.gap:
         lines.append(
@@ -289,7 +309,7 @@ def report(run: Run, warm_up: float) -> str:
     ]
     for n in names:
         rss = [p.rss[n] for p in after] or [pts[-1].rss[n]]
-        slope = (after[-1].rss[n] - after[0].rss[n]) / hours if after else 0.0
+        slope = _slope([p.seconds / 3600 for p in after], [p.rss[n] for p in after])
         cpu = pts[-1].cpu[n] / max(pts[-1].seconds, 1e-9) * 1000
         lines.append(
             f"| {n} | {pts[0].rss[n]:.1f} | {min(rss):.1f}-{max(rss):.1f} | {slope:+.2f} | {cpu:.1f} |"
@@ -300,8 +320,8 @@ def report(run: Run, warm_up: float) -> str:
         "",
     ]
     lines += [
-        "| minute | " + " | ".join(names) + " | buffered | failed |",
-        "|---:|" + "---:|" * (len(names) + 2),
+        "| minute | " + " | ".join(names) + " | buffered | failed | tracked blocks | tracked fingerprints |",
+        "|---:|" + "---:|" * (len(names) + 4),
     ]
     step = max(len(pts) // 24, 1)
     gap = [i for i, p in enumerate(pts) if p.in_gap]
@@ -310,8 +330,16 @@ def report(run: Run, warm_up: float) -> str:
     for p in (pts[i] for i in rows):
         mark = " (gap)" if p.in_gap else ""
         rss = " | ".join(f"{p.rss[n]:.1f}" for n in names)
-        lines.append(f"| {p.seconds / 60:.1f}{mark} | {rss} | {p.buffered:,.0f} | {p.failed} |")
+        held = f"{p.tracked.get('blocks', 0):,.0f} | {p.tracked.get('fingerprints', 0):,.0f}"
+        lines.append(f"| {p.seconds / 60:.1f}{mark} | {rss} | {p.buffered:,.0f} | {p.failed} | {held} |")
     return "\n".join(lines) + "\n"
+
+
+def _slope(hours: list[float], rss: list[float]) -> float:
+    """MiB per hour: a least-squares line, not two end points a sawtooth can tilt."""
+    if len(hours) < 2:
+        return 0.0
+    return statistics.linear_regression(hours, rss).slope
 
 
 def _reasons(counts: dict[str, float]) -> str:
