@@ -1,4 +1,5 @@
-"""Every metric the exporter serves, declared once.
+"""Every metric the exporter serves, declared once: the entries below and, concatenated in their
+place, those each source declares beside its code (DECLARED: sources/*_kit.py).
 
 docs/metrics.md is generated from this table (`kvcache-exporter docs`); alerts and
 dashboards are tested against it. Label sets are the base labels: with more than one
@@ -7,47 +8,19 @@ vLLM target every vLLM-derived series also carries `target`.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from . import fleet_publish_kit
+from .derive import audit_kit, cost_kit
+from .metric import ME, Metric
+from .metric import entry as _m
+from .sources import gpu_kit, kv_events_kit
 
-ME = ("model_name", "engine")
-GPU = ("gpu", "uuid", "name")
-
-
-@dataclass(frozen=True)
-class Metric:
-    name: str
-    # counter | gauge | histogram | summary (windowed quantiles: promtool wants `quantile` only on summaries)
-    type: str
-    help: str
-    labels: tuple[str, ...] = ()
-    unit: str = ""
-    group: str = "cache"
-    source: str = ""  # the vLLM/GPU inputs
-    formula: str = ""
-    per_target: bool = True  # gets a `target` label when several vLLM targets are polled
-    allowed: tuple[float, float] | None = None  # values a sample may take; default from the unit
-
-    @property
-    def value_range(self) -> tuple[float, float]:
-        """Outside it a sample is a bug or bad input: guard.py drops it. Ratios are 0-1, temperatures
-        any finite number, everything else (counts, rates, bytes, seconds, money) non-negative."""
-        if self.allowed is not None:
-            return self.allowed
-        if self.unit == "ratio":
-            return (0.0, 1.0)
-        return (-math.inf, math.inf) if self.unit == "celsius" else (0.0, math.inf)
-
-
-_NOT_PER_TARGET = {"gpu", "memory", "cost", "events", "fleet", "attribution"}
-
-
-def _m(*args, **kwargs) -> Metric:
-    metric = Metric(*args, **kwargs)
-    if metric.group in _NOT_PER_TARGET and "per_target" not in kwargs:
-        metric = Metric(*args, **{**kwargs, "per_target": False})
-    return metric
-
+DECLARED = (
+    gpu_kit,
+    audit_kit,
+    cost_kit,
+    kv_events_kit,
+    fleet_publish_kit,
+)  # the modules declaring a source's entries
 
 # Every name as a constant: call sites use these, so a typo fails at import or in a unit test.
 PREFIX_CACHE_QUERY_TOKENS_TOTAL = "kvcache_prefix_cache_query_tokens_total"
@@ -73,53 +46,12 @@ PREFILL_LATENCY_SECONDS = "kvcache_prefill_latency_seconds"
 TIME_TO_FIRST_TOKEN_SECONDS = "kvcache_time_to_first_token_seconds"
 QUEUE_TIME_SECONDS = "kvcache_queue_time_seconds"
 E2E_LATENCY_SECONDS = "kvcache_e2e_latency_seconds"
-GPU_MEMORY_USED_BYTES = "kvcache_gpu_memory_used_bytes"
-GPU_MEMORY_TOTAL_BYTES = "kvcache_gpu_memory_total_bytes"
-GPU_UTILIZATION_RATIO = "kvcache_gpu_utilization_ratio"
-GPU_MEMORY_BANDWIDTH_UTILIZATION_RATIO = "kvcache_gpu_memory_bandwidth_utilization_ratio"
-GPU_POWER_WATTS = "kvcache_gpu_power_watts"
-GPU_ENERGY_JOULES_TOTAL = "kvcache_gpu_energy_joules_total"
-GPU_TEMPERATURE_CELSIUS = "kvcache_gpu_temperature_celsius"
-GPU_PROCESS_MEMORY_USED_BYTES = "kvcache_gpu_process_memory_used_bytes"
-GPU_MEMORY_BUDGET_BYTES = "kvcache_gpu_memory_budget_bytes"
-GPU_MEMORY_BUDGET_USAGE_RATIO = "kvcache_gpu_memory_budget_usage_ratio"
-GPU_MEMORY_HEADROOM_RATIO = "kvcache_gpu_memory_headroom_ratio"
-GPU_MEMORY_SWING_BYTES = "kvcache_gpu_memory_swing_bytes"
-CONFIG_CHECK = "kvcache_config_check"
-COST_INFO = "kvcache_cost_info"
-GPU_COST_PER_HOUR = "kvcache_gpu_cost_per_hour"
-COST_PER_MILLION_TOKENS = "kvcache_cost_per_million_tokens"
-CACHE_SAVINGS_PER_HOUR = "kvcache_cache_savings_per_hour"
-CACHE_MISS_EXTRA_COST_PER_HOUR = "kvcache_cache_miss_extra_cost_per_hour"
-ENERGY_JOULES_PER_TOKEN = "kvcache_energy_joules_per_token"
-ENERGY_COST_PER_MILLION_TOKENS = "kvcache_energy_cost_per_million_tokens"
-KV_EVENTS_BATCHES_TOTAL = "kvcache_kv_events_batches_total"
-KV_EVENTS_TOTAL = "kvcache_kv_events_total"
-KV_EVENTS_MISSED_BATCHES_TOTAL = "kvcache_kv_events_missed_batches_total"
-KV_EVENTS_PUBLISHER_RESTARTS_TOTAL = "kvcache_kv_events_publisher_restarts_total"
-KV_EVENTS_DROPPED_TOTAL = "kvcache_kv_events_dropped_total"
-KV_EVENTS_CACHED_BLOCKS = "kvcache_kv_events_cached_blocks"
-KV_EVENTS_DISCOVERED_ENDPOINTS = "kvcache_kv_events_discovered_endpoints"
-KV_EVENTS_DISCOVERY_STATE = "kvcache_kv_events_discovery_state"
-KV_EVENTS_DISCOVERY_REJECTED = "kvcache_kv_events_discovery_rejected"
-KV_EVENTS_DISCOVERY_CHANGES_TOTAL = "kvcache_kv_events_discovery_changes_total"
-KV_EVENTS_GROUP_INFO = "kvcache_kv_events_group_info"
-KV_EVENTS_PUBLISHER_STATE = "kvcache_kv_events_publisher_state"
 OFFLOAD_BYTES_PER_SECOND = "kvcache_offload_bytes_per_second"
 OFFLOAD_BUSY_RATIO = "kvcache_offload_busy_ratio"
 OFFLOAD_HOST_HIT_RATIO = "kvcache_offload_host_hit_ratio"
 OFFLOAD_STORES_WITHOUT_LOADS = "kvcache_offload_stores_without_loads"
 OFFLOAD_ALLOCATION_FAILURES_TOTAL = "kvcache_offload_allocation_failures_total"
 OFFLOAD_STORES_SKIPPED_TOTAL = "kvcache_offload_stores_skipped_total"
-KV_EVENTS_HIT_UNIT_TOKENS = "kvcache_kv_events_hit_unit_tokens"
-KV_EVENTS_STORED_TOKENS_TOTAL = "kvcache_kv_events_stored_tokens_total"
-KV_EVENTS_REUSED_TOKENS_TOTAL = "kvcache_kv_events_reused_tokens_total"
-KV_EVENTS_SESSION_TOKENS_TOTAL = "kvcache_kv_events_session_tokens_total"
-KV_EVENTS_SESSION_ID_RATIO = "kvcache_kv_events_session_id_ratio"
-KV_EVENTS_WINDOW_EVICTIONS_TOTAL = "kvcache_kv_events_window_evictions_total"
-KV_EVENTS_TIER_BLOCKS = "kvcache_kv_events_tier_blocks"
-KV_EVENTS_TIER_BYTES = "kvcache_kv_events_tier_bytes"
-KV_EVENTS_TIER_HIT_TOKENS_TOTAL = "kvcache_kv_events_tier_hit_tokens_total"
 VLLM_UP = "kvcache_vllm_up"
 VLLM_SCHEMA_INFO = "kvcache_vllm_schema_info"
 VLLM_DEPRECATED_METRICS = "kvcache_vllm_deprecated_metrics"
@@ -130,8 +62,6 @@ EXPORTER_LAST_SUCCESS_TIMESTAMP_SECONDS = "kvcache_exporter_last_success_timesta
 EXPORTER_ERRORS_TOTAL = "kvcache_exporter_errors_total"
 EXPORTER_HTTP_REJECTED_TOTAL = "kvcache_exporter_http_rejected_total"
 EXPORTER_BUILD_INFO = "kvcache_exporter_build_info"
-PREFIX_CACHE_MISS_TOKENS_TOTAL = "kvcache_prefix_cache_miss_tokens_total"
-PREFIX_CACHE_REORDER_HIT_TOKENS_TOTAL = "kvcache_prefix_cache_reorder_hit_tokens_total"
 KV_BLOCK_LIFETIME_SECONDS = "kvcache_kv_block_lifetime_seconds"
 KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS = "kvcache_kv_block_idle_before_evict_seconds"
 KV_BLOCK_REUSE_GAP_SECONDS = "kvcache_kv_block_reuse_gap_seconds"
@@ -144,19 +74,6 @@ REQUESTS_WAITING_BY_REASON = "kvcache_requests_waiting_by_reason"
 ADMISSION_REJECTIONS_TOTAL = "kvcache_admission_rejections_total"
 EXTERNAL_PREFIX_CACHE_QUERY_TOKENS_TOTAL = "kvcache_external_prefix_cache_query_tokens_total"
 EXTERNAL_PREFIX_CACHE_HIT_TOKENS_TOTAL = "kvcache_external_prefix_cache_hit_tokens_total"
-KV_EVENTS_DECODE_TOKENS_TOTAL = "kvcache_kv_events_decode_tokens_total"
-PREFIX_DIVERGENCE_OFFSET_TOKENS = "kvcache_prefix_divergence_offset_tokens"
-PREFIX_DIVERGED_FIELD_TOKENS_TOTAL = "kvcache_prefix_diverged_field_tokens_total"
-PREFIX_HISTORY_REWRITTEN_TURN = "kvcache_prefix_history_rewritten_turn"
-PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO = "kvcache_prefix_cache_miss_attribution_coverage_ratio"
-PREFIX_CACHE_MISS_ATTRIBUTION_EXCESS_TOKENS = "kvcache_prefix_cache_miss_attribution_excess_tokens"
-PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED = "kvcache_prefix_cache_miss_attribution_tracked"
-PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED_LIMIT = "kvcache_prefix_cache_miss_attribution_tracked_limit"
-PREFIX_CACHE_HIT_RATIO_ESTIMATE = "kvcache_prefix_cache_hit_ratio_estimate"
-PREFIX_CACHE_HIT_RATIO_REORDERED_ESTIMATE = "kvcache_prefix_cache_hit_ratio_reordered_estimate"
-PREFIX_CACHE_HIT_RATIO_REORDERED_LAYOUT_ESTIMATE = "kvcache_prefix_cache_hit_ratio_reordered_layout_estimate"
-PREFIX_CACHE_HIT_RATIO_HOST_TIER_ESTIMATE = "kvcache_prefix_cache_hit_ratio_host_tier_estimate"
-HOST_TIER_LOAD_BYTES_PER_SECOND_ESTIMATE = "kvcache_host_tier_load_bytes_per_second_estimate"
 FLEET_STORED_TOKENS_TOTAL = "kvcache_fleet_stored_tokens_total"
 FLEET_QUERY_TOKENS_TOTAL = "kvcache_fleet_query_tokens_total"
 FLEET_HIT_TOKENS_TOTAL = "kvcache_fleet_hit_tokens_total"
@@ -174,13 +91,6 @@ FLEET_SESSIONS_SPLIT = "kvcache_fleet_sessions_split"
 FLEET_SESSIONS_SPLIT_RATIO = "kvcache_fleet_sessions_split_ratio"
 FLEET_REPLICAS = "kvcache_fleet_replicas"
 FLEET_REPLICAS_LEFT_OUT = "kvcache_fleet_replicas_left_out"
-FLEET_PUBLISHED_TOTAL = "kvcache_fleet_published_total"
-FLEET_PUBLISH_DROPPED_TOTAL = "kvcache_fleet_publish_dropped_total"
-FLEET_PUBLISH_BUFFERED = "kvcache_fleet_publish_buffered"
-FLEET_PUBLISH_LAG_SECONDS = "kvcache_fleet_publish_lag_seconds"
-FLEET_PUBLISH_RESYNCS_TOTAL = "kvcache_fleet_publish_resyncs_total"
-FLEET_PUBLISH_RESYNCED_BLOCKS_TOTAL = "kvcache_fleet_publish_resynced_blocks_total"
-FLEET_PUBLISH_RESYNC_PENDING = "kvcache_fleet_publish_resync_pending"
 FLEET_DELTAS_TOTAL = "kvcache_fleet_deltas_total"
 FLEET_DELTAS_DROPPED_TOTAL = "kvcache_fleet_deltas_dropped_total"
 FLEET_CONSUMER_PENDING = "kvcache_fleet_consumer_pending"
@@ -534,291 +444,13 @@ CATALOG: tuple[Metric, ...] = (
         )
     ),
     # --- GPU --------------------------------------------------------------------------
-    _m(GPU_MEMORY_USED_BYTES, "gauge", "GPU memory in use.", GPU, "bytes", "gpu", "NVML or DCGM"),
-    _m(GPU_MEMORY_TOTAL_BYTES, "gauge", "GPU memory in total.", GPU, "bytes", "gpu", "NVML or DCGM"),
-    _m(
-        GPU_UTILIZATION_RATIO,
-        "gauge",
-        "GPU (SM) utilization, 0-1.",
-        GPU,
-        "ratio",
-        "gpu",
-        "NVML or DCGM",
-    ),
-    _m(
-        GPU_MEMORY_BANDWIDTH_UTILIZATION_RATIO,
-        "gauge",
-        "Memory-controller utilization, 0-1.",
-        GPU,
-        "ratio",
-        "gpu",
-        "NVML or DCGM",
-    ),
-    _m(GPU_POWER_WATTS, "gauge", "Power draw.", GPU, "watts", "gpu", "NVML or DCGM"),
-    _m(
-        GPU_ENERGY_JOULES_TOTAL,
-        "counter",
-        "Energy consumed since the driver loaded.",
-        GPU,
-        "joules",
-        "gpu",
-        "NVML total energy (mJ) or DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION (mJ)",
-        "mJ / 1000",
-    ),
-    _m(GPU_TEMPERATURE_CELSIUS, "gauge", "GPU temperature.", GPU, "celsius", "gpu", "NVML or DCGM"),
-    _m(
-        GPU_PROCESS_MEMORY_USED_BYTES,
-        "gauge",
-        "GPU memory used per process (bounded: vLLM processes or the top N).",
-        ("gpu", "uuid", "pid", "process"),
-        "bytes",
-        "gpu",
-        "NVML running compute processes",
-    ),
-    _m(
-        GPU_MEMORY_BUDGET_BYTES,
-        "gauge",
-        "GPU memory vLLM was told it may use.",
-        GPU,
-        "bytes",
-        "memory",
-        "vllm:cache_config_info{gpu_memory_utilization}, GPU total memory",
-        "gpu_memory_utilization x total",
-    ),
-    _m(
-        GPU_MEMORY_BUDGET_USAGE_RATIO,
-        "gauge",
-        "GPU memory used over the budget vLLM was given; above 1 means something else uses the GPU too.",
-        GPU,
-        "ratio",
-        "memory",
-        "GPU used memory, kvcache_gpu_memory_budget_bytes",
-        "used / budget",
-        allowed=(0.0, math.inf),  # above 1 is the finding, not an error
-    ),
-    _m(
-        GPU_MEMORY_HEADROOM_RATIO,
-        "gauge",
-        "Share of GPU memory still free for co-located processes.",
-        GPU,
-        "ratio",
-        "memory",
-        "GPU used and total memory",
-        "(total - used) / total",
-    ),
-    _m(
-        GPU_MEMORY_SWING_BYTES,
-        "gauge",
-        "Largest minus smallest GPU memory in use over the window.",
-        (*GPU, "window"),
-        "bytes",
-        "memory",
-        "GPU used memory history",
-        "max(used) - min(used) over the window",
-    ),
+    *gpu_kit.METRICS,
     # --- config audit -----------------------------------------------------------------
-    _m(
-        CONFIG_CHECK,
-        "gauge",
-        "Result of a configuration check: 1 pass, 0 fail (the list: docs/gpu-cost.md, Config checks).",
-        ("model_name", "check"),
-        "",
-        "config",
-        "vllm:cache_config_info, observed concurrency and tokens, GPU memory, KV events, metric schema",
-        per_target=False,  # one result per model, over every target
-    ),
+    *audit_kit.METRICS,
     # --- cost and energy --------------------------------------------------------------
-    _m(
-        COST_INFO,
-        "gauge",
-        "Pricing in force (value 1): the currency every cost metric uses.",
-        ("currency",),
-        "",
-        "cost",
-        "configuration",
-        per_target=False,
-    ),
-    _m(
-        GPU_COST_PER_HOUR,
-        "gauge",
-        "What the GPUs this exporter watches cost per hour.",
-        (),
-        "currency/h",
-        "cost",
-        "configured GPU-hour price (per GPU model), GPU count",
-        "sum of price(GPU model) over GPUs",
-        per_target=False,
-    ),
-    _m(
-        COST_PER_MILLION_TOKENS,
-        "gauge",
-        "GPU cost over the window per million tokens; prompt vs generation split by prefill vs decode time.",
-        ("token_kind", "window"),
-        "currency/1e6 tokens",
-        "cost",
-        "GPU-hour price, vllm:prompt_tokens_total, vllm:generation_tokens_total, "
-        "vllm:request_prefill_time_seconds_sum, vllm:request_decode_time_seconds_sum",
-        "see docs/metrics.md#cost",
-        per_target=False,
-    ),
-    _m(
-        CACHE_SAVINGS_PER_HOUR,
-        "gauge",
-        "What the prefix cache saves per hour: cached prompt tokens priced as computed prompt tokens.",
-        ("window",),
-        "currency/h",
-        "cost",
-        "kvcache_prompt_tokens_total, kvcache_cost_per_million_tokens",
-        "cached tokens/h x prompt cost per token",
-        per_target=False,
-    ),
-    _m(
-        CACHE_MISS_EXTRA_COST_PER_HOUR,
-        "gauge",
-        "Estimated extra cost per hour if the hit ratio fell to the configured floor.",
-        ("window",),
-        "currency/h",
-        "cost",
-        "kvcache_prompt_tokens_total, kvcache_cost_per_million_tokens, cost.hit_ratio_floor",
-        "max(0, cached/h - floor x prompt/h) x prompt cost per token",
-        per_target=False,
-    ),
-    _m(
-        ENERGY_JOULES_PER_TOKEN,
-        "gauge",
-        "GPU energy per token (prompt + generation) over the window.",
-        ("window",),
-        "joules",
-        "cost",
-        "kvcache_gpu_energy_joules_total (power x time fallback), token counters",
-        "increase(energy)/increase(tokens)",
-        per_target=False,
-    ),
-    _m(
-        ENERGY_COST_PER_MILLION_TOKENS,
-        "gauge",
-        "Energy cost per million tokens over the window (only when an energy price is set).",
-        ("window",),
-        "currency/1e6 tokens",
-        "cost",
-        "kvcache_energy_joules_per_token, cost.energy_price_per_kwh",
-        "J/token x 1e6 / 3.6e6 x price per kWh",
-        per_target=False,
-    ),
+    *cost_kit.METRICS,
     # --- KV events ----------------------------------------------------------------------
-    _m(
-        KV_EVENTS_BATCHES_TOTAL,
-        "counter",
-        "KV-event batches received from vLLM's ZMQ stream.",
-        (),
-        "",
-        "events",
-        "vLLM KV-event stream",
-    ),
-    _m(
-        KV_EVENTS_TOTAL,
-        "counter",
-        "KV events received, by type (BlockStored, BlockRemoved, AllBlocksCleared).",
-        ("type",),
-        "",
-        "events",
-        "vLLM KV-event stream",
-    ),
-    _m(
-        KV_EVENTS_MISSED_BATCHES_TOTAL,
-        "counter",
-        "Batches lost: gaps in the sequence numbers not filled by replay.",
-        (),
-        "",
-        "events",
-        "vLLM KV-event stream sequence numbers",
-    ),
-    _m(
-        KV_EVENTS_PUBLISHER_RESTARTS_TOTAL,
-        "counter",
-        "Times the stream's sequence went back (or jumped absurdly far): a new publisher, usually a vLLM "
-        "restart; the event view is reset and blocks held before read as `restart` misses.",
-        (),
-        "",
-        "events",
-        "vLLM KV-event stream sequence numbers",
-    ),
-    _m(
-        KV_EVENTS_DROPPED_TOTAL,
-        "counter",
-        "Batches the exporter dropped itself: rate_limited (over --kv-events.max-batches-per-second), "
-        "too_many_blocks (resident-hash bound), parse_error (undecodable), batch_too_heavy (one batch "
-        "over the bytes, hashes or token-ids bound), budget_exceeded (over what one poll may queue or "
-        "spend applying); and single events refused with the rest of their batch kept: invalid_event (a "
-        "field outside its type or bounds), invalid_block_size (over 65,536, over the token ids the event "
-        "carries, or its blocks over 1,048,576 tokens).",
-        ("reason",),
-        "",
-        "events",
-        "exporter limits",
-    ),
-    _m(
-        KV_EVENTS_CACHED_BLOCKS,
-        "gauge",
-        "Blocks in vLLM's prefix-cache hash table according to the event stream (stored minus removed).",
-        (),
-        "blocks",
-        "events",
-        "BlockStored, BlockRemoved, AllBlocksCleared",
-    ),
-    _m(
-        KV_EVENTS_DISCOVERED_ENDPOINTS,
-        "gauge",
-        "KV-event publishers (one per data-parallel rank) found at the first vLLM's /kv_event_sources "
-        "and subscribed to (only without --kv-events.endpoint).",
-        (),
-        "",
-        "events",
-        "vLLM GET /kv_event_sources",
-    ),
-    _m(
-        KV_EVENTS_DISCOVERY_STATE,
-        "gauge",
-        "1 for the state of KV-event discovery, 0 for the others: unknown (no answer yet), found, "
-        "none_published (vLLM runs without --kv-events-config), no_route (a vLLM without "
-        "/kv_event_sources: give --kv-events.endpoint).",
-        ("state",),
-        "",
-        "events",
-        "vLLM GET /kv_event_sources",
-    ),
-    _m(
-        KV_EVENTS_PUBLISHER_STATE,
-        "gauge",
-        "1 for the state of this rank's KV-event publisher, 0 for the others: connected (a vLLM "
-        "publisher holds a connection), disconnected (one did, none does now), never_connected (none "
-        "since the subscriber started: a rank past vLLM's data-parallel size, or a wrong endpoint).",
-        ("state",),
-        "",
-        "events",
-        "ZMQ socket monitor (accepted, connected, disconnected)",
-    ),
-    _m(
-        KV_EVENTS_DISCOVERY_REJECTED,
-        "gauge",
-        "Entries of vLLM's current /kv_event_sources answer left out, by reason: not_tcp, bad_port, "
-        "port_not_bound, bad_rank, rank_out_of_range, too_many_ranks, duplicate_rank, bad_entry, "
-        "bad_field, replay_<reason> (only the replay endpoint left out).",
-        ("reason",),
-        "",
-        "events",
-        "vLLM GET /kv_event_sources",
-    ),
-    _m(
-        KV_EVENTS_DISCOVERY_CHANGES_TOTAL,
-        "counter",
-        "Times vLLM's answer changed (two answers in a row agreeing) and the subscribers were re-pointed: "
-        "a vLLM restart on other ports.",
-        (),
-        "",
-        "events",
-        "vLLM GET /kv_event_sources",
-    ),
+    *kv_events_kit.EVENTS,
     # --- fleet view (`kvcache-exporter aggregate`) -----------------------------------------
     _m(
         FLEET_STORED_TOKENS_TOTAL,
@@ -989,76 +621,7 @@ CATALOG: tuple[Metric, ...] = (
         "discovery",
     ),
     # --- the fleet view on NATS JetStream (serve --fleet.publish, aggregate --fleet.source) -----
-    _m(
-        FLEET_PUBLISHED_TOTAL,
-        "counter",
-        "Messages (residency deltas, counters) the sidecar published to NATS JetStream and JetStream acked.",
-        (),
-        "messages",
-        "fleet",
-        "serve --fleet.publish",
-    ),
-    _m(
-        FLEET_PUBLISH_DROPPED_TOTAL,
-        "counter",
-        "Messages the sidecar did not publish: buffer_full (NATS slower than the stream, or down, and the "
-        "bounded buffer full), publish_error (no JetStream ack after 3 tries of 2 s, or an error another try cannot mend), not_connected. The shards "
-        "count the lost deltas as kvcache_kv_events_missed_batches_total.",
-        ("reason",),
-        "messages",
-        "fleet",
-        "serve --fleet.publish",
-    ),
-    _m(
-        FLEET_PUBLISH_BUFFERED,
-        "gauge",
-        "Messages waiting in the sidecar's bounded buffer for NATS.",
-        (),
-        "messages",
-        "fleet",
-        "serve --fleet.publish",
-    ),
-    _m(
-        FLEET_PUBLISH_LAG_SECONDS,
-        "gauge",
-        "How long the oldest message in the sidecar's buffer has waited for NATS (0 when empty): "
-        "publisher lag.",
-        (),
-        "seconds",
-        "fleet",
-        "serve --fleet.publish",
-    ),
-    _m(
-        FLEET_PUBLISH_RESYNCS_TOTAL,
-        "counter",
-        "Times the sidecar's buffer overflowed (NATS down or slow) and the sidecar then resent the "
-        "batches from vLLM's replay endpoint: done (the shards see no gap), failed (replay had no "
-        "longer the batches, vLLM restarted meanwhile, no replay endpoint: the shards count the gap "
-        "as kvcache_kv_events_missed_batches_total, as without replay).",
-        ("result",),
-        "resyncs",
-        "fleet",
-        "serve --fleet.publish",
-    ),
-    _m(
-        FLEET_PUBLISH_RESYNCED_BLOCKS_TOTAL,
-        "counter",
-        "Block hashes (stored or removed) published from vLLM's replay after a buffer overflow.",
-        (),
-        "blocks",
-        "fleet",
-        "serve --fleet.publish",
-    ),
-    _m(
-        FLEET_PUBLISH_RESYNC_PENDING,
-        "gauge",
-        "1 while the sidecar holds back its KV events after a buffer overflow, until NATS has taken "
-        "the buffer and vLLM's replay resends them; else 0.",
-        (),
-        "",
-        "fleet",
-        "serve --fleet.publish",
-    ),
+    *fleet_publish_kit.METRICS,
     _m(
         FLEET_DELTAS_TOTAL,
         "counter",
@@ -1159,302 +722,9 @@ CATALOG: tuple[Metric, ...] = (
         "vllm:kv_offload_stores_skipped",
     ),
     # --- KV-event groups and hit units (derive/units.py) ------------------------------------------
-    _m(
-        KV_EVENTS_GROUP_INFO,
-        "gauge",
-        "One series per KV-cache group the event stream announced (vLLM's hybrid KV cache): its kind, "
-        "sliding window and block sizes (comma-joined when one group uses several). Value 1.",
-        ("group", "kind", "sliding_window", "block_size"),
-        "",
-        "attribution",
-        "BlockStored group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window, block_size",
-    ),
-    _m(
-        KV_EVENTS_HIT_UNIT_TOKENS,
-        "gauge",
-        "Tokens per hit unit: the granularity of vLLM's prefix hits (the full-attention group's block; "
-        "256 on DeepSeek-V4 whatever block_size says). Absent before the first store.",
-        (),
-        "tokens",
-        "attribution",
-        "BlockStored of the first full-attention group",
-    ),
-    _m(
-        KV_EVENTS_STORED_TOKENS_TOTAL,
-        "counter",
-        "Tokens vLLM stored on the GPU (computed: prompt units, their below-unit remainder, decode "
-        "blocks), each hit unit once whatever the number of groups, by LoRA adapter (`base` without; "
-        "the first 10 adapters seen keep their own series, later ones add to `other`).",
-        ("adapter",),
-        "tokens",
-        "attribution",
-        "BlockStored lora_name, token_ids",
-    ),
-    _m(
-        KV_EVENTS_REUSED_TOKENS_TOTAL,
-        "counter",
-        "Prefix-cache hits re-announced by requests with kv_cache_report_mode=full (a BlockStored "
-        "without parent whose blocks were all still held): hits, never misses. By adapter as above.",
-        ("adapter",),
-        "tokens",
-        "attribution",
-        "BlockStored (parent_block_hash null, hashes resident)",
-        "per-adapter hit ratio: reused / (reused + stored)",
-    ),
-    _m(
-        KV_EVENTS_SESSION_TOKENS_TOTAL,
-        "counter",
-        "Stored (kind=stored) and re-announced (kind=reused) tokens by session id, for the first 10 "
-        "sessions seen (later ones add to session=`other`).",
-        ("session", "kind"),
-        "tokens",
-        "attribution",
-        "BlockStored session_id",
-        "per-session hit ratio: reused / (reused + stored)",
-    ),
-    _m(
-        KV_EVENTS_SESSION_ID_RATIO,
-        "gauge",
-        "Share of stored tokens whose request carried a session id (request field, X-Session-ID "
-        "header or vllm_xargs): is the session id passed end to end? Since start.",
-        (),
-        "ratio",
-        "attribution",
-        "BlockStored session_id",
-    ),
-    _m(
-        KV_EVENTS_WINDOW_EVICTIONS_TOTAL,
-        "counter",
-        "Hit units made unhittable by the removal of a sliding-window or state block while the "
-        "full-attention group still held the unit (vLLM's hybrid hit rule needs every group's part).",
-        (),
-        "",
-        "attribution",
-        "BlockRemoved of windowed groups",
-    ),
-    _m(
-        KV_EVENTS_TIER_BLOCKS,
-        "gauge",
-        "Blocks an offload tier holds according to the event stream (events whose medium is not GPU: "
-        "CPU, STORAGE...), by medium.",
-        ("medium",),
-        "blocks",
-        "attribution",
-        "BlockStored/BlockRemoved medium",
-    ),
-    _m(
-        KV_EVENTS_TIER_BYTES,
-        "gauge",
-        "kvcache_kv_events_tier_blocks x the bytes of one GPU block (cache_config_info "
-        "kv_cache_memory_bytes / num_gpu_blocks), by medium. Absent while that is unknown.",
-        ("medium",),
-        "bytes",
-        "attribution",
-        "BlockStored/BlockRemoved medium; vllm:cache_config_info",
-    ),
-    _m(
-        KV_EVENTS_TIER_HIT_TOKENS_TOTAL,
-        "counter",
-        "Tokens stored on the GPU whose blocks an offload tier held: loads back from that tier (tier "
-        "hits), never computed misses. By medium.",
-        ("medium",),
-        "tokens",
-        "attribution",
-        "BlockStored medium",
-    ),
+    *kv_events_kit.UNITS,
     # --- miss attribution (KV events) ---------------------------------------------------------
-    _m(
-        PREFIX_CACHE_MISS_TOKENS_TOTAL,
-        "counter",
-        "Prompt tokens vLLM computed (stored blocks x block size), by why they were not cached "
-        "(docs/kv-events.md, a section per cause): evicted (cache too small), window_expired (a sliding-"
-        "window part dropped: --prefix-cache-retention-interval), restart, other_replica, history_rewritten "
-        "(the chat template re-renders an earlier turn unlike the model wrote it), prefix_diverged (per-"
-        "request content before shared content), content_moved (known sections in another order), "
-        "below_hit_unit (shared content shorter than the hit unit), identity_isolated (held under another "
-        "LoRA adapter or cache_salt: by design, not a fault), cold (new content). Loads back from an "
-        "offload tier are not misses: kvcache_kv_events_tier_hit_tokens_total. The sidecar never sets "
-        "other_replica; `kvcache-exporter aggregate` exports cause=other_replica with a `replica` label.",
-        ("cause",),
-        "tokens",
-        "attribution",
-        "BlockStored (hashes, parent, token_ids), BlockRemoved, AllBlocksCleared, seq",
-        "each stored block classified in stream order; decode-filled blocks excluded",
-    ),
-    _m(
-        PREFIX_CACHE_REORDER_HIT_TOKENS_TOTAL,
-        "counter",
-        "Of the prefix_diverged miss tokens, those a reorder would have served, per layout: end (the "
-        "per-request fields after everything the requests share) or after_template (right after the shared "
-        "template, before what follows it such as the question); docs/kv-events.md.",
-        ("layout",),
-        "tokens",
-        "attribution",
-        "BlockStored token_ids (anchor fingerprints and the order they came in)",
-        "prefix_diverged tokens reached in an earlier order; after_template: up to a branch point",
-    ),
-    _m(
-        KV_EVENTS_DECODE_TOKENS_TOTAL,
-        "counter",
-        "Tokens of blocks filled during decode (one block extending a request's still-open last block); "
-        "not prompt misses.",
-        (),
-        "tokens",
-        "attribution",
-        "BlockStored",
-    ),
-    _m(
-        PREFIX_DIVERGENCE_OFFSET_TOKENS,
-        "histogram",
-        "Where the shared content starts in prompts whose prefix diverged: tokens of per-request front "
-        "matter before content the cache already holds. One observation per diverged chain.",
-        (),
-        "tokens",
-        "attribution",
-        "BlockStored token_ids, parent_block_hash",
-        "chain depth x block size + where the first known content fingerprint starts",
-    ),
-    _m(
-        PREFIX_DIVERGED_FIELD_TOKENS_TOTAL,
-        "counter",
-        "prefix_diverged miss tokens of the sampled diverged prompts (at most --fields.max-per-second "
-        "a second), by the field in front of the known content: the first dynamic field of the decoded "
-        "front (timestamp, date, time, uuid, email, url, hex, id, number, template, a --fields.pattern "
-        "name, or other). Only with --fields.tokenizer; a share, not a total (docs/kv-events.md).",
-        ("field",),
-        "tokens",
-        "attribution",
-        "BlockStored token_ids (decoded with the model's tokenizer)",
-        "the front's first tokens decoded and classified by rules (derive/fields.py)",
-    ),
-    _m(
-        PREFIX_HISTORY_REWRITTEN_TURN,
-        "histogram",
-        "Which rewritten turn of a conversation a history_rewritten miss is: 1 for the first turn whose "
-        "earlier answer the chat template re-rendered differently, 2 for the next along the same chain "
-        "(the assistant turn where it diverges when every turn is rewritten; counted up to 7). One "
-        "observation per history_rewritten stored run.",
-        (),
-        "",
-        "attribution",
-        "BlockStored token_ids, parent_block_hash (decode-filled blocks' content)",
-        "1 + the history_rewritten runs along the chain before it",
-    ),
-    _m(
-        PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED,
-        "gauge",
-        "Entries the attribution memory holds: kind=blocks (stored hashes, --kv-events.max-tracked-blocks), "
-        "kind=fingerprints (content fingerprints, --kv-events.max-fingerprints). It grows with new content "
-        "up to the limit, then forgets its older half.",
-        ("kind",),
-        "",
-        "attribution",
-        "BlockStored, BlockRemoved",
-    ),
-    _m(
-        PREFIX_CACHE_MISS_ATTRIBUTION_TRACKED_LIMIT,
-        "gauge",
-        "The configured bound of kvcache_prefix_cache_miss_attribution_tracked, by kind.",
-        ("kind",),
-        "",
-        "attribution",
-        "flags",
-    ),
-    _m(
-        PREFIX_CACHE_MISS_ATTRIBUTION_COVERAGE_RATIO,
-        "gauge",
-        "Share of the prompt tokens vLLM computed in the window that the KV-event stream attributed to a "
-        "cause; low when batches were lost, dropped, or events are off. Absent without computed tokens, "
-        "and while more tokens were attributed than computed (kvcache_prefix_cache_miss_attribution_excess_"
-        "tokens above 0), as are the window's hit-ratio estimates.",
-        ("window",),
-        "ratio",
-        "attribution",
-        "kvcache_prefix_cache_miss_tokens_total; vllm:prefix_cache_queries_total - "
-        "vllm:prefix_cache_hits_total",
-        "increase(attributed) / (increase(queries) - increase(hits)); each prompt's last partial "
-        "block is never stored, so it sits below 1 by up to block_size - 1 tokens per request",
-    ),
-    _m(
-        PREFIX_CACHE_MISS_ATTRIBUTION_EXCESS_TOKENS,
-        "gauge",
-        "Prompt tokens the KV-event stream attributed over the window beyond what vLLM computed: a fault "
-        "(a broken or hostile publisher, or events running ahead of /metrics), 0 when healthy. While above "
-        "0, coverage and the hit-ratio estimates of the window are absent, never clipped to 1.",
-        ("window",),
-        "tokens",
-        "attribution",
-        "kvcache_prefix_cache_miss_tokens_total; vllm:prefix_cache_queries_total - "
-        "vllm:prefix_cache_hits_total",
-        "max(increase(attributed) - (increase(queries) - increase(hits)), 0)",
-    ),
-    _m(
-        PREFIX_CACHE_HIT_RATIO_ESTIMATE,
-        "gauge",
-        "Estimated prefix-cache hit ratio over the window had the KV cache been capacity_factor (2, 4) times "
-        "larger, from blocks evicted and recomputed soon enough that the larger cache would have kept them.",
-        ("window", "capacity_factor"),
-        "ratio",
-        "attribution",
-        "kvcache_prefix_cache_miss_tokens_total{cause=evicted}; vllm:prefix_cache_{hits,queries}_total; "
-        "num_gpu_blocks",
-        "(increase(hits) + increase(evicted tokens recomputed within (f-1) x num_gpu_blocks stored blocks)) "
-        "/ increase(queries); docs/kv-events.md gives the bias",
-    ),
-    _m(
-        PREFIX_CACHE_HIT_RATIO_REORDERED_ESTIMATE,
-        "gauge",
-        "Estimated prefix-cache hit ratio over the window had the per-request fields come after the shared "
-        "part: the prefix_diverged tokens (whole hit units of known content behind a per-request front) "
-        "would have hit. Equal to the real ratio when nothing diverged.",
-        ("window",),
-        "ratio",
-        "attribution",
-        "kvcache_prefix_cache_miss_tokens_total{cause=prefix_diverged}; "
-        "vllm:prefix_cache_{hits,queries}_total",
-        "(increase(hits) + increase(prefix_diverged tokens)) / increase(queries); docs/kv-events.md",
-    ),
-    _m(
-        PREFIX_CACHE_HIT_RATIO_REORDERED_LAYOUT_ESTIMATE,
-        "gauge",
-        "Estimated prefix-cache hit ratio over the window had the per-request fields been moved, per layout: "
-        "layout=end (after everything the requests share) or after_template (right after the shared "
-        "template, before what follows it such as the question). Of the prefix_diverged tokens, those "
-        "reached in the order earlier requests had them (and, after_template, before the first point "
-        "where requests sharing the template went their own ways) would have hit.",
-        ("window", "layout"),
-        "ratio",
-        "attribution",
-        "kvcache_prefix_cache_miss_tokens_total{cause=prefix_diverged}; "
-        "vllm:prefix_cache_{hits,queries}_total",
-        "(increase(hits) + increase(reorder tokens of the layout)) / increase(queries); docs/kv-events.md",
-    ),
-    _m(
-        PREFIX_CACHE_HIT_RATIO_HOST_TIER_ESTIMATE,
-        "gauge",
-        "Estimated prefix-cache hit ratio over the window with a host (CPU) tier added: "
-        "--whatif.host-tier-bytes, else the tier vLLM reports (num_cpu_blocks, kv_offloading_size). Blocks "
-        "evicted and recomputed within the tier's size in stored blocks would have been loaded from it. "
-        "Absent while no tier size is known.",
-        ("window",),
-        "ratio",
-        "attribution",
-        "kvcache_prefix_cache_miss_tokens_total{cause=evicted}; vllm:prefix_cache_{hits,queries}_total; "
-        "cache_config_info kv_cache_memory_bytes, kv_cache_size_tokens, block_size",
-        "(increase(hits) + increase(evicted tokens recomputed within host_bytes / (bytes per token x block "
-        "size) stored blocks)) / increase(queries)",
-    ),
-    _m(
-        HOST_TIER_LOAD_BYTES_PER_SECOND_ESTIMATE,
-        "gauge",
-        "KV bytes per second the host tier of kvcache_prefix_cache_hit_ratio_host_tier_estimate would load "
-        "back into the GPU over the window (its extra hits x KV bytes per token): the transfer it adds.",
-        ("window",),
-        "bytes/s",
-        "attribution",
-        "cache_config_info kv_cache_memory_bytes, kv_cache_size_tokens",
-        "increase(host-tier hit tokens) x kv_cache_memory_bytes / kv_cache_size_tokens / window seconds",
-    ),
+    *kv_events_kit.ATTRIBUTION,
     # --- vLLM schema and exporter health ------------------------------------------------
     _m(
         VLLM_UP,
@@ -1550,6 +820,11 @@ CATALOG: tuple[Metric, ...] = (
 )
 
 BY_NAME: dict[str, Metric] = {m.name: m for m in CATALOG}
+# A declaring module's name constants are the catalog's too: catalog.GPU_POWER_WATTS is
+# gpu_kit.GPU_POWER_WATTS, so call sites read every name from one place.
+globals().update(
+    (k, v) for m in DECLARED for k, v in vars(m).items() if k.isupper() and str(v).startswith("kvcache_")
+)
 
 
 def constant_name(metric_name: str) -> str:

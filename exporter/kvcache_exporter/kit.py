@@ -1,16 +1,21 @@
 """The source kit: what a source declares beside its code, as one row.
 
-A row (`SourceKit`) names a source's catalog entries, its options (rows of serve's option table;
-their values reach it as `Settings.source_options[attr]`), how it is wired (`wire`: its polls,
-each into the part of the poll state it keeps in `PollState.parts[name]`) and its derivations (run
-after the built-in table, each costing only its own series when it fails). `register(row)` puts
-them where the rest of the exporter reads them: catalog.CATALOG (so docs/metrics.md and the guard
-know the metrics), config.OPTIONS (flags, environment twins, YAML keys, --help, README's table),
-and KITS, which `serve` (server.build_exporter) wires after the built-in sources.
+A row (`SourceKit`) names a source's catalog entries, its options (rows of serve's option table),
+how it is wired (`wire`: its polls, each into its part of the poll state), its derivations (each
+costing only its own series when it fails), the longest its poll may take (`timeout`, so the
+engine's deadline is past it) and what it does once the engine exists (`built`: a source that adds
+polls later, a debug page).
+
+`serve` is the list of rows in server.ROWS (the built-in sources, in poll and derivation order)
+followed by the registered ones (KITS), run by the one engine (collector.Exporter). A built-in's
+entries and options are concatenated into catalog.CATALOG and config.OPTIONS in their place (the
+GPU's from sources/gpu_kit.py); `register(row)` appends a new source's: catalog.CATALOG (so
+docs/metrics.md and the guard know the metrics), config.OPTIONS (flags, environment twins, YAML
+keys, --help, README's table; the values reach it as `Settings.source_options[attr]`), and KITS.
 
 So a new source is its source module, its derivation module and one row, plus their tests
-(tests/core/test_kit.py adds a toy one that way). The built-in sources (vLLM/SGLang, GPU, KV
-events) are still wired in server.py and declared in catalog.py, config.py and settings.py.
+(tests/core/test_kit.py adds a toy one that way). The vLLM/SGLang, KV-event, discovery and fleet
+publisher rows still declare their entries and options in catalog.py and config.py.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from . import catalog, config
 
 if TYPE_CHECKING:
-    from .collector import Poll
+    from .collector import Exporter, Poll
     from .derive.registry import Derivation
     from .derive.state import PollState
     from .settings import Settings
@@ -35,6 +40,8 @@ class SourceKit:
     options: tuple[config.Option, ...] = ()
     wire: Callable[[Settings, PollState], Sequence[Poll]] | None = None
     derivations: Mapping[str, Derivation] = field(default_factory=dict)
+    timeout: Callable[[Settings], float] | None = None
+    built: Callable[[Settings, Exporter], None] | None = None
 
 
 KITS: list[SourceKit] = []
@@ -50,9 +57,12 @@ def register(kit: SourceKit) -> SourceKit:
     return kit
 
 
-def wire(settings: Settings, state: PollState) -> list[Poll]:
-    return [poll for kit in KITS if kit.wire is not None for poll in kit.wire(settings, state)]
+def wire(rows: Sequence[SourceKit], settings: Settings, state: PollState) -> list[Poll]:
+    return [poll for kit in rows if kit.wire is not None for poll in kit.wire(settings, state)]
 
 
-def derivations() -> dict[str, Any]:
-    return {f"{kit.name}.{name}": d for kit in KITS for name, d in kit.derivations.items()}
+def derivations(rows: Sequence[SourceKit], built_in: Sequence[SourceKit] = ()) -> dict[str, Any]:
+    """A built-in row's derivations by their own names (as before rows), a registered row's as
+    `row.name`."""
+    own = {name: d for kit in built_in for name, d in kit.derivations.items()}
+    return own | {f"{kit.name}.{name}": d for kit in rows for name, d in kit.derivations.items()}
