@@ -25,7 +25,6 @@ from .options import (
     between,
     choice,
     duration,
-    http_url,
     listen_address,
     named_patterns,
     nats_url,
@@ -38,7 +37,7 @@ from .options import (
     size_text,
 )
 from .settings import AggregateSettings, ServiceSettings, Settings
-from .sources import gpu_kit, kv_events_kit
+from .sources import engine_kit, gpu_kit, kv_events_kit
 
 
 class ConfigError(ValueError):
@@ -51,25 +50,7 @@ class ConfigError(ValueError):
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option(
-        "vllm.url",
-        http_url,
-        ["http://127.0.0.1:8000/metrics"],
-        "vLLM /metrics URL; repeat for several servers",
-        True,
-    ),
-    Option("vllm.timeout", duration, 5.0, "timeout of one poll of vLLM"),
-    Option(
-        "vllm.bearer_token_file", str, None, "file holding a bearer token sent to vLLM (re-read every poll)"
-    ),
-    Option("vllm.max_body_bytes", positive_size, 8 * 1024**2, "largest /metrics body accepted from vLLM"),
-    Option(
-        "engine.kind",
-        choice("auto", "vllm", "sglang"),
-        "auto",
-        "the engine behind --vllm.url: auto (told by each page's metric names), vllm or sglang",
-        flag_name="--engine",
-    ),
+    *engine_kit.OPTIONS,
     Option("collect.interval", duration, 5.0, "how often the exporter polls its sources"),
     Option(
         "collect.windows",
@@ -358,9 +339,7 @@ def _common_checks(s: ServiceSettings) -> list[tuple[str, str]]:
 
 def checks(s: Settings) -> list[tuple[str, str]]:
     """What start-up would reject, found before it: --check-config runs exactly this."""
-    out = []
-    if not s.vllm_url:
-        out.append(("--vllm.url", "at least one vLLM URL is needed"))
+    out = engine_kit.checks(s)
     out += _common_checks(s)
     out += gpu_kit.checks(s)
     out += kv_events_kit.checks(s)

@@ -7,15 +7,19 @@ engine's deadline is past it) and what it does once the engine exists (`built`: 
 polls later, a debug page).
 
 `serve` is the list of rows in server.ROWS (the built-in sources, in poll and derivation order)
-followed by the registered ones (KITS), run by the one engine (collector.Exporter). A built-in's
-entries and options are concatenated into catalog.CATALOG and config.OPTIONS in their place (the
-GPU's from sources/gpu_kit.py); `register(row)` appends a new source's: catalog.CATALOG (so
-docs/metrics.md and the guard know the metrics), config.OPTIONS (flags, environment twins, YAML
-keys, --help, README's table; the values reach it as `Settings.source_options[attr]`), and KITS.
+followed by the registered ones (KITS), run by the one engine (collector.Exporter).
 
-So a new source is its source module, its derivation module and one row, plus their tests
-(tests/core/test_kit.py adds a toy one that way). The vLLM/SGLang, KV-event, discovery and fleet
-publisher rows still declare their entries and options in catalog.py and config.py.
+A registered source (a plug-in) is its source module, its derivation module and one
+`register(row)`, plus their tests; no product file is edited (tests/core/test_kit.py adds a toy one
+that way). `register` appends its entries to catalog.CATALOG (so docs/metrics.md and the guard know
+them), its options to config.OPTIONS (flags, environment twins, YAML keys, --help, README's table;
+their values reach it as `Settings.source_options[attr]`) and its row to KITS.
+
+A built-in source declares the same beside its code in a `*_kit.py` (entries, options, a typed
+settings class, checks: sources/engine_kit.py, sources/kv_events_kit.py, sources/gpu_kit.py,
+derive/cost_kit.py, derive/audit_kit.py, fleet_publish_kit.py); catalog.py, config.py and
+settings.py name each kit once, so its entries and options keep their place in docs/metrics.md,
+--help and README's tables.
 """
 
 from __future__ import annotations

@@ -14,13 +14,15 @@ from .derive.registry import DeriveOptions
 from .derive.state import PollState
 from .kit import SourceKit
 from .settings import Settings
-from .sources import gpu_kit, kv_events_kit
+from .sources import engine_kit, gpu_kit, kv_events_kit
 
 # In poll order and derivation order. A row with only derivations reads what the others polled.
 ROWS: tuple[SourceKit, ...] = (
     SourceKit(
         "vllm",
-        wire=source_rows.wire_engines,
+        engine_kit.METRICS,
+        engine_kit.OPTIONS,
+        source_rows.wire_engines,
         derivations={"targets": registry.targets},
         timeout=source_rows.engine_timeout,
     ),

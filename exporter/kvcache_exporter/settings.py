@@ -9,6 +9,7 @@ from typing import Any
 from .derive.audit_kit import AuditSettings
 from .derive.cost_kit import CostSettings
 from .fleet_publish_kit import FleetPublishSettings
+from .sources.engine_kit import EngineSettings
 from .sources.gpu_kit import GpuSettings
 from .sources.kv_events_kit import KvEventsSettings
 
@@ -38,14 +39,18 @@ class ServiceSettings:
 
 @dataclass(frozen=True, slots=True)
 class Settings(
-    ServiceSettings, KvEventsSettings, GpuSettings, CostSettings, AuditSettings, FleetPublishSettings
+    ServiceSettings,
+    EngineSettings,
+    KvEventsSettings,
+    GpuSettings,
+    CostSettings,
+    AuditSettings,
+    FleetPublishSettings,
 ):
-    """serve's: the shared ones, each built-in source's own (declared beside it: sources/kv_events_kit.py,
-    sources/gpu_kit.py, derive/cost_kit.py, derive/audit_kit.py, fleet_publish_kit.py), then the rest."""
+    """serve's: the shared ones, each built-in source's own (declared beside it: sources/engine_kit.py,
+    sources/kv_events_kit.py, sources/gpu_kit.py, derive/cost_kit.py, derive/audit_kit.py,
+    fleet_publish_kit.py), then the rest."""
 
-    vllm_url: list[str]
-    vllm_bearer_token_file: str | None
-    engine_kind: str
     collect_quantiles: list[float]
     source_options: dict[str, Any] = field(default_factory=dict)  # a SourceKit's options (kit.py)
 

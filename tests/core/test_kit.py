@@ -140,6 +140,10 @@ def test_serve_is_its_rows_and_a_row_declares_its_whole_source():
         "audit": (lambda m: m.name.startswith("kvcache_config_"), "audit."),
         "fleet_publish": (lambda m: m.source == "serve --fleet.publish", "fleet."),
         "kv_events": (lambda m: m.group in ("events", "attribution"), ("kv_events.", "whatif.", "fields.")),
+        "vllm": (
+            lambda m: m.group in ("cache", "blocks", "latency", "sglang") or "vllm" in m.name,
+            ("vllm.", "engine."),
+        ),
     }
     for name, (mine, prefix) in whole.items():
         assert list(rows[name].metrics) == [m for m in catalog.CATALOG if mine(m)], name

@@ -40,6 +40,7 @@ COVERED_ELSEWHERE = {
     "source_rows.py": ["core/test_golden.py", "core/test_serve.py", "core/test_kit.py"],
     "kv_event_rows.py": ["core/test_golden.py", "core/test_kv_event_streams.py", "core/test_kit.py"],
     "fleet_publish_kit.py": ["core/test_kit.py", "core/test_fleet_publish.py", "core/test_config.py"],
+    "sources/engine_kit.py": ["core/test_kit.py", "core/test_config_errors.py", "core/test_golden.py"],
     "sources/gpu_kit.py": ["core/test_kit.py", "core/test_config_errors.py", "core/test_golden.py"],
     "sources/kv_events_kit.py": ["core/test_kit.py", "core/test_config_errors.py", "core/test_golden.py"],
     "derive/cost_kit.py": ["core/test_kit.py", "derive/test_cost.py"],
