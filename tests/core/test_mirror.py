@@ -39,6 +39,7 @@ COVERED_ELSEWHERE = {
     "options.py": ["core/test_config.py", "core/test_config_errors.py"],
     "source_rows.py": ["core/test_golden.py", "core/test_serve.py", "core/test_kit.py"],
     "kv_event_rows.py": ["core/test_golden.py", "core/test_kv_event_streams.py", "core/test_kit.py"],
+    "fleet_view_kit.py": ["core/test_catalog.py", "core/test_docs.py"],
     "fleet_publish_kit.py": ["core/test_kit.py", "core/test_fleet_publish.py", "core/test_config.py"],
     "sources/engine_kit.py": ["core/test_kit.py", "core/test_config_errors.py", "core/test_golden.py"],
     "sources/gpu_kit.py": ["core/test_kit.py", "core/test_config_errors.py", "core/test_golden.py"],
