@@ -11,17 +11,33 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from typing import Any
-from urllib.parse import urlsplit
 
-from .durations import parse_duration, window_label
+from . import fleet_publish_kit
+from .derive import audit_kit, cost_kit
+from .durations import window_label
+from .options import (
+    DEFAULT_PORT,
+    Option,
+    at_least,
+    between,
+    choice,
+    duration,
+    listen_address,
+    named_patterns,
+    nats_url,
+    on_off,
+    positive_size,
+    price_table,
+    ratio,
+    sampling,
+    size,
+    size_text,
+)
 from .settings import AggregateSettings, ServiceSettings, Settings
-
-ENV_PREFIX = "KVCACHE_EXPORTER_"
-DEFAULT_PORT = 18090
+from .sources import engine_kit, gpu_kit, kv_events_kit
 
 
 class ConfigError(ValueError):
@@ -33,231 +49,8 @@ class ConfigError(ValueError):
         self.problems = list(problems)
 
 
-_SIZE = re.compile(r"(\d+)\s*(|B|KiB|MiB|GiB|KB|MB|GB)")
-_SIZES = {
-    "": 1,
-    "B": 1,
-    "KiB": 1024,
-    "MiB": 1024**2,
-    "GiB": 1024**3,
-    "KB": 1000,
-    "MB": 1000**2,
-    "GB": 1000**3,
-}
-duration = parse_duration  # the one grammar (durations.py): flags and YAML alike need a unit
-
-
-def size(text: Any) -> int:
-    match = _SIZE.fullmatch(str(text).strip())
-    if not match:
-        raise ValueError(f'invalid size "{text}" (use e.g. 8MiB)')
-    return int(match.group(1)) * _SIZES[match.group(2)]
-
-
-def positive_size(text: Any) -> int:
-    value = size(text)
-    if value <= 0:
-        raise ValueError(f'size "{text}" must be above 0')
-    return value
-
-
-def ratio(text: Any) -> float:
-    value = float(text)
-    if not 0 <= value <= 1:
-        raise ValueError(f"{value} is not between 0 and 1")
-    return value
-
-
-def price(text: Any) -> float:
-    value = float(text)
-    if value < 0:
-        raise ValueError(f"price {value} is negative")
-    return value
-
-
-def http_url(text: Any) -> str:
-    parts = urlsplit(str(text))
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f'"{text}" is not an http(s) URL')
-    try:
-        parts.port  # noqa: B018 (the property raises on a port outside 0-65535)
-    except ValueError:
-        raise ValueError(f'"{text}" has no valid port (0-65535)') from None
-    return str(text)
-
-
-_TCP_ENDPOINT = re.compile(r"tcp://(\*|\[[0-9a-fA-F:.]+\]|[\w.-]+):(\*|\d{1,5})")
-
-
-def zmq_endpoint(text: Any) -> str:
-    """A ZMQ endpoint as vLLM takes one: tcp://HOST:PORT (`*` for a wildcard host or port),
-    ipc://PATH or inproc://NAME. ZMQ itself would refuse anything else only when binding."""
-    value = str(text)
-    match = _TCP_ENDPOINT.fullmatch(value)
-    if match and (match[2] == "*" or int(match[2]) < 65536):
-        return value
-    if value.startswith(("ipc://", "inproc://")) and value.partition("://")[2].strip():
-        return value
-    raise ValueError(f'"{text}" is not a ZMQ endpoint (tcp://HOST:PORT, ipc://PATH or inproc://NAME)')
-
-
-def listen_address(text: Any) -> str:
-    _, sep, port = str(text).rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f'"{text}" is not host:port')
-    return str(text)
-
-
-def price_table(value: Any) -> dict[str, float]:
-    """GPU model name -> price per GPU-hour; from YAML a mapping, from a flag `NAME=PRICE` items."""
-    if isinstance(value, dict):
-        return {str(k): price(v) for k, v in value.items()}
-    items = value if isinstance(value, list) else [value]
-    table = {}
-    for item in items:
-        name, sep, amount = str(item).rpartition("=")
-        if not sep or not name:
-            raise ValueError(f'"{item}" is not GPU_MODEL=PRICE')
-        table[name] = price(amount)
-    return table
-
-
-def named_patterns(value: Any) -> dict[str, str]:
-    """Field patterns (derive/fields.py): from YAML a mapping, from a flag `NAME=REGEX` items; each
-    vetted here, so a pattern that could backtrack for long is refused at start-up."""
-    from .derive.fields import Rules
-
-    if isinstance(value, dict):
-        table = {str(k): str(v) for k, v in value.items()}
-    else:
-        table = {}
-        for item in value if isinstance(value, list) else [value]:
-            name, sep, pattern = str(item).partition("=")
-            if not sep or not name:
-                raise ValueError(f'"{item}" is not NAME=REGEX')
-            table[name] = pattern
-    Rules.with_patterns(table)
-    return table
-
-
-def on_off(value: Any) -> bool:
-    text = str(value).lower()
-    if text not in ("true", "false", "on", "off", "1", "0", "yes", "no"):
-        raise ValueError(f'"{value}" is not true or false')
-    return text in ("true", "on", "1", "yes")
-
-
-def at_least(minimum: int) -> Callable[[Any], int]:
-    def parse(text: Any) -> int:
-        try:
-            value = int(str(text))
-        except ValueError:
-            raise ValueError(f'"{text}" is not a whole number') from None
-        if value < minimum:
-            raise ValueError(f"{value} is below {minimum}")
-        return value
-
-    parse.__name__ = "integer"
-    return parse
-
-
-def between(minimum: int, maximum: int) -> Callable[[Any], int]:
-    def parse(text: Any) -> int:
-        value = at_least(minimum)(text)
-        if value > maximum:
-            raise ValueError(f"{value} is above {maximum}")
-        return value
-
-    parse.__name__ = "integer"
-    return parse
-
-
-# One subscriber (a socket and a thread) per rank: 10,000 ranks cost 8,000 threads and 18,000 open
-# files before serve listened. vLLM's data-parallel deployments run tens of ranks per node.
-MAX_DATA_PARALLEL_SIZE = 256
-
-
-def choice(*allowed: str) -> Callable[[Any], str]:
-    def parse(text: Any) -> str:
-        if str(text) not in allowed:
-            raise ValueError(f'"{text}" is not one of {", ".join(allowed)}')
-        return str(text)
-
-    parse.choices = allowed  # type: ignore[attr-defined]  # --help lists them
-    return parse
-
-
-def sampling(text: Any) -> float:
-    value = ratio(text)
-    if value == 0:
-        raise ValueError("0 keeps no hash at all: use a fraction above 0")
-    return value
-
-
-def nats_url(text: Any) -> str:
-    parts = urlsplit(str(text))
-    if parts.scheme not in ("nats", "tls") or not parts.hostname:
-        raise ValueError(f'"{text}" is not a nats:// or tls:// URL')
-    return str(text)
-
-
-def subject_token(text: Any) -> str:
-    """A name that goes into NATS subjects: one token, no wildcard."""
-    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", str(text)):
-        raise ValueError(f'"{text}" is not a name of 1-64 letters, digits, _ or -')
-    return str(text)
-
-
-def subject_prefix(text: Any) -> str:
-    if not all(re.fullmatch(r"[A-Za-z0-9_-]{1,64}", part) for part in str(text).split(".")):
-        raise ValueError(f'"{text}" is not dot-separated names of letters, digits, _ or -')
-    return str(text)
-
-
-@dataclass(frozen=True)
-class Option:
-    key: str  # section.name, as in the YAML file
-    parse: Callable[[Any], Any]
-    default: Any
-    help: str
-    multiple: bool = False  # a list: repeat the flag, comma-separate the env var, a YAML list
-    flag_name: str = ""  # where Prometheus convention differs from the key (--web.config.file)
-    env_prefix: str = ENV_PREFIX
-    separator: str | None = ","  # between a list's items in one value; None: whitespace
-
-    @property
-    def flag(self) -> str:
-        return self.flag_name or "--" + self.key.replace("_", "-")
-
-    @property
-    def env(self) -> str:
-        return self.env_prefix + re.sub(r"[.-]", "_", self.flag[2:]).upper()
-
-    @property
-    def attr(self) -> str:
-        return re.sub(r"[.-]", "_", self.key)
-
-
 OPTIONS: tuple[Option, ...] = (
-    Option(
-        "vllm.url",
-        http_url,
-        ["http://127.0.0.1:8000/metrics"],
-        "vLLM /metrics URL; repeat for several servers",
-        True,
-    ),
-    Option("vllm.timeout", duration, 5.0, "timeout of one poll of vLLM"),
-    Option(
-        "vllm.bearer_token_file", str, None, "file holding a bearer token sent to vLLM (re-read every poll)"
-    ),
-    Option("vllm.max_body_bytes", positive_size, 8 * 1024**2, "largest /metrics body accepted from vLLM"),
-    Option(
-        "engine.kind",
-        choice("auto", "vllm", "sglang"),
-        "auto",
-        "the engine behind --vllm.url: auto (told by each page's metric names), vllm or sglang",
-        flag_name="--engine",
-    ),
+    *engine_kit.OPTIONS,
     Option("collect.interval", duration, 5.0, "how often the exporter polls its sources"),
     Option(
         "collect.windows",
@@ -284,124 +77,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("web.tls_handshake_timeout", duration, 10.0, "a TLS handshake must finish within"),
     Option("log.level", choice("debug", "info", "warn", "error"), "info", "log level"),
     Option("log.format", choice("logfmt", "json"), "logfmt", "log format"),
-    Option("gpu.source", choice("auto", "nvml", "dcgm", "none"), "auto", "GPU telemetry source"),
-    Option("gpu.devices", str, [], "NVML devices to watch, by index or UUID (default: all visible)", True),
-    Option("gpu.dcgm_url", http_url, None, "dcgm-exporter /metrics URL (gpu.source=dcgm)"),
-    Option("gpu.dcgm_timeout", duration, 5.0, "timeout of one poll of dcgm-exporter"),
-    Option("gpu.pod", str, None, "keep the DCGM series of this pod (default: $POD_NAME)"),
-    Option("gpu.namespace", str, None, "namespace of that pod (default: $POD_NAMESPACE)"),
-    Option("gpu.uuids", str, [], "keep the DCGM series of these GPU UUIDs", True),
-    Option("gpu.max_processes", at_least(0), 8, "per-process GPU memory series per GPU, at most"),
-    Option("cost.gpu_hour_price", price, None, "price of one GPU-hour (any GPU model)"),
-    Option("cost.gpu_hour_prices", price_table, {}, "price per GPU-hour by GPU model name: NAME=PRICE", True),
-    Option(
-        "cost.gpu_count",
-        at_least(1),
-        1,
-        "GPUs this vLLM uses: prices the cost when no GPU telemetry is available",
-    ),
-    Option("cost.currency", str, "USD", "currency of the prices"),
-    Option("cost.energy_price_per_kwh", price, None, "price of a kWh, for energy cost per token"),
-    Option("cost.hit_ratio_floor", ratio, 0.6, "hit ratio used to price the cost of a cache collapse"),
-    Option(
-        "kv_events.endpoint",
-        zmq_endpoint,
-        None,
-        "vLLM KV-event ZMQ endpoint, e.g. tcp://127.0.0.1:5557 (default: where vLLM says it publishes)",
-    ),
-    Option(
-        "kv_events.discovery",
-        choice("on", "off"),
-        "on",
-        "ask vLLM's /kv_event_sources where each rank publishes, unless an endpoint is named (on, off)",
-    ),
-    Option(
-        "kv_events.mode",
-        choice("bind", "connect"),
-        "bind",
-        "bind (vLLM connects to a concrete host) or connect",
-    ),
-    Option(
-        "kv_events.replay_endpoint",
-        zmq_endpoint,
-        None,
-        "vLLM's replay ROUTER endpoint, to fill sequence gaps",
-    ),
-    Option(
-        "kv_events.data_parallel_size",
-        between(1, MAX_DATA_PARALLEL_SIZE),
-        1,
-        "vLLM's --data-parallel-size: one stream per rank (rank r on the endpoint's port + r),"
-        " each labelled engine=r like vLLM's /metrics",
-    ),
-    Option("kv_events.topic", str, "", "ZMQ topic to subscribe to"),
-    Option(
-        "kv_events.max_batches_per_second",
-        at_least(1),
-        20000,
-        "event batches accepted per second, more are dropped",
-    ),
-    Option(
-        "kv_events.max_tracked_blocks",
-        at_least(1),
-        400_000,
-        "block hashes the KV-event view and miss attribution remember (keep >= 10x num_gpu_blocks;"
-        " ~350 bytes each with their fingerprints)",
-    ),
-    Option(
-        "kv_events.max_fingerprints",
-        at_least(1),
-        800_000,
-        "content fingerprints miss attribution remembers (~2 per 32 tokens stored; ~70 bytes each)",
-    ),
-    Option(
-        "kv_events.engine",
-        choice("vllm", "sglang", "trtllm"),
-        "vllm",
-        "the engine publishing the KV events named by --kv-events.endpoint: its media and page rules"
-        " (vllm, sglang, trtllm; discovery sets it from what the server says)",
-    ),
-    Option(
-        "whatif.host_tier_bytes",
-        size,
-        None,
-        "a host (CPU) KV tier to estimate the hit ratio with (default: the tier vLLM reports, if any)",
-    ),
-    Option(
-        "fields.tokenizer",
-        str,
-        None,
-        "the served model's tokenizer.json (or its folder): name the per-request field in front of"
-        " diverged prefixes (needs --kv-events.endpoint and the tokenizers library)",
-    ),
-    Option(
-        "fields.patterns",
-        named_patterns,
-        {},
-        "extra named field patterns NAME=REGEX, tried before the built-in ones (at most 8)",
-        True,
-    ),
-    Option("fields.max_per_second", at_least(1), 20, "diverged prompt fronts decoded and named per second"),
-    Option(
-        "fields.debug_endpoint",
-        on_off,
-        False,
-        "serve /debug/fields (redacted shapes of recent fronts) behind the same auth as /metrics",
-    ),
-    Option(
-        "audit.gpu_memory_utilization_ceiling",
-        ratio,
-        0.9,
-        "highest gpu_memory_utilization that passes the audit on a GPU shared with other processes",
-    ),
-    Option("fleet.publish", nats_url, None, "NATS JetStream URL to publish this replica's residency to"),
-    Option("fleet.pool", subject_token, "default", "the model pool's name in NATS subjects"),
-    Option("fleet.replica", subject_token, None, "this replica's name in NATS subjects (default: $POD_NAME)"),
-    Option("fleet.hash_sampling", sampling, 1.0, "fraction of block hashes published (0 < f <= 1)"),
-    Option("fleet.subject_prefix", subject_prefix, "kvcache", "first tokens of the pool's NATS subjects"),
-    Option("fleet.credentials_file", str, None, "NATS credentials file (JWT and NKey seed, .creds)"),
-    Option("fleet.nkey_seed_file", str, None, "NATS NKey seed file"),
-    Option("fleet.tls_ca_file", str, None, "CA certificate(s) to verify the NATS server with"),
+    *gpu_kit.OPTIONS,
+    *cost_kit.OPTIONS,
+    *kv_events_kit.OPTIONS,
+    *audit_kit.OPTIONS,
+    *fleet_publish_kit.OPTIONS,
 )
 BY_KEY = {o.key: o for o in OPTIONS}
 AGGREGATE_ENV_PREFIX = "KVCACHE_AGGREGATE_"
@@ -595,13 +275,6 @@ def _settle(problems: list[str], checks: list[tuple[str, str]], failed_flags: se
         raise ConfigError(*problems)
 
 
-def _pod_name(environ: dict[str, str]) -> str | None:
-    try:
-        return subject_token(environ.get("POD_NAME", ""))
-    except ValueError:
-        return None
-
-
 def add_serve_options(options: tuple[Option, ...]) -> None:
     """A source's own options (kit.register), after the built-in ones."""
     global OPTIONS
@@ -616,9 +289,8 @@ def resolve(flags: dict[str, Any], environ: dict[str, str], config_file: str | N
     """`serve`'s settings: defaults, file, environment and flags merged (`flags` maps keys to raw
     strings or lists); ConfigError lists every problem at once."""
     values, problems, failed = _resolve(OPTIONS, flags, environ, config_file)
-    values["gpu.pod"] = values["gpu.pod"] or environ.get("POD_NAME")
-    values["gpu.namespace"] = values["gpu.namespace"] or environ.get("POD_NAMESPACE")
-    values["fleet.replica"] = values["fleet.replica"] or _pod_name(environ)
+    gpu_kit.from_environment(values, environ)
+    fleet_publish_kit.from_environment(values, environ)
     fields = Settings.__dataclass_fields__
     by_attr = {BY_KEY[k].attr: v for k, v in values.items()}
     settings = Settings(
@@ -667,30 +339,11 @@ def _common_checks(s: ServiceSettings) -> list[tuple[str, str]]:
 
 def checks(s: Settings) -> list[tuple[str, str]]:
     """What start-up would reject, found before it: --check-config runs exactly this."""
-    out = []
-    if not s.vllm_url:
-        out.append(("--vllm.url", "at least one vLLM URL is needed"))
+    out = engine_kit.checks(s)
     out += _common_checks(s)
-    if s.gpu_source == "dcgm" and not s.gpu_dcgm_url:
-        out.append(("--gpu.dcgm-url", "needed with --gpu.source=dcgm"))
-    dcgm = s.gpu_source == "dcgm" or (s.gpu_source == "auto" and s.gpu_dcgm_url)
-    if dcgm and not s.gpu_pod and not s.gpu_uuids:
-        out.append(("--gpu.pod", "the dcgm GPU source needs this pod's name ($POD_NAME) or --gpu.uuids"))
-    if s.fields_debug_endpoint and not s.fields_tokenizer:
-        out.append(("--fields.debug-endpoint", "needs --fields.tokenizer (it shows the fields that names)"))
-    if s.fields_tokenizer and not s.kv_events_endpoint and s.kv_events_discovery != "on":
-        out.append(("--fields.tokenizer", "needs KV events: --kv-events.endpoint or discovery on"))
-    elif s.fields_tokenizer:
-        from .model_tokenizer import load_tokenizer
-
-        try:
-            load_tokenizer(s.fields_tokenizer, "pip install tokenizers")
-        except ValueError as err:
-            out.append(("--fields.tokenizer", str(err)))
-    if s.fleet_publish and not s.fleet_replica:
-        out.append(("--fleet.replica", "--fleet.publish needs this replica's name (or $POD_NAME)"))
-    if s.fleet_publish and not s.kv_events_endpoint and s.kv_events_discovery != "on":
-        out.append(("--fleet.publish", "publishes KV events: --kv-events.endpoint or discovery on"))
+    out += gpu_kit.checks(s)
+    out += kv_events_kit.checks(s)
+    out += fleet_publish_kit.checks(s)
     return out
 
 
@@ -709,14 +362,6 @@ def aggregate_checks(s: AggregateSettings) -> list[tuple[str, str]]:
 def validate(s: Settings) -> None:
     """Raise every problem `checks` finds."""
     _settle([], checks(s), set())
-
-
-def size_text(n: int) -> str:
-    """8388608 -> 8MiB: the largest binary unit that divides it."""
-    for unit in ("GiB", "MiB", "KiB"):
-        if n and n % _SIZES[unit] == 0:
-            return f"{n // _SIZES[unit]}{unit}"
-    return f"{n}B"
 
 
 def default_text(option: Option) -> str:

@@ -1,16 +1,25 @@
 """The source kit: what a source declares beside its code, as one row.
 
-A row (`SourceKit`) names a source's catalog entries, its options (rows of serve's option table;
-their values reach it as `Settings.source_options[attr]`), how it is wired (`wire`: its polls,
-each into the part of the poll state it keeps in `PollState.parts[name]`) and its derivations (run
-after the built-in table, each costing only its own series when it fails). `register(row)` puts
-them where the rest of the exporter reads them: catalog.CATALOG (so docs/metrics.md and the guard
-know the metrics), config.OPTIONS (flags, environment twins, YAML keys, --help, README's table),
-and KITS, which `serve` (server.build_exporter) wires after the built-in sources.
+A row (`SourceKit`) names a source's catalog entries, its options (rows of serve's option table),
+how it is wired (`wire`: its polls, each into its part of the poll state), its derivations (each
+costing only its own series when it fails), the longest its poll may take (`timeout`, so the
+engine's deadline is past it) and what it does once the engine exists (`built`: a source that adds
+polls later, a debug page).
 
-So a new source is its source module, its derivation module and one row, plus their tests
-(tests/core/test_kit.py adds a toy one that way). The built-in sources (vLLM/SGLang, GPU, KV
-events) are still wired in server.py and declared in catalog.py, config.py and settings.py.
+`serve` is the list of rows in server.ROWS (the built-in sources, in poll and derivation order)
+followed by the registered ones (KITS), run by the one engine (collector.Exporter).
+
+A registered source (a plug-in) is its source module, its derivation module and one
+`register(row)`, plus their tests; no product file is edited (tests/core/test_kit.py adds a toy one
+that way). `register` appends its entries to catalog.CATALOG (so docs/metrics.md and the guard know
+them), its options to config.OPTIONS (flags, environment twins, YAML keys, --help, README's table;
+their values reach it as `Settings.source_options[attr]`) and its row to KITS.
+
+A built-in source declares the same beside its code in a `*_kit.py` (entries, options, a typed
+settings class, checks: sources/engine_kit.py, sources/kv_events_kit.py, sources/gpu_kit.py,
+derive/cost_kit.py, derive/audit_kit.py, fleet_publish_kit.py); catalog.py, config.py and
+settings.py name each kit once, so its entries and options keep their place in docs/metrics.md,
+--help and README's tables.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from . import catalog, config
 
 if TYPE_CHECKING:
-    from .collector import Poll
+    from .collector import Exporter, Poll
     from .derive.registry import Derivation
     from .derive.state import PollState
     from .settings import Settings
@@ -35,6 +44,8 @@ class SourceKit:
     options: tuple[config.Option, ...] = ()
     wire: Callable[[Settings, PollState], Sequence[Poll]] | None = None
     derivations: Mapping[str, Derivation] = field(default_factory=dict)
+    timeout: Callable[[Settings], float] | None = None
+    built: Callable[[Settings, Exporter], None] | None = None
 
 
 KITS: list[SourceKit] = []
@@ -50,9 +61,12 @@ def register(kit: SourceKit) -> SourceKit:
     return kit
 
 
-def wire(settings: Settings, state: PollState) -> list[Poll]:
-    return [poll for kit in KITS if kit.wire is not None for poll in kit.wire(settings, state)]
+def wire(rows: Sequence[SourceKit], settings: Settings, state: PollState) -> list[Poll]:
+    return [poll for kit in rows if kit.wire is not None for poll in kit.wire(settings, state)]
 
 
-def derivations() -> dict[str, Any]:
-    return {f"{kit.name}.{name}": d for kit in KITS for name, d in kit.derivations.items()}
+def derivations(rows: Sequence[SourceKit], built_in: Sequence[SourceKit] = ()) -> dict[str, Any]:
+    """A built-in row's derivations by their own names (as before rows), a registered row's as
+    `row.name`."""
+    own = {name: d for kit in built_in for name, d in kit.derivations.items()}
+    return own | {f"{kit.name}.{name}": d for kit in rows for name, d in kit.derivations.items()}

@@ -6,6 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .derive.audit_kit import AuditSettings
+from .derive.cost_kit import CostSettings
+from .fleet_publish_kit import FleetPublishSettings
+from .sources.engine_kit import EngineSettings
+from .sources.gpu_kit import GpuSettings
+from .sources.kv_events_kit import KvEventsSettings
+
 
 @dataclass(frozen=True, slots=True)
 class ServiceSettings:
@@ -31,46 +38,20 @@ class ServiceSettings:
 
 
 @dataclass(frozen=True, slots=True)
-class Settings(ServiceSettings):
-    vllm_url: list[str]
-    vllm_bearer_token_file: str | None
-    engine_kind: str
+class Settings(
+    ServiceSettings,
+    EngineSettings,
+    KvEventsSettings,
+    GpuSettings,
+    CostSettings,
+    AuditSettings,
+    FleetPublishSettings,
+):
+    """serve's: the shared ones, each built-in source's own (declared beside it: sources/engine_kit.py,
+    sources/kv_events_kit.py, sources/gpu_kit.py, derive/cost_kit.py, derive/audit_kit.py,
+    fleet_publish_kit.py), then the rest."""
+
     collect_quantiles: list[float]
-    gpu_source: str
-    gpu_devices: list[str]
-    gpu_dcgm_url: str | None
-    gpu_dcgm_timeout: float
-    gpu_pod: str | None
-    gpu_namespace: str | None
-    gpu_uuids: list[str]
-    gpu_max_processes: int
-    cost_gpu_hour_price: float | None
-    cost_gpu_hour_prices: dict[str, float]
-    cost_gpu_count: int
-    cost_currency: str
-    cost_energy_price_per_kwh: float | None
-    cost_hit_ratio_floor: float
-    kv_events_endpoint: str | None
-    kv_events_mode: str
-    kv_events_replay_endpoint: str | None
-    kv_events_data_parallel_size: int
-    kv_events_max_tracked_blocks: int
-    kv_events_max_fingerprints: int
-    kv_events_engine: str
-    whatif_host_tier_bytes: int | None
-    fields_tokenizer: str | None
-    fields_patterns: dict[str, str]
-    fields_max_per_second: int
-    fields_debug_endpoint: bool
-    audit_gpu_memory_utilization_ceiling: float
-    fleet_publish: str | None
-    fleet_pool: str
-    fleet_replica: str | None
-    fleet_hash_sampling: float
-    fleet_subject_prefix: str
-    fleet_credentials_file: str | None
-    fleet_nkey_seed_file: str | None
-    fleet_tls_ca_file: str | None
     source_options: dict[str, Any] = field(default_factory=dict)  # a SourceKit's options (kit.py)
 
 

@@ -122,3 +122,33 @@ def test_a_toy_source_needs_its_two_modules_and_one_row(tmp_path):
         wait_showing(url, "kvcache_toy_reading 7.0", 30)
     finally:
         stop(serve)
+
+
+def test_serve_is_its_rows_and_a_row_declares_its_whole_source():
+    """The built-ins are rows too (server.ROWS): their derivations, in order, are the engine's
+    table; a row that declares its source declares every metric and option of it, which the
+    catalog and the option table hold in their place."""
+    from kvcache_exporter import catalog, config, kit, server
+    from kvcache_exporter.derive.registry import DERIVATIONS
+
+    assert list(kit.derivations([], server.ROWS)) == list(DERIVATIONS)
+    rows = {row.name: row for row in server.ROWS}
+    assert len(rows) == len(server.ROWS)
+    whole = {  # row -> (its metrics, its options), as the catalog and option table tell them apart
+        "gpu": (lambda m: m.group in ("gpu", "memory"), "gpu."),
+        "cost": (lambda m: m.group == "cost", "cost."),
+        "audit": (lambda m: m.name.startswith("kvcache_config_"), "audit."),
+        "fleet_publish": (lambda m: m.source == "serve --fleet.publish", "fleet."),
+        "kv_events": (lambda m: m.group in ("events", "attribution"), ("kv_events.", "whatif.", "fields.")),
+        "vllm": (
+            lambda m: m.group in ("cache", "blocks", "latency", "sglang") or "vllm" in m.name,
+            ("vllm.", "engine."),
+        ),
+    }
+    for name, (mine, prefix) in whole.items():
+        assert list(rows[name].metrics) == [m for m in catalog.CATALOG if mine(m)], name
+        assert list(rows[name].options) == [o for o in config.OPTIONS if o.key.startswith(prefix)], name
+    for row in server.ROWS:
+        assert all(m in catalog.CATALOG for m in row.metrics) and all(
+            o in config.OPTIONS for o in row.options
+        )

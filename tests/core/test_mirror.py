@@ -34,6 +34,18 @@ COVERED_ELSEWHERE = {
     "web/auth.py": ["core/test_endpoint.py"],
     "web/listener.py": ["core/test_endpoint.py"],
     "web/config.py": ["core/test_webconfig.py"],
+    # a source's declarations (its kit) and its wiring: the rows' test, the golden exposition, config
+    "metric.py": ["core/test_catalog.py", "core/test_guard.py"],
+    "options.py": ["core/test_config.py", "core/test_config_errors.py"],
+    "source_rows.py": ["core/test_golden.py", "core/test_serve.py", "core/test_kit.py"],
+    "kv_event_rows.py": ["core/test_golden.py", "core/test_kv_event_streams.py", "core/test_kit.py"],
+    "fleet_view_kit.py": ["core/test_catalog.py", "core/test_docs.py"],
+    "fleet_publish_kit.py": ["core/test_kit.py", "core/test_fleet_publish.py", "core/test_config.py"],
+    "sources/engine_kit.py": ["core/test_kit.py", "core/test_config_errors.py", "core/test_golden.py"],
+    "sources/gpu_kit.py": ["core/test_kit.py", "core/test_config_errors.py", "core/test_golden.py"],
+    "sources/kv_events_kit.py": ["core/test_kit.py", "core/test_config_errors.py", "core/test_golden.py"],
+    "derive/cost_kit.py": ["core/test_kit.py", "derive/test_cost.py"],
+    "derive/audit_kit.py": ["core/test_kit.py", "derive/test_audit.py"],
 }
 
 

@@ -1,6 +1,8 @@
 """Every derivation of one poll, each a pure function of the poll state and the options.
 
 The poll loop runs them one by one, so a bug in one (an `internal_error`) costs only its own series.
+`serve` takes them from its rows (server.ROWS names each beside its source, in this order:
+tests/core/test_kit.py checks the two agree); DERIVATIONS is the engine's default table.
 """
 
 from __future__ import annotations
