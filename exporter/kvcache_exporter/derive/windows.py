@@ -135,8 +135,10 @@ def _countable_part(raw: EngineSample, last: EngineSample | None) -> EngineSampl
     """NaN, ±Inf or a negative counter would poison every window it is in, and stay there after the
     upstream recovers: such a value is replaced by the last good one (no increase), or left out."""
     kept = last.histograms if last is not None else {}
-    if _all_countable(raw.counters.values()) and all(
-        h is kept.get(name) or _good_histogram(h) for name, h in raw.histograms.items()
+    histograms = raw.histograms
+    if _all_countable(raw.counters.values()) and (
+        all(map(operator.is_, map(kept.get, histograms), histograms.values()))
+        or all(h is kept.get(name) or _good_histogram(h) for name, h in histograms.items())
     ):  # a histogram object kept last poll was checked then
         return raw  # the usual case: nothing to copy
     counters = {}
