@@ -112,3 +112,30 @@ def test_a_patched_poll_refuses_what_a_full_parse_refuses():
         assert not math.isnan(
             parse(polls[-1], memory=memory).engines[("tiny-llama", "0")].counters["query_tokens"]
         )
+
+
+def test_an_sglang_page_seen_again_reads_as_a_full_parse():
+    """SGLang's reader hands a body byte for byte the last one that parsed the last snapshot again
+    (in dicts of its own); a body between that failed is not such a last one."""
+    from kvcache_exporter.sources import sglang_parse
+
+    page = (FIXTURES / "sglang-0.5.23" / "live-metrics.txt").read_text()
+    line = next(x for x in page.split("\n") if x.startswith("sglang:prompt_tokens_total"))
+    bad = page.replace(line, line.rsplit(" ", 1)[0] + " NaN")
+    more = page.replace(line, line.rsplit(" ", 1)[0] + " 1e6")
+    memory = sglang_parse.Memory()
+
+    def read(body):
+        try:
+            return sglang_parse.parse(body, memory=memory)
+        except SourceError as err:
+            return err.reason
+
+    first = read(page)
+    again = read(page)
+    assert again == first == sglang_parse.parse(page)
+    (key,) = again.engines
+    assert again.engines[key].counters is not first.engines[key].counters  # dicts of its own
+    for body in (bad, bad, more, more, page, page):
+        full = sglang_parse.parse(body) if body != bad else "parse_error"
+        assert read(body) == full
