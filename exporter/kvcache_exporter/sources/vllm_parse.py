@@ -9,8 +9,9 @@ series every time: the runs are found where the last body had them (textformat.R
 regex pass while the rest of the body is the same), a run whose text did not change adds what
 it added last time (a histogram's buckets: one dict copy), and a line seen before costs a dict
 lookup and a float(). A body that differs from the last one only in the values of counter and
-gauge lines, each the one line its engine's series is read from (vLLM's page between requests
-that end), is the last snapshot with those values put in (`_patch`): no run is read again.
+gauge lines, each the one line its engine's series is read from (an idle vLLM's page, or one
+whose histograms did not move), is the last snapshot with those values put in (`_patch`): no
+run is read again.
 """
 
 from __future__ import annotations
