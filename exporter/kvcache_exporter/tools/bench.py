@@ -209,9 +209,9 @@ How to read it:
   float(), and an unchanged histogram is handed on as the same object, which the history and the
   windows skip. A body that differs from the last only in the values of counter and gauge lines,
   each the one line its series is read from (the side-by-side payload; an idle vLLM's page, or
-  one whose histograms did not move), is the last snapshot with those values put in (`vllm_parse._patch`; no run
-  is read again; `tests/sources/test_vllm_patch.py` checks it against a full parse on the real
-  captures with hostile values), and a history point whose histograms did not move keeps its
+  one whose histograms did not move), is the last snapshot with those values put in
+  (`vllm_parse._patch`; no run is read again; `tests/sources/test_vllm_patch.py` checks it
+  against a full parse on the real captures with hostile values), and a history point whose histograms did not move keeps its
   counters as they are and shares the last point's deflated histograms.
   Windows of one poll that start at the same point (all of them while the history
   is shorter than the windows, the first hour of a server and every side-by-side run) share one
