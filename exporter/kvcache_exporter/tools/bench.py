@@ -211,9 +211,9 @@ How to read it:
   each the one line its series is read from (the side-by-side payload; an idle vLLM's page, or
   one whose histograms did not move), is the last snapshot with those values put in
   (`vllm_parse._patch`; no run is read again; `tests/sources/test_vllm_patch.py` checks it
-  against a full parse on the real captures with hostile values), and a history point whose histograms did not move keeps its
-  counters as they are and shares the last point's deflated histograms.
-  Windows of one poll that start at the same point (all of them while the history
+  against a full parse on the real captures with hostile values), and a history point whose
+  histograms did not move keeps its counters as they are and shares the last point's deflated
+  histograms. Windows of one poll that start at the same point (all of them while the history
   is shorter than the windows, the first hour of a server and every side-by-side run) share one
   delta.
 - At the default `--collect.interval 5s` the exporter's cost is the whole-poll figure every 5 s;
