@@ -211,7 +211,8 @@ class Exporter:
 
     async def poll_once(self) -> None:
         try:
-            await asyncio.gather(*(poll.run(self.clock, self.deadline) for poll in self.discovery))
+            if self.discovery:
+                await asyncio.gather(*(poll.run(self.clock, self.deadline) for poll in self.discovery))
             if self.refresh is not None:
                 self.polls = list(await self.refresh())
             due = [poll for poll in self.polls if poll.due()]

@@ -454,7 +454,7 @@ def _patch(found: list[tuple[str, str]], memory: Memory, last: _Last) -> VllmSna
     old = last.snapshot
     if not moved.keys() <= old.engines.keys():
         return None
-    raw, engines = dict(last.raw), {}
+    raw, engines = last.raw, {}  # the last one's raw counters are this one's: `last` is done with
     for key, sample in old.engines.items():
         histograms = dict(sample.histograms)
         if key not in moved:
