@@ -212,6 +212,31 @@ class SeriesHistory:
                 counters[name] = totals.get(name, 0.0) + value - before
         self._totals.update(counters)
         self._raws.update(raw.counters)
+        if not restarted and all(
+            map(operator.is_, map(self._raw_histograms.get, raw.histograms), raw.histograms.values())
+        ):
+            # every histogram the same object as last poll (the source's "nothing moved"): what
+            # _advance_histograms would give, in one pass
+            totals_of = self._histogram_totals
+            histograms = {name: totals_of[name] for name in raw.histograms}
+        else:
+            histograms = self._advance_histograms(ts, raw, restarted)
+        self._unpacked = self._point(ts, counters, histograms)
+        self.points.append(self._unpacked[0])
+        self._times.append(ts)
+        self._windows.clear()
+        self._from.clear()
+        self._last_raw = raw
+        # keep the newest point at or before the cutoff: a window as long as the retention is covered
+        while len(self.points) > 1 and self.points[1].ts <= ts - self.retention:
+            self.points.popleft()
+            self._times.popleft()
+        self._appended += 1
+        if self._appended % 16 == 0:
+            self._thin(ts)
+
+    def _advance_histograms(self, ts: float, raw: EngineSample, restarted: bool) -> dict[str, Histogram]:
+        """Each histogram's running totals after `raw`."""
         histograms = {}
         for name, hist in raw.histograms.items():
             before, total = self._raw_histograms.get(name), self._histogram_totals.get(name)
@@ -235,19 +260,7 @@ class SeriesHistory:
             )
         self._raw_histograms.update(raw.histograms)
         self._histogram_totals.update(histograms)
-        self._unpacked = self._point(ts, counters, histograms)
-        self.points.append(self._unpacked[0])
-        self._times.append(ts)
-        self._windows.clear()
-        self._from.clear()
-        self._last_raw = raw
-        # keep the newest point at or before the cutoff: a window as long as the retention is covered
-        while len(self.points) > 1 and self.points[1].ts <= ts - self.retention:
-            self.points.popleft()
-            self._times.popleft()
-        self._appended += 1
-        if self._appended % 16 == 0:
-            self._thin(ts)
+        return histograms
 
     def _point(
         self, ts: float, counters: dict[str, float], histograms: dict[str, Histogram]
