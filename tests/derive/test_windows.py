@@ -146,3 +146,32 @@ def test_a_packed_point_gives_back_its_doubles_bit_for_bit_and_is_smaller():
         assert point.values.tobytes() == values.tobytes()
     repeated = array("d", [7010.0] * 200)  # a histogram's top buckets
     assert len(Point(1.0, Layout((), ()), repeated).packed) < len(repeated.tobytes()) / 20
+
+
+def test_points_of_quiet_histograms_share_their_packed_part_and_read_back_exactly():
+    """Counters move every poll, histograms only now and then: a point whose histograms did not move
+    keeps its counters as they are and the last point's deflated histograms (one bytes object)."""
+    import math
+    from array import array
+
+    from kvcache_exporter.derive.windows import Point
+
+    h = SeriesHistory(retention=3600.0)
+    hist = Histogram((1.0, math.inf), (3.0, 5.0), 7.5)
+    samples = []
+    for i in range(8):
+        if i == 5:
+            hist = Histogram((1.0, math.inf), (4.0, 9.0), 11.25)
+        samples.append(EngineSample({"query_tokens": 10.0 * i, "hit_tokens": 3.0 * i}, {}, {"ttft": hist}))
+        h.append(float(i), samples[-1])
+    packed = [p.packed for p in h.points]
+    assert packed[2] is packed[3] is packed[4] and packed[6] is packed[7]  # shared while quiet
+    assert packed[0] is not packed[1] and packed[5] is not packed[6]  # moved: deflated whole
+    for point, sample in zip(h.points, samples, strict=True):
+        assert point.counters == sample.counters
+        assert point.histograms == sample.histograms
+    assert h.window(5.0).counters == {"query_tokens": 50.0, "hit_tokens": 15.0}
+    assert h.window(5.0).histograms["ttft"] == Histogram((1.0, math.inf), (1.0, 4.0), 3.75)
+    values = array("d", [1.5, -0.0, math.inf, 2.0, 3.0])
+    shared = Point(0.0, h.points[0].layout, values[2:]).packed
+    assert Point(0.0, h.points[0].layout, values, 2, shared).values.tobytes() == values.tobytes()

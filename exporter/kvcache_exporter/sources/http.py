@@ -204,8 +204,16 @@ async def _body(reader: asyncio.StreamReader, fields: dict[str, str], url: str, 
     if not length.isdigit():
         raise SourceError("connection", f"{url} sent Content-Length {length[:40]!r}")
     left = int(length)
-    if sink.inflate is None and left > max_bytes:
-        raise SourceError("body_too_large", f"{url} body is {left} bytes")
+    if sink.inflate is None:  # the usual answer: one read of the whole body, no sink
+        if left > max_bytes:
+            raise SourceError("body_too_large", f"{url} body is {left} bytes")
+        try:
+            return await reader.readexactly(left)
+        except asyncio.IncompleteReadError as err:
+            missing = left - len(err.partial)
+            raise SourceError(
+                "truncated_body", f"{url} closed the connection {missing} bytes before its end"
+            ) from err
     while left:
         chunk = await reader.read(min(left, READ_SIZE))
         if not chunk:

@@ -134,6 +134,7 @@ class Memory:
         # the runs read, found where the last body had them: no regex pass over SGLang's ~110 other
         # families while they are unchanged (textformat.RunFinder; "\0" never starts a line)
         self.finder = textformat.RunFinder((_RUNS, _RUNS), "\0", max_body_chars)
+        self.last: VllmSnapshot | None = None  # the last poll's, when it parsed
 
     def series(self, line: str, limits: ParseBounds) -> tuple[_Series, float]:
         head, space, tail = line.rpartition(" ")
@@ -193,10 +194,15 @@ def parse(text: str, limits: ParseBounds = _BOUNDS, memory: Memory | None = None
     """Normalize one SGLang /metrics exposition. Raises SourceError on malformed text."""
     memory = memory or Memory()
     body = "\n" + text
+    found = memory.finder.find(body)[0]
+    last, memory.last = memory.last, None
+    if last is not None and memory.finder.moved == {}:  # every byte the last parsed body's
+        memory.last = last
+        return last.copy()
     sums = _Sums()
     read = 0
     try:
-        for run, _name in memory.finder.find(body)[0]:
+        for run, _name in found:
             lines = run[1:].split("\n")
             read += len(lines)
             if read > limits.max_samples:
@@ -215,7 +221,7 @@ def parse(text: str, limits: ParseBounds = _BOUNDS, memory: Memory | None = None
     config = cache_config(sample.gauges)
     engines = {(min(sums.models, default=""), ENGINE): sample} if sample.counters or sample.gauges else {}
     present = {*sample.counters, *sample.gauges, *sample.histograms} | ({"cache_config"} if config else set())
-    return VllmSnapshot(
+    memory.last = VllmSnapshot(
         engines=engines,
         cache_configs={ENGINE: config} if config else {},
         schema="sglang",
@@ -224,6 +230,7 @@ def parse(text: str, limits: ParseBounds = _BOUNDS, memory: Memory | None = None
         missing=tuple(m for m in EXPECTED if m not in present),
         engine_kind="sglang",
     )
+    return memory.last
 
 
 def engine_sample(sums: _Sums) -> EngineSample:

@@ -146,15 +146,24 @@ class RunFinder:
         self.gaps_hold = False
         self.held = False  # whether the last body held the needle (which pattern found its runs)
         self.pieces: list[str | int] = []  # the last body: fixed text, or the index of a run checked alone
+        # The runs whose text is not the last body's (index -> their text there), every other
+        # byte being the same; None when the body was searched anew.
+        self.moved: dict[int, str] | None = None
 
     def find(self, body: str) -> tuple[list[tuple[str, str]], bool]:
         """The (run, name) pairs `findall` gives, and whether the body holds the needle."""
+        last = self.runs
         if self._by_pieces(body):
+            self.moved = {
+                i: last[i][0] for i in self.pieces if type(i) is int and self.runs[i] is not last[i]
+            }
             return self.runs, self.held
         changed = self._in_place(body)
         if changed is not None:
+            self.moved = {i: last[i][0] for i in changed}
             self._cut(changed)
             return self.runs, self.held
+        self.moved = None
         self.held = self.needle in body
         runs, gaps, end = [], [], 0
         for match in self.patterns[self.held].finditer(body):

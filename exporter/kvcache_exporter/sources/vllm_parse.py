@@ -8,7 +8,10 @@ never split or looked at. A source keeps a Memory between polls, since vLLM serv
 series every time: the runs are found where the last body had them (textformat.RunFinder, no
 regex pass while the rest of the body is the same), a run whose text did not change adds what
 it added last time (a histogram's buckets: one dict copy), and a line seen before costs a dict
-lookup and a float().
+lookup and a float(). A body that differs from the last one only in the values of counter and
+gauge lines, each the one line its engine's series is read from (an idle vLLM's page, or one
+whose histograms did not move), is the last snapshot with those values put in (`_patch`): no
+run is read again.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import textformat
 from . import vllm_names as names
@@ -102,6 +106,7 @@ class Memory:
         self.values: dict[str, float] = {}  # value texts already read ("0.0", "42.0": most buckets)
         self.shared: dict[tuple, tuple] = {}  # one copy of each Series key (see Series)
         self.finder = textformat.RunFinder((_RUNS[False], _RUNS[True]), _RAY, max_run_chars)
+        self.last: _Last | None = None  # the last poll's, when it parsed: what `_patch` starts from
 
     def bound(self) -> None:
         if len(self.heads) >= self.max_entries or len(self.bounds) > 1000:
@@ -257,6 +262,9 @@ class _Accumulator:
         self.cache_configs: dict[str, dict[str, str]] = {}
         self.process_start: float | None = None
         self.chosen: dict[str, str] = {}  # logical -> the candidate name in use
+        # (engine key, logical) -> the Series of the one counter or gauge line it was taken from,
+        # or _MANY: where `_patch` may put a line's new value in as the series' value
+        self.taken: dict[tuple, Series | str] = {}
 
     def engine(self, key: EngineKey) -> EngineSample:
         sample = self.engines.get(key)
@@ -283,16 +291,17 @@ class _Accumulator:
             if self.chosen.setdefault(s.logical, s.name) == s.name:
                 counters = self.engine(s.key).counters
                 counters[s.logical] = counters.get(s.logical, 0.0) + _count(s.name, value)
+                self.taken[s.hkey] = _MANY if s.hkey in self.taken else s
         elif kind == "sum":
             self.engine(s.key)
             self.sums[s.hkey] += _count(s.name, value)
         elif kind == "gauge":
             # A gauge that is no number, or a negative count, is dropped: it then reads as missing.
             # (V0's hit-rate gauge says -1 for "no data"; derive/cache.py drops that at export.)
-            usable = math.isfinite(value) and (value >= 0 or s.logical == "v0_block_hit_rate")
-            if usable and self.chosen.setdefault(s.logical, s.name) == s.name:
+            if _usable(s.logical, value) and self.chosen.setdefault(s.logical, s.name) == s.name:
                 self.engine(s.key)
                 self.gauge_parts[s.hkey].append(value)
+                self.taken[s.hkey] = _MANY if s.hkey in self.taken else s
         elif kind == "config":
             self.cache_configs[s.key[1]] = s.config
         elif kind == "created" and math.isfinite(value):
@@ -314,6 +323,18 @@ class _Accumulator:
             self.borrowed[hkey] = run.ordered(hkey)
 
 
+def _usable(logical: str, gauge: float) -> bool:
+    return math.isfinite(gauge) and (gauge >= 0 or logical == "v0_block_hit_rate")
+
+
+def _gauge(logical: str, parts: list[float]) -> float:
+    total = sum(parts)
+    return total / len(parts) if logical in names.RATIO_GAUGES else total
+
+
+_MANY = "many"  # _Accumulator.taken: more than one line
+
+
 def _count(name: str, value: float) -> float:
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"{name} is {value}: a count is a finite number >= 0")
@@ -326,6 +347,11 @@ def parse(text: str, limits: ParseBounds = ParseBounds(), memory: Memory | None 
     memory.bound()
     body = "\n" + text
     found, ray = memory.finder.find(body)
+    last, memory.last = memory.last, None
+    if last is not None and memory.finder.moved is not None:
+        patched = _patch(found, memory, last)
+        if patched is not None:
+            return patched
     prefix = _RAY if ray else "vllm:"
     acc = _Accumulator(limits)
     seen: set[str] = set()
@@ -361,12 +387,12 @@ def parse(text: str, limits: ParseBounds = ParseBounds(), memory: Memory | None 
     block_counted = set()  # early-V1 prefix-cache counters whose HELP says they count blocks
     if seen & _BLOCK_COUNTABLE:
         block_counted = {_normal(m.group(1)) for m in _HELP_IN_BLOCKS.finditer(body)}
-    engines = _finish(acc, block_counted, memory)
+    engines, raw = _finish(acc, block_counted, memory)
     present = set(acc.chosen) | {k for e in engines.values() for k in e.histograms}
     if acc.cache_configs:
         present.add("cache_config")
     expected = names.EXPECTED_V0 if schema == "v0" else names.EXPECTED_V1
-    return VllmSnapshot(
+    snapshot = VllmSnapshot(
         engines=engines,
         cache_configs=acc.cache_configs,
         schema=schema,
@@ -374,6 +400,84 @@ def parse(text: str, limits: ParseBounds = ParseBounds(), memory: Memory | None 
         deprecated=tuple(sorted(seen & names.DEPRECATED)),
         missing=tuple(m for m in expected if m not in present),
     )
+    memory.last = _Last(snapshot, raw, acc.taken, acc.chosen, block_counted)
+    return snapshot
+
+
+class _Last(NamedTuple):
+    """A poll that parsed, for the next one's `_patch`."""
+
+    snapshot: VllmSnapshot
+    raw: dict[EngineKey, dict[str, float]]  # each engine's counters as read, before `_counted`
+    taken: dict[tuple, Series | str]  # _Accumulator.taken
+    chosen: dict[str, str]
+    block_counted: set[str]
+
+
+def _patch(found: list[tuple[str, str]], memory: Memory, last: _Last) -> VllmSnapshot | None:
+    """The last snapshot with the new values of the runs that moved (every other byte of the body
+    is the last one's: RunFinder.moved), when each of their lines is one seen before, the one line
+    a counter or gauge of its engine was taken from, and its new value one `take` accepts; else
+    None (a full parse). The full parse would read the same lines and take the same samples, these
+    with their new values, and finish each engine the same way, so it gives the same snapshot."""
+    heads, known, taken = memory.heads, memory.values, last.taken
+    runs: dict[str, Run] = {}
+    moved: dict[EngineKey, list[tuple[Series, float]]] = {}
+    for i, before in memory.finder.moved.items():  # type: ignore[union-attr]
+        text, written = found[i]
+        run = memory.runs.get(written)
+        if run is None and (_NORMAL.get(written) or _normal(written)) not in _READ:
+            continue  # a deprecated name the exporter only counts
+        if run is None or run.text != before or written in runs or len(run.samples) != run.lines:
+            return None
+        lines = text[1:].split("\n")
+        if len(lines) != run.lines:
+            return None
+        samples = []
+        for line, (series, _) in zip(lines, run.samples, strict=True):
+            head, _, tail = line.rpartition(" ")
+            if heads.get(head) is not series or taken.get(series.hkey) is not series:
+                return None
+            value = known.get(tail)
+            if value is None:
+                if "\t" in tail:
+                    return None
+                try:
+                    value = known[tail] = textformat.parse_value(tail)
+                except ValueError:
+                    return None
+            if not (_usable(series.logical, value) if series.kind == "gauge" else 0 <= value < math.inf):
+                return None
+            samples.append((series, value))
+            moved.setdefault(series.key, []).append((series, value))
+        runs[written] = Run(text, len(lines), samples)
+    old = last.snapshot
+    if not moved.keys() <= old.engines.keys():
+        return None
+    raw, engines = last.raw, {}  # the last one's raw counters are this one's: `last` is done with
+    for key, sample in old.engines.items():
+        histograms = dict(sample.histograms)
+        if key not in moved:
+            engines[key] = EngineSample(
+                dict(sample.counters), dict(sample.gauges), histograms, sample.start_time
+            )
+            continue
+        counters, gauges = dict(raw[key]), dict(sample.gauges)
+        for series, value in moved[key]:
+            if series.kind == "counter":
+                counters[series.logical] = 0.0 + value  # as `take` sums it
+            else:
+                gauges[series.logical] = _gauge(series.logical, [value])
+        raw[key] = dict(counters)
+        _counted(counters, key[1], last.chosen, last.block_counted, old.cache_configs)
+        _finite(key[1], *counters.values(), *gauges.values())
+        engines[key] = EngineSample(counters, gauges, histograms, sample.start_time)
+    snapshot = VllmSnapshot(
+        engines, dict(old.cache_configs), old.schema, old.prefix, old.deprecated, old.missing, old.engine_kind
+    )
+    memory.runs.update(runs)
+    memory.last = _Last(snapshot, raw, taken, last.chosen, last.block_counted)
+    return snapshot
 
 
 def _read_run(text: str, memory: Memory, budget: int, acc: _Accumulator) -> Run:
@@ -394,11 +498,13 @@ def _read_run(text: str, memory: Memory, budget: int, acc: _Accumulator) -> Run:
     return Run(text, len(lines), samples)
 
 
-def _finish(acc: _Accumulator, block_counted: set[str], memory: Memory) -> dict[EngineKey, EngineSample]:
+def _finish(
+    acc: _Accumulator, block_counted: set[str], memory: Memory
+) -> tuple[dict[EngineKey, EngineSample], dict[EngineKey, dict[str, float]]]:
+    """The engines with something to say, and every engine's counters as read (for `_patch`)."""
     layouts, last = memory.bounds, memory.histograms
     for (key, logical), parts in acc.gauge_parts.items():
-        total = sum(parts)
-        acc.engines[key].gauges[logical] = total / len(parts) if logical in names.RATIO_GAUGES else total
+        acc.engines[key].gauges[logical] = _gauge(logical, parts)
     for hkey, buckets in acc.buckets.items():
         bounds, counts = acc.borrowed.get(hkey) or (tuple(sorted(buckets)), None)
         if bounds and math.isinf(bounds[-1]):
@@ -414,19 +520,32 @@ def _finish(acc: _Accumulator, block_counted: set[str], memory: Memory) -> dict[
                 last[hkey] = histogram
             # An unchanged histogram is the last poll's object: the history sees `is` and skips it.
             acc.engines[hkey[0]].histograms[hkey[1]] = last[hkey]
-    for (_, engine), sample in acc.engines.items():
+    raw = {}
+    for key, sample in acc.engines.items():
         if sample.start_time is None:
             sample.start_time = acc.process_start
-        _split_prompt_tokens(sample.counters)
-        for logical in ("query_tokens", "hit_tokens"):
-            if acc.chosen.get(logical) in block_counted and logical in sample.counters:
-                block_size = _block_size(acc.cache_configs.get(engine))
-                if block_size is None:
-                    del sample.counters[logical]  # blocks we cannot convert: better absent than wrong
-                else:
-                    sample.counters[logical] *= block_size
-        _finite(engine, *sample.counters.values(), *sample.gauges.values())
-    return {key: s for key, s in acc.engines.items() if s.counters or s.gauges or s.histograms}
+        raw[key] = dict(sample.counters)
+        _counted(sample.counters, key[1], acc.chosen, block_counted, acc.cache_configs)
+        _finite(key[1], *sample.counters.values(), *sample.gauges.values())
+    return {key: s for key, s in acc.engines.items() if s.counters or s.gauges or s.histograms}, raw
+
+
+def _counted(
+    counters: dict[str, float],
+    engine: str,
+    chosen: dict[str, str],
+    block_counted: set[str],
+    cache_configs: dict[str, dict[str, str]],
+) -> None:
+    """An engine's counters as read -> as exported: prompt tokens split, block counts in tokens."""
+    _split_prompt_tokens(counters)
+    for logical in ("query_tokens", "hit_tokens"):
+        if chosen.get(logical) in block_counted and logical in counters:
+            block_size = _block_size(cache_configs.get(engine))
+            if block_size is None:
+                del counters[logical]  # blocks we cannot convert: better absent than wrong
+            else:
+                counters[logical] *= block_size
 
 
 def _finite(what: str, *numbers: float) -> None:

@@ -38,6 +38,17 @@ class VllmSnapshot:
     missing: tuple[str, ...]
     engine_kind: str = "vllm"  # which engine served the page: vllm | sglang (sources/sglang_parse.py)
 
+    def copy(self) -> VllmSnapshot:
+        """The same snapshot in dicts of its own (the Histograms, tuples, are shared)."""
+        engines = {
+            key: EngineSample(dict(e.counters), dict(e.gauges), dict(e.histograms), e.start_time)
+            for key, e in self.engines.items()
+        }
+        configs = {engine: dict(config) for engine, config in self.cache_configs.items()}
+        return VllmSnapshot(
+            engines, configs, self.schema, self.prefix, self.deprecated, self.missing, self.engine_kind
+        )
+
     def model_of(self, engine: str) -> str:
         """cache_config_info has no model_name: join it from the engine's other series."""
         models = sorted({model for model, eng in self.engines if eng == engine})

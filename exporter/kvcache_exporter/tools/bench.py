@@ -207,7 +207,13 @@ How to read it:
   edited real bodies). It also remembers the runs of lines and the head (`name{labels}`) of every
   line: an unchanged run adds what it added last time, a changed line costs a dict lookup and a
   float(), and an unchanged histogram is handed on as the same object, which the history and the
-  windows skip. Windows of one poll that start at the same point (all of them while the history
+  windows skip. A body that differs from the last only in the values of counter and gauge lines,
+  each the one line its series is read from (the side-by-side payload; an idle vLLM's page, or
+  one whose histograms did not move), is the last snapshot with those values put in
+  (`vllm_parse._patch`; no run is read again; `tests/sources/test_vllm_patch.py` checks it
+  against a full parse on the real captures with hostile values), and a history point whose
+  histograms did not move keeps its counters as they are and shares the last point's deflated
+  histograms. Windows of one poll that start at the same point (all of them while the history
   is shorter than the windows, the first hour of a server and every side-by-side run) share one
   delta.
 - At the default `--collect.interval 5s` the exporter's cost is the whole-poll figure every 5 s;
@@ -226,11 +232,12 @@ How to read it:
   instrumented live at 1.6-1.9 ms a poll, parse ~0.3, derive ~0.4, the fetch coroutine ~0.35,
   ingest and end of poll ~0.4, the event loop between polls ~0.4 (its timers and wake-ups).
   Since then the derivations run at the first read of /metrics after a poll (collector.py,
-  `Exporter.latest`), not every poll, and a settled discovery costs no poll (`Poll.due`); each
+  `Exporter.latest`), not every poll, a settled discovery costs no poll (`Poll.due`), and the
+  poll loop is one task with plain sleeps between polls (no task, wait and timeout a poll); each
   figure is the median of 5 slices of the measured time, both processes sampled at each cut. The
   row "its /metrics read every 15 s" has this process read the exporter's page that often, so its
-  figure holds the derivations and the rendering a scraped exporter does (one slice, the whole
-  45 s: its 3 reads spread over its 45 polls).
+  figure holds the derivations and the rendering a scraped exporter does (3 slices of 15 s,
+  each with one read halfway through it, and their median).
 - One poll by stage (bench_poll.py): the same targets polled in this process through the real
   VllmSource and poll state (serve's default 4 windows, 3 quantiles), one stage at a time: fetch
   (the GET of every target on its kept-alive connection, concurrently; `sources/http.py`, our
@@ -320,7 +327,7 @@ def main() -> int:
 
     side_by_side = [row for n, seconds in ((20, 40.0), (1, 20.0), (100, 20.0))
                     for row in bench_side_by_side.rows(n, seconds, warmup=8.0)]  # fmt: skip
-    side_by_side += bench_side_by_side.rows(1, 45.0, warmup=8.0, slices=1, scrape_every=15.0)
+    side_by_side += bench_side_by_side.rows(1, 45.0, warmup=8.0, slices=3, scrape_every=15.0)
     side_by_side += bench_poll.rows() + bench_side_by_side.history_rows()
     rest = bench_fleet.rows() + bench_attribution.rows() + bench_analyzer.rows() + bench_endpoint.rows()
     rest += bench_kv_heavy.rows() + bench_engines.rows() + bench_nats.rows() + bench_sglang.rows(args.repeat)
