@@ -1002,7 +1002,8 @@ CATALOG: tuple[Metric, ...] = (
         FLEET_PUBLISH_DROPPED_TOTAL,
         "counter",
         "Messages the sidecar did not publish: buffer_full (NATS slower than the stream, or down, and the "
-        "bounded buffer full), publish_error (no JetStream ack after 3 tries of 2 s, or an error another try cannot mend), not_connected. The shards "
+        "bounded buffer full), publish_error (no JetStream ack after 3 tries of 2 s, or an error another "
+        "try cannot mend), not_connected. The shards "
         "count the lost deltas as kvcache_kv_events_missed_batches_total.",
         ("reason",),
         "messages",

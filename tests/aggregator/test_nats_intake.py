@@ -239,11 +239,25 @@ def batches_of(replica_seed: int, count: int, start_seq: int = 0) -> list[Batch]
     return out
 
 
+async def taken_unacked(server: NatsServer, intake: NatsIntake, count: int) -> int:
+    """A run of the shard killed between a fetch and its ack: `count` deltas delivered, never acked."""
+    import nats
+
+    nc = await nats.connect(server.url)
+    try:
+        sub = await nc.jetstream().pull_subscribe(intake.filters[0], intake.durable(0), intake.stream)
+        return len(await sub.fetch(count, timeout=5))
+    finally:
+        await nc.close()
+
+
 @pytest.mark.timeout(90)
 def test_a_restarted_shard_resumes_from_its_consumer_and_rebuilds_residency(nats_server):
-    """The shard stops after the first half of the stream; the second half is published meanwhile.
-    Restarted, it reads the acked part again for its residency only and counts only what it had not:
-    its residency is the whole stream's, its counts plus the first run's are the whole's."""
+    """The shard stops after the first half of the stream; the second half is published meanwhile,
+    and the shard's consumer hands some of it out to a run killed before its ack (at any moment a
+    live shard has a fetch out). Restarted, it reads the acked part again for its residency only and
+    counts only what it had not: its residency is the whole stream's, its counts plus the first
+    run's are the whole's, nothing missed."""
 
     async def run():
         pubs = {name: publisher(nats_server, name) for name in ("a", "b")}
@@ -266,6 +280,7 @@ def test_a_restarted_shard_resumes_from_its_consumer_and_rebuilds_residency(nats
         before = view(first.intake.fleet)
         await first.close()
         await publish(slice(20, 40))
+        assert await taken_unacked(nats_server, first, 5) == 5
         second = shard(nats_server)
         await second.start()
         try:
