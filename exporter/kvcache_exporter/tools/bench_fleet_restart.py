@@ -204,9 +204,9 @@ async def outage_past_the_buffer(store: Path, buffer_steps: int) -> dict[str, fl
     try:
         sidecar.start()
         await s.start()
-        for _ in range(10):
+        for _ in range(10):  # each poll sent before the next: the buffer holds 100, a start 64 (a new epoch)
             await poll()
-        await sidecar.flush(60)
+            await sidecar.flush(60)
         await caught_up(lambda: same(s.intake.fleet, whole))
         nats.stop()
         for _ in range(60):
