@@ -104,6 +104,17 @@ async def caught_up(check: Callable[[], bool], timeout: float = 120.0) -> float:
     return time.monotonic() - began
 
 
+async def unacked(nats: Nats, intake: NatsIntake) -> int:
+    """Deliveries the killed shard took and never acked: read again by its next run."""
+    from ..fleet_publish import connect
+
+    nc = await connect(NatsOptions(nats.url), "bench-restart")
+    try:
+        return (await nc.jetstream().consumer_info(intake.stream, intake.durable(0))).num_ack_pending or 0
+    finally:
+        await nc.close()
+
+
 def stored(intake: NatsIntake) -> int:
     return sum(v.stored for v in intake.intake.fleet.replicas.values())
 
@@ -128,6 +139,7 @@ async def measure(store: Path) -> dict[str, float]:
         await asyncio.sleep(0.5)
         counted = stored(first)  # killed mid-stream: what its run counted
         await first.close()
+        out["unacked"] = await unacked(nats, first)
         await feeding
         await pool.flush()
         out["deltas"] = sum(p.published for p in pool.publishers)
@@ -255,7 +267,8 @@ def rows() -> list[tuple[str, str]]:
             f"fleet on NATS: a shard killed mid-stream and restarted ({shape})",
             f"caught up in {m['resume_s']:.2f} s (rebuild from the stream + resume from its consumer) "
             f"beside a fresh shard's cold start on the same stream {m['cold_s']:.2f} s; "
-            f"{m['shard_lost']:.0f} stored blocks lost, {m['shard_missed']:.0f} deltas missed",
+            f"{m['shard_lost']:.0f} stored blocks lost, {m['shard_missed']:.0f} deltas missed "
+            f"({m['unacked']:.0f} deltas taken by the killed run and never acked)",
         ),
         (
             "fleet on NATS: nats-server stopped while the replicas go on, started again",
