@@ -516,7 +516,8 @@ class FleetPublisher:
 
     async def _ensure_stream(self) -> None:
         stream = wire.stream_name(self.prefix, self.pool)
-        await ensure_stream(self._js, stream, f"{self.prefix}.{self.pool}.>", STREAM_MAX_AGE, STREAM_MAX_BYTES)
+        subjects = f"{self.prefix}.{self.pool}.>"
+        await ensure_stream(self._js, stream, subjects, STREAM_MAX_AGE, STREAM_MAX_BYTES)
 
     def _again(self, item: tuple[str, bytes, float]) -> None:
         with self.lock:

@@ -8,8 +8,9 @@ with the last message of each replica. `DeltaIntake` (pure) checks each message 
 
 Restart: the durable consumer remembers what the shard acked. A restarted shard first reads the
 retained stream up to that point with counting off (residency rebuilt, counters not counted twice),
-then resumes from the consumer's position. Deltas older than the stream's retention are gone: size
-it from the stream's rate (docs/fleet.md).
+then resumes right after it: deliveries the last run took and never acked (killed between a fetch
+and its ack) come again, in order, before anything newer. Deltas older than the stream's retention
+are gone: size it from the stream's rate (docs/fleet.md).
 """
 
 from __future__ import annotations
@@ -269,18 +270,16 @@ class NatsIntake:
         )
         subs = []
         for index, subject in enumerate(self.filters):
-            floor = await self._ack_floor(js, self.durable(index))
+            durable = self.durable(index)
+            floor = await self._resume_point(js, durable)
             if floor:
                 await self._rebuild(js, subject, floor)
             config = api.ConsumerConfig(
                 ack_policy=api.AckPolicy.ALL, ack_wait=ACK_WAIT, max_ack_pending=FETCH_BATCH * 4
             )
-            subs.append(
-                (
-                    self.durable(index),
-                    await js.pull_subscribe(subject, self.durable(index), self.stream, config),
-                )
-            )
+            if floor:  # used only when the consumer is made (new, or deleted just now): bound as it is
+                config.deliver_policy, config.opt_start_seq = api.DeliverPolicy.BY_START_SEQUENCE, floor + 1
+            subs.append((durable, await js.pull_subscribe(subject, durable, self.stream, config)))
         if self.rebuilt:
             self.intake.quiet()
             log.info("rebuilt the shard's residency from %d retained deltas", self.rebuilt)
@@ -294,14 +293,23 @@ class NatsIntake:
         self.connected_once = True
         await asyncio.gather(*(self._consume(name, sub) for name, sub in subs))
 
-    async def _ack_floor(self, js: Any, durable: str) -> int:
+    async def _resume_point(self, js: Any, durable: str) -> int:
+        """The stream sequence the consumer acked last (0: none, or no consumer). A consumer with
+        deliveries out that were never acked (the last run killed between a fetch and its ack) is
+        deleted, to be made again from just past that point: left as it is, it would deliver what
+        comes after them first, and the next ack (AckPolicy.ALL) would acknowledge them unread."""
         from nats.js.errors import NotFoundError
 
         try:
             info = await js.consumer_info(self.stream, durable)
         except NotFoundError:
             return 0
-        return info.ack_floor.stream_seq if info.ack_floor else 0
+        floor = info.ack_floor.stream_seq if info.ack_floor else 0
+        if not info.num_ack_pending:
+            return floor
+        log.info("consumer %s: %d deliveries never acked; read again", durable, info.num_ack_pending)
+        await js.delete_consumer(self.stream, durable)
+        return floor
 
     async def _rebuild(self, js: Any, subject: str, floor: int) -> None:
         """What the consumer acked before this start, read again for the residency only."""

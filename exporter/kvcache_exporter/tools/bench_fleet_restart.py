@@ -4,7 +4,8 @@
 Each figure is a time from a start to "caught up" (the shard's residency equals the whole stream's,
 applied directly to a FleetResidency) beside a same-run baseline, and the counts lost: the stored
 blocks the whole stream counts less what the shard's runs counted, and the deltas marked missed.
-- shard killed mid-stream and restarted: baseline a fresh shard's cold start on the same stream;
+- shard killed mid-stream and restarted (before the consumer's ack wait: what the killed run took
+  unacked is not delivered again by then): baseline a fresh shard's cold start on the same stream;
 - NATS stopped while the replicas go on, started again: the same baseline;
 - a replica restart (vLLM's seq back to 0): until every shard forgot its old blocks, beside one
   ordinary delta's time from offer to applied.
@@ -15,11 +16,10 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from ..aggregator.fleet_residency import FleetResidency
-from ..aggregator.nats_intake import DeltaIntake, NatsIntake
+from ..aggregator.nats_intake import ACK_WAIT, DeltaIntake, NatsIntake
 from ..fleet_publish import FleetPublisher, NatsOptions
 from ..sources.kv_events_decode import Batch, Event, KvEventDrain
 from .soak_fleet import Nats
@@ -95,13 +95,40 @@ def same(shard_fleet: FleetResidency, whole: FleetResidency) -> bool:
     )
 
 
-async def caught_up(check: Callable[[], bool], timeout: float = 120.0) -> float:
+async def caught_up(intake: NatsIntake, whole: FleetResidency, timeout: float = 120.0) -> float:
+    """Seconds until the shard's residency is the whole stream's: nan past `timeout`, or at once
+    when the shard marked a delta missed (its residency cannot get there then)."""
     began = time.monotonic()
-    while not check():
-        if time.monotonic() - began > timeout:
+    while not same(intake.intake.fleet, whole):
+        if missed(intake) or time.monotonic() - began > timeout:
             return float("nan")
         await asyncio.sleep(0.01)
     return time.monotonic() - began
+
+
+async def unacked(nats: Nats, intake: NatsIntake) -> int:
+    """Deliveries the killed shard took and never acked: read again by its next run."""
+    from ..fleet_publish import connect
+
+    nc = await connect(NatsOptions(nats.url), "bench-restart")
+    try:
+        return (await nc.jetstream().consumer_info(intake.stream, intake.durable(0))).num_ack_pending or 0
+    finally:
+        await nc.close()
+
+
+async def settled(intake: NatsIntake, quiet: float = 1.0, timeout: float = 120.0) -> None:
+    """Until the shard has read all the stream holds for it and applied nothing for `quiet` s: its
+    counts are final (caught up or not)."""
+    began = since = time.monotonic()
+    last = -1
+    while time.monotonic() - began < timeout:
+        count = intake.intake.applied + sum(intake.intake.dropped.values())
+        if count != last or any(intake.pending.values()):
+            last, since = count, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return
+        await asyncio.sleep(0.05)
 
 
 def stored(intake: NatsIntake) -> int:
@@ -123,42 +150,45 @@ async def measure(store: Path) -> dict[str, float]:
         await pool.flush()
         first = shard(nats)
         await first.start()  # the times below count from the start call: connecting is part of it
-        await caught_up(lambda: same(first.intake.fleet, pool.whole))
+        await caught_up(first, pool.whole)
         feeding = asyncio.ensure_future(_feed(pool, BATCHES // 2))
         await asyncio.sleep(0.5)
         counted = stored(first)  # killed mid-stream: what its run counted
         await first.close()
+        killed = time.monotonic()
+        out["unacked"] = await unacked(nats, first)
         await feeding
         await pool.flush()
         out["deltas"] = sum(p.published for p in pool.publishers)
-        cold = shard(nats, "bench-cold")
-        await cold.start()
-        out["cold_s"] = await caught_up(lambda: same(cold.intake.fleet, pool.whole))
-        await cold.close()
-        second = shard(nats)
+        second = shard(nats)  # restarted before the consumer's ack wait: nothing delivered again yet
         await second.start()
-        out["resume_s"] = await caught_up(lambda: same(second.intake.fleet, pool.whole))
-        await asyncio.sleep(0.5)
+        out["restarted_s"] = time.monotonic() - killed
+        out["resume_s"] = await caught_up(second, pool.whole)
+        await settled(second)
         whole_stored = sum(v.stored for v in pool.whole.replicas.values())
         out["shard_lost"] = whole_stored - counted - stored(second)
         out["shard_missed"] = missed(second)
+        cold = shard(nats, "bench-cold")  # the baseline, while the restarted shard idles
+        await cold.start()
+        out["cold_s"] = await caught_up(cold, pool.whole)
+        await cold.close()
         before = stored(second)
         nats.stop()
         pool.offer(BATCHES // 4)  # the replicas go on: the sidecars buffer
         nats.start()
-        out["nats_s"] = await caught_up(lambda: same(second.intake.fleet, pool.whole))
+        out["nats_s"] = await caught_up(second, pool.whole)
         await pool.flush()
-        await asyncio.sleep(0.5)
+        await settled(second)
         out["nats_lost"] = (
             sum(v.stored for v in pool.whole.replicas.values()) - whole_stored - (stored(second) - before)
         )
         out["nats_missed"] = missed(second)
         out["nats_dropped"] = sum(sum(p.dropped.values()) for p in pool.publishers)
         pool.offer(1, range(1, 2))  # one ordinary delta's way, the baseline of the next
-        out["delta_s"] = await caught_up(lambda: same(second.intake.fleet, pool.whole))
+        out["delta_s"] = await caught_up(second, pool.whole)
         pool.seqs[0] = 0  # replica r0's vLLM restarts: seq 0 again, its cache empty
         pool.offer(1, range(0, 1))
-        out["replica_s"] = await caught_up(lambda: same(second.intake.fleet, pool.whole))
+        out["replica_s"] = await caught_up(second, pool.whole)
         out["replica_restarts"] = second.intake.fleet.replicas["r0"].restarts
         await second.close()
     finally:
@@ -204,10 +234,10 @@ async def outage_past_the_buffer(store: Path, buffer_steps: int) -> dict[str, fl
     try:
         sidecar.start()
         await s.start()
-        for _ in range(10):
+        for _ in range(10):  # each poll sent before the next: the buffer holds 100, a start 64 (a new epoch)
             await poll()
-        await sidecar.flush(60)
-        await caught_up(lambda: same(s.intake.fleet, whole))
+            await sidecar.flush(60)
+        await caught_up(s, whole)
         nats.stop()
         for _ in range(60):
             await poll()
@@ -218,9 +248,7 @@ async def outage_past_the_buffer(store: Path, buffer_steps: int) -> dict[str, fl
             await sidecar.flush(60)
             if not sidecar._held:
                 break
-        out["caught_up_s"] = (
-            await caught_up(lambda: same(s.intake.fleet, whole), 20) + time.monotonic() - began
-        )
+        out["caught_up_s"] = await caught_up(s, whole, 20) + time.monotonic() - began
         view = s.intake.fleet.replicas["r0"]
         out["missed"], out["resident"], out["whole"] = (
             view.missed,
@@ -255,7 +283,9 @@ def rows() -> list[tuple[str, str]]:
             f"fleet on NATS: a shard killed mid-stream and restarted ({shape})",
             f"caught up in {m['resume_s']:.2f} s (rebuild from the stream + resume from its consumer) "
             f"beside a fresh shard's cold start on the same stream {m['cold_s']:.2f} s; "
-            f"{m['shard_lost']:.0f} stored blocks lost, {m['shard_missed']:.0f} deltas missed",
+            f"{m['shard_lost']:.0f} stored blocks lost, {m['shard_missed']:.0f} deltas missed "
+            f"({m['unacked']:.0f} deltas taken by the killed run and never acked; restarted "
+            f"{m['restarted_s']:.2f} s after the kill, the consumer's ack wait {ACK_WAIT:.0f} s)",
         ),
         (
             "fleet on NATS: nats-server stopped while the replicas go on, started again",
