@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from kvcache_exporter.derive.attribution import Attribution
-from kvcache_exporter.derive.content_causes import seams
+from kvcache_exporter.derive.content_causes import moved_from_divergence, seams
 from kvcache_exporter.derive.fingerprints import SELECTED, FingerprintSet, K, prefix_prints, shared_prefix
 from tests.derive.test_attribution import BS, Stream, tokens_by_cause
 from tests.derive.test_attribution_causes import ask, joined, text
@@ -106,3 +106,42 @@ def test_seams_are_new_pairs_and_short_unseen_gaps():
     assert joins == [3, 5] and last == 6
     paired[5] = False  # a new pair that far apart: unique content ends the stretch
     assert seams(positions, seen, paired, 0) == ([3, 5], 5)
+
+
+def test_sections_moved_from_the_divergence_point_on_are_content_moved():
+    """Documents B A D C after A B C D, behind a cached system prompt of whole blocks, no anchor window
+    straddling a seam (each document ends with an anchor whose window ends with it): the first seam
+    sits at the divergence point, so no pair shows it; the new pairs B->A, A->D and D->C further on
+    do. Before this rule: in order at the divergence point with seams only further on was left to
+    the rule without the order, which saw no junction (cold)."""
+    stream, held = Stream(Attribution()), set()
+    system = text(40, 5 * BS)
+    docs = [[*text(41 + i, 3 * BS), ANCHOR, *no_anchor(45 + i, K - 1)] for i in range(4)]
+    ask(stream, system + joined(docs) + text(45, 2 * BS), held)
+    before = stream.attribution.totals.prompt_miss_tokens
+    moved_before = stream.attribution.totals.tokens["content_moved"]
+    ask(stream, system + joined(docs[i] for i in (1, 0, 3, 2)) + text(45, 2 * BS), held)
+    computed = stream.attribution.totals.prompt_miss_tokens - before
+    moved = stream.attribution.totals.tokens["content_moved"] - moved_before
+    assert moved >= 0.8 * computed, tokens_by_cause(stream)
+
+
+def test_one_field_after_known_content_is_not_a_move():
+    """A per-request field between a shared template and known content in its old order: one seam
+    (the field), never content_moved."""
+    stream, held = Stream(Attribution()), set()
+    template, rest = text(50, 5 * BS), text(51, 12 * BS)
+    for seed in range(5):
+        ask(stream, template + text(60 + seed, 10) + rest, held)
+    assert stream.attribution.totals.tokens["content_moved"] == 0, tokens_by_cause(stream)
+
+
+def test_moved_from_divergence_needs_two_seams_and_sections_of_half_a_unit():
+    positions = [0, 16, 32, 48, 64, 80, 96, 112]
+    seen = [True] * 8
+    paired = [True, True, False, True, True, False, True]  # seams before 48 and before 96
+    assert moved_from_divergence(positions, seen, paired, 128, 32) == (0, 128)
+    assert moved_from_divergence(positions, seen, paired, 128, 128) is None  # 48-tok section < half of 128
+    one = [True, True, False, True, True, True, True]
+    assert moved_from_divergence(positions, seen, one, 128, 32) is None  # one seam: a field
+    assert moved_from_divergence(positions, [False, *seen[1:]], paired, 128, 32) is None  # a front first

@@ -45,7 +45,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..sources.kv_events_decode import IN_ORDER, Batch, Event, Mark
-from .content_causes import foreign_span, moved_span, rewritten_span, seams, whole_units
+from .content_causes import (
+    foreign_span,
+    moved_from_divergence,
+    moved_span,
+    rewritten_span,
+    seams,
+    whole_units,
+)
 from .fingerprints import PREFIX_STEPS, FingerprintSet, Generations, anchors, prefix_prints, shared_prefix
 from .layouts import _END as _END_OF_EVENT
 from .layouts import LAYOUTS, AnchorOrder, layout_served, stop_after
@@ -385,6 +392,12 @@ class Attribution:
         first = seen.index(True)
         if root and first:  # any token before known content at a root is a per-request front: reorder.py
             return None, True
+        if not root and not first:  # sections moved from the divergence point on
+            new, old = self._order.new, self._order.old
+            pair_seen = [key in new or key in old for key in keys]
+            moved = moved_from_divergence(positions, seen, pair_seen, length, unit)
+            if moved is not None:
+                return (None, 0, [("content_moved", *moved)]), True
         paired = [False] * first + self._in_order_steps(keys, first, positions, prints, seen)
         joins, last = seams(positions, seen, paired, first)
         fronted = first or (joins and positions[joins[0]] < 2 * size)

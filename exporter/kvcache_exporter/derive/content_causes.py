@@ -20,6 +20,10 @@ explains, `(start, stop)`, or None (docs/kv-events.md, one section per cause):
   least three adjacencies (the one at the divergence point and two more); a per-request field
   changes one. Fingerprints of token runs do not depend on block alignment, so a seam or a field
   with no anchor of its own still shows as a pair never seen in that order (or as none at all).
+- `moved_from_divergence` (order-aware): known content from the divergence point on, joined at two
+  seams or more (an anchor pair never seen at all, not only in another context), the sections
+  between them half a hit unit or more: the moved sections start at the divergence point, where
+  the first seam shows no pair. A per-request field changes one adjacency: one seam.
 - `foreign_span`: content known only under another adapter or cache salt: from the first such
   anchor to the last one's window, in whole hit units (not a fault; vLLM isolates them on purpose).
 """
@@ -54,8 +58,11 @@ def _end(positions: Sequence[int], flags: Sequence[bool], length: int) -> int:
     """Where the content of the last flagged anchor ends: K / 2 tokens into the next anchor's window
     (at least its own window's end; as a known run's end is estimated, reorder.py), the end of the
     new tokens when no anchor follows it."""
-    last = len(flags) - 1 - flags[::-1].index(True)
-    if last == len(flags) - 1:
+    return _end_at(positions, len(flags) - 1 - flags[::-1].index(True), length)
+
+
+def _end_at(positions: Sequence[int], last: int, length: int) -> int:
+    if last == len(positions) - 1:
         return length
     return min(max(positions[last] + K, positions[last + 1] + K // 2), length)
 
@@ -130,3 +137,37 @@ def seams(
             break
         last = k
     return joins, last
+
+
+def moved_from_divergence(
+    positions: Sequence[int], seen: Sequence[bool], pair_seen: Sequence[bool], length: int, unit: int
+) -> tuple[int, int] | None:
+    """Known content from the first anchor (seen) on, joined at seams: a pair never seen next to each
+    other however far apart (`pair_seen[i]`: anchors i and i + 1 were), or a few unseen anchors
+    between seen ones (SEAM_SPREAD; more: unique content ends the stretch). From the divergence point
+    to the stretch's end in whole hit units when there are two seams or more, the sections between
+    them half a hit unit or more (a seam taken halfway between the last whole window before it and
+    the first anchor after it), and the stretch's pairs in order at least twice as often as not
+    (forgotten pairs read as seams). None otherwise."""
+    if not seen or not seen[0] or unit <= 0:
+        return None
+    bounds: list[int] = []
+    last, in_order = 0, 0
+    for k in range(1, len(seen)):
+        if not seen[k]:
+            continue
+        if k == last + 1:
+            if pair_seen[last]:
+                in_order += 1
+            else:  # joined, however far apart: the content either side was known, never next to each other
+                bounds.append((positions[last] + K + positions[k]) // 2)
+        elif positions[k - 1] - positions[last + 1] < SEAM_SPREAD:
+            bounds.append((positions[last] + K + positions[k]) // 2)
+        else:
+            break
+        last = k
+    if len(bounds) < 2 or in_order < 2 * len(bounds):
+        return None
+    if any(2 * (bounds[i + 1] - bounds[i]) < unit for i in range(len(bounds) - 1)):
+        return None
+    return whole_units(0, _end_at(positions, last, length), unit)
