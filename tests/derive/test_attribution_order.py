@@ -145,3 +145,46 @@ def test_moved_from_divergence_needs_two_seams_and_sections_of_half_a_unit():
     one = [True, True, False, True, True, True, True]
     assert moved_from_divergence(positions, seen, one, 128, 32) is None  # one seam: a field
     assert moved_from_divergence(positions, [False, *seen[1:]], paired, 128, 32) is None  # a front first
+
+
+def test_a_root_stored_again_over_resident_blocks_is_classified_behind_them():
+    """A hybrid layout hits a prefix only where its window groups hold a part, kept at a prompt's end
+    only: a field after a shared system prompt makes vLLM store the whole prompt again from the root,
+    its first blocks (the system prompt) still resident with the same hashes. The rest is read as
+    behind that prefix (known content behind a field: prefix_diverged) and the resident blocks take
+    the divergence point's cause. Before: the resident blocks read cold (a concurrent store) and the
+    field a junction between known runs (content_moved)."""
+    stream = Stream(Attribution())
+    system, rest = text(70, 6 * BS), text(71, 14 * BS)
+    stream.prompt(system + text(72, 9) + rest)
+    before = dict(stream.attribution.totals.tokens)
+    stream.prompt(system + text(73, 9) + rest)
+    tokens = {c: n - before[c] for c, n in stream.attribution.totals.tokens.items() if n != before[c]}
+    assert max(tokens, key=tokens.__getitem__) == "prefix_diverged", tokens
+    assert tokens["prefix_diverged"] >= 6 * BS + 12 * BS, tokens  # the system prompt and most of the rest
+    assert stream.attribution.resident == 20 + 14, stream.attribution.resident  # the 6 stored again: once
+
+
+def test_the_same_root_computed_twice_at_once_stays_cold():
+    """Every block of the root event resident (two requests computing the same new prompt in one
+    step): nothing to classify behind, cold as before."""
+    stream = Stream(Attribution())
+    prompt = text(74, 8 * BS)
+    stream.prompt(prompt)
+    stream.prompt(prompt)
+    assert tokens_by_cause(stream).keys() == {"cold"}
+
+
+def test_one_seam_after_a_field_is_not_read_as_two():
+    """A field after the system prompt whose last value held an anchor and this one none: the pair
+    across it (the system prompt's last anchor, the rest's first) is new, a seam. The step after it
+    is a pair seen before, in a context never seen (the seam's): read in context it was a second
+    seam, and the known rest behind it a moved section (content_moved). It is the field."""
+    stream, held = Stream(Attribution()), set()
+    system = [*text(80, 5 * BS), ANCHOR, *no_anchor(81, K - 1)]
+    rest = text(82, 12 * BS)
+    ask(stream, [*system, *no_anchor(83, 3), ANCHOR + 256, *no_anchor(84, 3), *rest], held)
+    before = dict(stream.attribution.totals.tokens)
+    ask(stream, system + no_anchor(85, 6) + rest, held)
+    tokens = {c: n - before[c] for c, n in stream.attribution.totals.tokens.items() if n != before[c]}
+    assert tokens.get("content_moved", 0) == 0 and tokens["prefix_diverged"] >= 10 * BS, tokens

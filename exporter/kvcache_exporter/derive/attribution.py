@@ -208,12 +208,17 @@ class Attribution:
         self._era += 1
         self.resident = 0
 
-    def _store(self, event: Event) -> None:
+    def _store(self, event: Event) -> list[tuple[str, int, int]]:
+        """Classify and track one BlockStored; returns its content spans (cause, start, stop)."""
         hashes = event.block_hashes
         count = len(hashes)
         if not count:
-            return
+            return []
         blocks, parent_hash = self._blocks, event.parent
+        if parent_hash is None and count > 1 and (hashes[0] in blocks.new or hashes[0] in blocks.old):
+            lead = self._resident_lead(hashes)
+            if lead:
+                return self._store_behind_resident(event, lead)
         size = event.block_size or len(event.token_ids) // count  # token ids are decoded when read
         depth, diverged, rewritable, turns = 0, 0, False, 0
         if parent_hash is not None:
@@ -232,7 +237,7 @@ class Attribution:
                     if parent & _DECODED:  # the second decode block on: not a one-block prompt misread
                         self._generated.update(anchors(event.token_ids)[1])
                     self._track(hashes, depth, (0, 1) if diverged else (0, 0), _DECODED, turns)
-                    return
+                    return []
         unit, length = self.hit_unit or size, count * size
         before = 0 if parent_hash is None else None if depth is None else (depth + 1) * size
         tokens = event.token_ids  # decoded on each read: once
@@ -279,6 +284,34 @@ class Attribution:
         if order is not None:
             order.learn(pairs)
         self._track(hashes, depth, marked, 0, turns)
+        return spans
+
+    def _resident_lead(self, hashes: Sequence) -> int:
+        """How many of a root event's first blocks are resident in this era (stored again: vLLM did
+        not hit them); 0 when all are (the same prompt computed twice at once)."""
+        era, new, old = self._era & _ERA_MASK, self._blocks.new, self._blocks.old
+        lead = 0
+        for block_hash in hashes:
+            info = new.get(block_hash) or old.get(block_hash)
+            if info is None or info & _REMOVED or (info >> 24) & _ERA_MASK != era:
+                break
+            lead += 1
+        return lead if lead < len(hashes) else 0
+
+    def _store_behind_resident(self, event: Event, lead: int) -> list[tuple[str, int, int]]:
+        """A chain's root stored again over `lead` resident blocks: on a hybrid layout a prefix hits
+        only where every group holds a part, and the window groups keep theirs at a prompt's end
+        only (docs/kv-events.md, "Hybrid layouts: a prefix stored again"). The rest is classified
+        as behind that cached prefix; the resident blocks take the cause of the divergence point
+        (the span the rest starts with, or prefix_diverged: its front sits there), else cold."""
+        hashes, size = event.block_hashes, event.block_size or len(event.token_ids) // len(event.block_hashes)
+        self.resident -= lead  # stored again: counted once
+        self._track(hashes[:lead], 0, (0, 0), tip=False)
+        rest = Event("BlockStored", hashes[lead:], hashes[lead - 1], event.token_ids[lead * size :], size)
+        spans = self._store(rest)
+        cause = spans[0][0] if spans and (spans[0][1] == 0 or spans[0][0] == "prefix_diverged") else "cold"
+        self.totals.tokens[cause] += lead * size
+        return spans
 
     @staticmethod
     def _shared_start(
@@ -432,14 +465,15 @@ class Attribution:
     ) -> list[bool]:
         """From anchor `first` on, per step from an anchor to the next: whether it was seen before in
         that order, in context (the pair of the anchor and the one before it was followed by the
-        next; the first step and the one after an unseen anchor: the pair was seen). A pair followed
+        next; the first step and the one after an unseen anchor or a new pair: the pair was seen, so
+        that one seam is not read as two). A pair followed
         by several anchors (requests going their own ways, sections seen in more than one order) is
         in order for none."""
         new, old = self._order.new, self._order.old
         steps = []
         for i in range(first, len(positions) - 1):
-            if i == first or not seen[i - 1]:  # no context: the pair seen at all
-                steps.append(keys[i] in new or keys[i] in old)
+            if i == first or not seen[i - 1] or not (keys[i - 1] in new or keys[i - 1] in old):
+                steps.append(keys[i] in new or keys[i] in old)  # no context (none, or new): seen at all
                 continue
             follower = new.get(keys[i - 1])
             if follower is None:
@@ -509,7 +543,13 @@ class Attribution:
             self.totals.host_load_bytes += size * self.kv_bytes_per_token
 
     def _track(
-        self, hashes: Sequence, depth: int | None, marked: tuple[int, int], decoded: int = 0, turns: int = 0
+        self,
+        hashes: Sequence,
+        depth: int | None,
+        marked: tuple[int, int],
+        decoded: int = 0,
+        turns: int = 0,
+        tip: bool = True,
     ) -> None:
         """Remember the event's blocks: resident, in this era, blocks marked[0] to marked[1] (not
         included) in a diverged known run, the last one an open tip."""
@@ -524,7 +564,7 @@ class Attribution:
             values = [base | min(depth + i, _DEPTH_MAX) << 6 | (stored + 1 + i) << 40 for i in range(count)]
         for i in range(low, high):
             values[i] |= _DIVERGED
-        values[-1] |= _OPEN_TIP | decoded
+        values[-1] |= (_OPEN_TIP if tip else 0) | decoded
         blocks = self._blocks
         blocks.new.update(zip(hashes, values, strict=False))  # as many values as hashes
         if len(blocks.new) >= blocks.half:
