@@ -136,12 +136,15 @@ def test_one_field_after_known_content_is_not_a_move():
     assert stream.attribution.totals.tokens["content_moved"] == 0, tokens_by_cause(stream)
 
 
-def test_moved_from_divergence_needs_two_seams_and_sections_of_half_a_unit():
+def test_moved_from_divergence_needs_two_seams_and_sections_that_are_not_sentences():
     positions = [0, 16, 32, 48, 64, 80, 96, 112]
     seen = [True] * 8
-    paired = [True, True, False, True, True, False, True]  # seams before 48 and before 96
+    paired = [True, True, False, True, True, False, True]  # seams before 48 and before 96: 48 tokens apart
     assert moved_from_divergence(positions, seen, paired, 128, 32) == (0, 128)
-    assert moved_from_divergence(positions, seen, paired, 128, 128) is None  # 48-tok section < half of 128
+    assert moved_from_divergence(positions, seen, paired, 128, 128) == (0, 128)  # 48 >= 2 spacings
+    close = [True, True, False, False, True, True, True]  # seams before 48 and 64: 16 tokens apart
+    assert moved_from_divergence(positions, seen, close, 128, 32) == (0, 128)  # half of a 32-token unit
+    assert moved_from_divergence(positions, seen, close, 128, 64) is None  # a sentence, not a section
     one = [True, True, False, True, True, True, True]
     assert moved_from_divergence(positions, seen, one, 128, 32) is None  # one seam: a field
     assert moved_from_divergence(positions, [False, *seen[1:]], paired, 128, 32) is None  # a front first

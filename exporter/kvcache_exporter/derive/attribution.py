@@ -425,7 +425,7 @@ class Attribution:
         first = seen.index(True)
         if root and first:  # any token before known content at a root is a per-request front: reorder.py
             return None, True
-        if not root and not first:  # sections moved from the divergence point on
+        if not first:  # sections moved from the divergence point on (at a root: from the first token)
             new, old = self._order.new, self._order.old
             pair_seen = [key in new or key in old for key in keys]
             moved = moved_from_divergence(positions, seen, pair_seen, length, unit)

@@ -22,8 +22,9 @@ explains, `(start, stop)`, or None (docs/kv-events.md, one section per cause):
   with no anchor of its own still shows as a pair never seen in that order (or as none at all).
 - `moved_from_divergence` (order-aware): known content from the divergence point on, joined at two
   seams or more (an anchor pair never seen at all, not only in another context), the sections
-  between them half a hit unit or more: the moved sections start at the divergence point, where
-  the first seam shows no pair. A per-request field changes one adjacency: one seam.
+  between them half a hit unit or 2 x ANCHOR_SPACING tokens (the less): the moved sections start at
+  the divergence point, where the first seam shows no pair. A per-request field changes one
+  adjacency: one seam; sentences recombined into a question are shorter sections.
 - `foreign_span`: content known only under another adapter or cache salt: from the first such
   anchor to the last one's window, in whole hit units (not a fault; vLLM isolates them on purpose).
 """
@@ -146,9 +147,9 @@ def moved_from_divergence(
     other however far apart (`pair_seen[i]`: anchors i and i + 1 were), or a few unseen anchors
     between seen ones (SEAM_SPREAD; more: unique content ends the stretch). From the divergence point
     to the stretch's end in whole hit units when there are two seams or more, the sections between
-    them half a hit unit or more (a seam taken halfway between the last whole window before it and
-    the first anchor after it), and the stretch's pairs in order at least twice as often as not
-    (forgotten pairs read as seams). None otherwise."""
+    them half a hit unit or two anchor spacings (the less) or more (a seam taken halfway between
+    the last whole window before it and the first anchor after it), and the stretch's pairs in
+    order at least twice as often as not (forgotten pairs read as seams). None otherwise."""
     if not seen or not seen[0] or unit <= 0:
         return None
     bounds: list[int] = []
@@ -168,6 +169,7 @@ def moved_from_divergence(
         last = k
     if len(bounds) < 2 or in_order < 2 * len(bounds):
         return None
-    if any(2 * (bounds[i + 1] - bounds[i]) < unit for i in range(len(bounds) - 1)):
+    shortest = min(unit // 2, 2 * ANCHOR_SPACING)
+    if any(bounds[i + 1] - bounds[i] < shortest for i in range(len(bounds) - 1)):
         return None
     return whole_units(0, _end_at(positions, last, length), unit)
