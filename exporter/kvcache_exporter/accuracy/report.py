@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from ..derive.attribution import CAUSES
-from .harness import DECODE, HIT, Table
+from .harness import CANNOT_SHOW, DECODE, HIT, Table
 from .workload import FAULTS, KINDS
 
 HEADER = """# Attribution accuracy
@@ -22,7 +22,11 @@ sidecar's own path as `serve` wires it (decoder, sequence cursor, group model, m
 the delta of `kvcache_prefix_cache_miss_tokens_total` by cause over that request is read. The cause
 with the most tokens is the one *named* (a tie goes to the first by name, so `cold` beats
 `prefix_diverged`); `hit` means the request added no miss tokens, `decode` that its stores were
-read as decode filling a block (not a prompt miss). A case's setup requests put the
+read as decode filling a block (not a prompt miss). An injected change is counted only where it can
+show (`harness.can_show`, decided from the case, never from the outcome): vLLM stores whole hit units
+only, so a prompt shorter than one, or a change in a prompt's content past its last whole unit (the
+units it stores are those the cache held), loses no hit and reaches no event; such requests are
+column `cannot_show`, not counted as injected. A case's setup requests put the
 cache in a known state just before its change and are not scored; fresh random content keeps cases
 apart. Causes are read from the attribution generically: a cause it learns shows up as a column.
 
@@ -123,11 +127,13 @@ deadline still scores). The committed real tables are such replays.
 
 
 def columns(tables: Sequence[Table]) -> list[str]:
-    """The named causes that occur, the attribution's own first, then new ones, then hit and decode."""
+    """The named causes that occur, the attribution's own first, then new ones, then hit and decode,
+    then the changes that cannot show (not counted)."""
     seen = {cause for t in tables for counts in t.counts.values() for cause in counts}
     known = [c for c in dict.fromkeys((*CAUSES, *(cause for cause, _ in KINDS.values()))) if c in seen]
-    rest = sorted(seen - set(known) - {HIT, DECODE})
-    return [*[c for c in known if c not in (HIT, DECODE)], *rest, *[c for c in (HIT, DECODE) if c in seen]]
+    last = (HIT, DECODE, CANNOT_SHOW)
+    rest = sorted(seen - set(known) - set(last))
+    return [*[c for c in known if c not in last], *rest, *[c for c in last if c in seen]]
 
 
 def summary(table: Table) -> dict[str, int]:
@@ -136,6 +142,7 @@ def summary(table: Table) -> dict[str, int]:
         "kinds": len(injected),
         "injected": sum(table.scored(k) for k in injected),
         "right": sum(table.right(k) for k in injected),
+        "cannot_show": sum(table.cannot_show(k) for k in injected),
         "appends": table.scored("append_turn"),
         "faulted_appends": table.faulted_appends(),
         "repeats": table.scored("exact_repeat"),
@@ -148,6 +155,14 @@ def misnamed_as(table: Table) -> str:
     for kind in table.injected_kinds:
         wrong.update(table.misnamed(kind))
     return ", ".join(f"{cause} {n:,}" for cause, n in wrong.most_common()) or "none"
+
+
+def not_counted(cannot_show: int) -> str:
+    if not cannot_show:
+        return ""
+    return (
+        f" Not counted: {cannot_show:,} changes no whole hit unit held (`{CANNOT_SHOW}`: they cannot show)."
+    )
 
 
 def shape_section(table: Table, note: str) -> str:
@@ -166,8 +181,9 @@ def shape_section(table: Table, note: str) -> str:
         "",
         f"Injected changes: {s['injected']:,} over {s['kinds']} kinds; named right {s['right']:,} "
         f"({s['right'] / max(s['injected'], 1):.1%}); misnamed {s['injected'] - s['right']:,}, as: "
-        f"{misnamed_as(table)}. Append-only turns: {s['appends']:,}, given a fault cause: "
-        f"{s['faulted_appends']:,}. Exact repeats: {s['repeats']:,}, all hit: {s['repeats_hit']:,}.",
+        f"{misnamed_as(table)}.{not_counted(s['cannot_show'])} Append-only turns: {s['appends']:,}, "
+        f"given a fault cause: {s['faulted_appends']:,}. Exact repeats: {s['repeats']:,}, all hit: "
+        f"{s['repeats_hit']:,}.",
         "",
     ]
     return "\n".join(lines)
