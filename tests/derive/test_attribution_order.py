@@ -126,6 +126,20 @@ def test_sections_moved_from_the_divergence_point_on_are_content_moved():
     assert moved >= 0.8 * computed, tokens_by_cause(stream)
 
 
+def test_a_move_whose_first_seam_an_unseen_anchor_straddles_is_content_moved():
+    """As above, the system prompt's last 4 tokens in the first new block, an anchor among them: its
+    window straddles the seam at the divergence point, so the new tokens start with one unseen anchor
+    (a front, read alone: prefix_diverged). One window of unseen anchors is a seam, not a field."""
+    stream, held = Stream(Attribution()), set()
+    system = [*text(46, 5 * BS), ANCHOR, *no_anchor(47, 3)]
+    docs = [[*text(48 + i, 3 * BS), ANCHOR, *no_anchor(52 + i, K - 1)] for i in range(4)]
+    ask(stream, system + joined(docs) + text(56, 2 * BS), held)
+    before = dict(stream.attribution.totals.tokens)
+    ask(stream, system + joined(docs[i] for i in (1, 0, 3, 2)) + text(56, 2 * BS), held)
+    tokens = {c: n - before[c] for c, n in stream.attribution.totals.tokens.items() if n != before[c]}
+    assert tokens.keys() == {"content_moved"}, tokens  # before: the front read alone, 48 tokens cold
+
+
 def test_one_field_after_known_content_is_not_a_move():
     """A per-request field between a shared template and known content in its old order: one seam
     (the field), never content_moved."""

@@ -53,7 +53,7 @@ from .content_causes import (
     seams,
     whole_units,
 )
-from .fingerprints import PREFIX_STEPS, FingerprintSet, Generations, anchors, prefix_prints, shared_prefix
+from .fingerprints import PREFIX_STEPS, FingerprintSet, Generations, K, anchors, prefix_prints, shared_prefix
 from .layouts import _END as _END_OF_EVENT
 from .layouts import LAYOUTS, AnchorOrder, layout_served, stop_after
 from .reorder import (
@@ -425,10 +425,12 @@ class Attribution:
         first = seen.index(True)
         if root and first:  # any token before known content at a root is a per-request front: reorder.py
             return None, True
-        if not first:  # sections moved from the divergence point on (at a root: from the first token)
+        if not first or (not root and positions[first - 1] - positions[0] < K):
+            # sections moved from the divergence point on (at a root: from the first token); unseen
+            # anchors before them all in one window straddle the seam there, not a field
             new, old = self._order.new, self._order.old
-            pair_seen = [key in new or key in old for key in keys]
-            moved = moved_from_divergence(positions, seen, pair_seen, length, unit)
+            pair_seen = [key in new or key in old for key in keys[first:]]
+            moved = moved_from_divergence(positions[first:], seen[first:], pair_seen, length, unit)
             if moved is not None:
                 return (None, 0, [("content_moved", *moved)]), True
         paired = [False] * first + self._in_order_steps(keys, first, positions, prints, seen)
