@@ -366,7 +366,8 @@ class Attribution:
         known run, the tokens a reorder serves, and the spans (cause, start, stop), apart and ascending."""
         positions, prints, found, made, elsewhere = known
         if made:
-            rewritten = rewritten_span(positions, [p in made for p in prints], length, unit)
+            # the answer's last, partial block was never stored as decode: its text is never learnt
+            rewritten = rewritten_span(positions, [p in made for p in prints], length, unit, size)
             if rewritten is not None:
                 return None, 0, [("history_rewritten", *rewritten)]
         if not found:  # known under another adapter or salt only, or too little generated text

@@ -8,7 +8,8 @@ explains, `(start, stop)`, or None (docs/kv-events.md, one section per cause):
   fingerprints) behind a cached prefix: the chat template rendered an earlier assistant turn other
   than it was generated, so the chain left the cache at that turn. Had it been verbatim, everything
   up to the end of the re-rendered text would have hit: the span runs from the divergence point to
-  the end of the last generated anchor's window, in whole hit units.
+  the end of the last generated anchor's window and a block more (the answer's last, partial block
+  is never stored as decode, so its text is never learnt), in whole hit units.
 - `moved_span`: known runs joined only by *junctions* (the unseen anchors between two runs all fit
   in one fingerprint window: the windows that straddle the seam between two pieces of known
   content; the run after a seam a hit unit or more): the same sections in another order. A fixed
@@ -47,12 +48,13 @@ def whole_units(start: int, stop: int, unit: int) -> tuple[int, int] | None:
 
 
 def rewritten_span(
-    positions: Sequence[int], generated: Sequence[bool], length: int, unit: int
+    positions: Sequence[int], generated: Sequence[bool], length: int, unit: int, unstored: int = 0
 ) -> tuple[int, int] | None:
-    """From the divergence point to the end of the last anchor of generated text (whole units)."""
+    """From the divergence point to the end of the last anchor of generated text and `unstored`
+    tokens more (whole units)."""
     if True not in generated:
         return None
-    return whole_units(0, _end(positions, generated, length), unit)
+    return whole_units(0, min(_end(positions, generated, length) + unstored, length), unit)
 
 
 def _end(positions: Sequence[int], flags: Sequence[bool], length: int) -> int:
