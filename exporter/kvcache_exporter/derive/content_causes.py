@@ -152,7 +152,7 @@ def moved_from_divergence(
     them half a hit unit or two anchor spacings (the less) or more (a seam taken halfway between
     the last whole window before it and the first anchor after it), and the stretch's pairs in
     order at least twice as often as not (forgotten pairs read as seams). None otherwise."""
-    if not seen or not seen[0] or unit <= 0:
+    if not seen or not seen[0] or unit <= 0 or pair_seen.count(False) < 2:  # each seam is a new pair
         return None
     bounds: list[int] = []
     last, in_order = 0, 0
