@@ -9,6 +9,7 @@ import random
 from kvcache_exporter.derive.attribution import Attribution
 from kvcache_exporter.derive.content_causes import moved_from_divergence, seams
 from kvcache_exporter.derive.fingerprints import SELECTED, FingerprintSet, K, prefix_prints, shared_prefix
+from kvcache_exporter.sources.kv_events_decode import Event
 from tests.derive.test_attribution import BS, Stream, tokens_by_cause
 from tests.derive.test_attribution_causes import ask, joined, text
 
@@ -205,3 +206,26 @@ def test_one_seam_after_a_field_is_not_read_as_two():
     ask(stream, system + no_anchor(85, 6) + rest, held)
     tokens = {c: n - before[c] for c, n in stream.attribution.totals.tokens.items() if n != before[c]}
     assert tokens.get("content_moved", 0) == 0 and tokens["prefix_diverged"] >= 10 * BS, tokens
+
+
+def test_one_unit_all_known_behind_a_new_start_is_prefix_diverged():
+    """A 64-token hit unit (DeepSeek-V4's is 256) stored alone at a root, every anchor known, its hash
+    new: either its last tokens differ (shared content short of the unit: below_hit_unit) or its
+    front does. A front never seen as a chain's start (the prefix fingerprints) is a per-request
+    field: prefix_diverged. Before: below_hit_unit either way."""
+    unit = 64
+
+    def causes(*prompts: list[int]) -> dict[str, int]:
+        stream = Stream(Attribution())
+        for prompt in prompts[:-1]:
+            stream.send(Event("BlockStored", [hash(tuple(prompt))], None, prompt, unit))
+        before = dict(stream.attribution.totals.tokens)
+        last = prompts[-1]
+        stream.send(Event("BlockStored", [hash(tuple(last))], None, last, unit))
+        return {c: n - before[c] for c, n in stream.attribution.totals.tokens.items() if n != before[c]}
+
+    content = text(95, unit)
+    fronted = causes(no_anchor(96, 5) + content[:59], no_anchor(97, 5) + content[:59])
+    assert max(fronted, key=fronted.__getitem__) == "prefix_diverged", fronted
+    ended = causes(content[:58] + no_anchor(98, 6), content[:58] + no_anchor(99, 6))
+    assert max(ended, key=ended.__getitem__) == "below_hit_unit", ended

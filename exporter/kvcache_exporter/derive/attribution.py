@@ -246,13 +246,20 @@ class Attribution:
         pairs = order.read(found[1]) if order is not None else None
         keys = pairs[1] if pairs is not None else []  # the event's anchor pairs, keyed
         known = self._known(tokens, found, length, rewritable)
+        start = None  # at a root: (fingerprints of its first tokens, the longest shared start seen)
+        if parent_hash is None and self._prefixes is not None:
+            lengths, prints = prefix_prints(tokens, unit)
+            start = prints, shared_prefix(lengths, prints, self._prefixes) if lengths else 0
         run, served, spans = None, 0, ()
         if known is not None:
+            fresh = start is not None and bool(start[0]) and not start[1]  # its very start never seen
             run, served, spans = self._content(
-                known, size, length, parent_hash is None, unit, before, diverged, keys
+                known, size, length, parent_hash is None, unit, before, diverged, keys, fresh
             )
-        if parent_hash is None and self._prefixes is not None:
-            spans = self._shared_start(self._prefixes, tokens, unit, spans)
+        if start is not None:  # shared content short of a unit that no anchor saw, when they named nothing
+            self._prefixes.update(start[0])
+            if start[1] and not spans:
+                spans = [("below_hit_unit", 0, start[1])]
         if (
             self.other_replica is None
             and blocks.new.keys().isdisjoint(hashes)
@@ -313,17 +320,6 @@ class Attribution:
         self.totals.tokens[cause] += lead * size
         return spans
 
-    @staticmethod
-    def _shared_start(
-        prefixes: FingerprintSet, tokens: Sequence[int], unit: int, spans: Sequence
-    ) -> Sequence:
-        """At a chain's root: shared content short of a unit that no anchor saw (below_hit_unit from the
-        first token, as far as the longest prefix seen before), when the anchors named nothing."""
-        lengths, prints = prefix_prints(tokens, unit)
-        shared = 0 if spans or not lengths else shared_prefix(lengths, prints, prefixes)
-        prefixes.update(prints)
-        return [("below_hit_unit", 0, shared)] if shared else spans
-
     def _layouts(
         self, positions, pairs, span: tuple[int, int], run_start: int, unit: int, length: int
     ) -> None:
@@ -361,6 +357,7 @@ class Attribution:
         depth: int | None,
         diverged: int,
         keys: list[int],
+        fresh_start: bool = False,
     ) -> tuple[KnownRun | None, int, list[tuple[str, int, int]]]:
         """The content causes of new tokens with known content, in order (docs/kv-events.md): the
         known run, the tokens a reorder serves, and the spans (cause, start, stop), apart and ascending."""
@@ -384,7 +381,7 @@ class Attribution:
             run = KnownRun(start, length, front_without_anchors(start, root, unit, depth))
         else:
             seen = seen or list(map(found.__contains__, prints))
-            run = first_known_run(positions, seen, length, root, unit, depth)
+            run = first_known_run(positions, seen, length, root, unit, depth, fresh_start)
         served = served_tokens(run, length, unit, bool(diverged), size // 2)
         spans: list[tuple[str, int, int]] = []
         start = unit_shortfall_tokens(run, unit, bool(diverged))
