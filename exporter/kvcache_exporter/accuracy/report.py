@@ -67,7 +67,8 @@ FOOTER = """
   seam sits at the divergence point (no pair shows it) is told by two seams or more further on
   (`content_causes.moved_from_divergence`). Left: two adjacent sections swapped whose second seam
   lies past the stored blocks or shows no pair show one seam, read as a field (`prefix_diverged`) or
-  `cold`; on DeepSeek-V4, 4 of 8 each (not traced yet).
+  `cold`; on DeepSeek-V4 the documents sit in the first 256-token unit, stored from the chain's
+  root, where the rule is off (a field behind a template's head read as a move there).
 - DeepSeek-V4 (256-token hit unit): most prompts span one or two units. 20 changes no whole unit
   holds are `cannot_show` (not counted); of the rest, shared content ending inside the first unit
   reads `below_hit_unit` where the change after it is not seen.

@@ -423,9 +423,10 @@ class Attribution:
         first = seen.index(True)
         if root and first:  # any token before known content at a root is a per-request front: reorder.py
             return None, True
-        if not first or (not root and positions[first - 1] - positions[0] < K):
-            # sections moved from the divergence point on (at a root: from the first token); unseen
-            # anchors before them all in one window straddle the seam there, not a field
+        if not root and (not first or positions[first - 1] - positions[0] < K):
+            # sections moved from the divergence point on; unseen anchors before them all in one
+            # window straddle the seam there, not a field (not at a root: a template's head, a field
+            # and history behind it read as moved there, tests/analyzer/test_layout_estimates.py)
             new, old = self._order.new, self._order.old
             pair_seen = [key in new or key in old for key in keys[first:]]
             moved = moved_from_divergence(positions[first:], seen[first:], pair_seen, length, unit)
