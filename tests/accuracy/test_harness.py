@@ -10,9 +10,19 @@ from dataclasses import replace
 
 import pytest
 
-from kvcache_exporter.accuracy.harness import DECODE, HIT, Sidecar, named, run, tabulate
+from kvcache_exporter.accuracy.harness import (
+    CANNOT_SHOW,
+    DECODE,
+    HIT,
+    Sidecar,
+    Table,
+    can_show,
+    named,
+    run,
+    tabulate,
+)
 from kvcache_exporter.accuracy.simulated import SHAPES, Simulated
-from kvcache_exporter.accuracy.workload import FAULTS, Generator
+from kvcache_exporter.accuracy.workload import FAULTS, Generator, Request
 from kvcache_exporter.simulator.blocks import BlockStored
 from kvcache_exporter.simulator.kv_events import encode_batch
 from kvcache_exporter.sources.kv_events_decode import decode_message
@@ -61,10 +71,16 @@ def test_repeats_hit_and_resets_restarts_and_overflows_are_named(table):
             assert table.right(kind) == table.scored(kind), (kind, table.counts[kind])
 
 
+class SkipsResets(Simulated):
+    """A backend that does not do the reset a request asks for."""
+
+    def send(self, request):
+        return super().send(replace(request, before=None))
+
+
 def test_the_check_can_fail_a_reset_the_backend_skips_is_not_a_restart():
-    backend = Simulated(SHAPES[0])
-    cases = [[replace(r, before=None) for r in case] for case in Generator(backend.shape, 7).cases(14)]
-    table = tabulate("no reset", run(backend, cases))
+    backend = SkipsResets(SHAPES[0])
+    table = tabulate("no reset", run(backend, Generator(backend.shape, 7).cases(14)))
     assert table.scored("cache_reset") == 1 and table.right("cache_reset") == 0
     assert table.counts["cache_reset"] == {HIT: 1}
 
@@ -94,3 +110,21 @@ def test_a_host_tier_load_is_tier_restored_and_a_short_shared_prefix_never_anoth
     assert set(short) <= {"below_hit_unit", "cold"}, short
     if table.shape == "simulator deepseek-v4":  # 256-token units: the shared part holds anchors
         assert short["below_hit_unit"] == short.total(), short
+
+
+def test_a_change_no_whole_unit_holds_cannot_show_and_is_not_counted():
+    """Decided from the case: a prompt shorter than a unit, or a content change past the last whole
+    unit, cannot reach the stream; an action before the request or another identity can."""
+    unit = 16
+    field = Request(tuple(range(40)), "timestamp_first", "prefix_diverged")
+    assert can_show(field, (99, *range(1, 40)), unit)  # differs in the first unit
+    assert not can_show(field, (*range(33), 99), unit)  # differs at token 33, past the 32 stored
+    assert not can_show(
+        Request(tuple(range(15)), "other_identity", "identity_isolated", identity="a"), (), unit
+    )
+    assert can_show(
+        Request(tuple(range(40)), "cache_reset", "restart", before="reset"), tuple(range(40)), unit
+    )
+    table = Table("t", {"uuid_first": Counter({"prefix_diverged": 3, CANNOT_SHOW: 2})})
+    assert table.scored("uuid_first") == 3 and table.right("uuid_first") == 3
+    assert table.misnamed("uuid_first") == Counter() and table.cannot_show("uuid_first") == 2

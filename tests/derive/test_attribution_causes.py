@@ -76,8 +76,9 @@ def test_a_template_that_drops_each_answers_first_tokens_is_history_rewritten():
     assert tokens.keys() <= {"history_rewritten", "cold"}
     # three rewritten turns, each worth the prompt's 12-token tail and the kept 204 tokens (208 in whole
     # blocks); the answer's last ~24 tokens are not known (its partial block is never stored, the
-    # last full one's late anchors have no whole window): 176 a turn
-    assert 3 * 160 <= tokens["history_rewritten"] <= 3 * 208, tokens
+    # last full one's late anchors have no whole window), so the span runs a block past the last
+    # known generated text: up to a block of the next message joins it (224 a turn at most)
+    assert 3 * 176 <= tokens["history_rewritten"] <= 3 * 224, tokens
     # the turn index, bounded: turns 2, 3 and 4 diverge at the 1st, 2nd and 3rd answer (buckets 1, 2, 3, 4, 6)
     assert stream.attribution.totals.rewritten_turn_counts == [1, 1, 1, 0, 0, 0]
     assert stream.attribution.totals.rewritten_turn_sum == 1 + 2 + 3
@@ -173,3 +174,18 @@ def test_every_stored_token_has_exactly_one_cause():
     totals = stream.attribution.totals
     assert set(totals.tokens) == set(CAUSES)
     assert totals.prompt_miss_tokens == stored_tokens
+
+
+def test_the_rewritten_span_reaches_past_the_answers_unstored_last_block():
+    """An answer of 4 blocks and 14 tokens: its last 14 were never stored as decode (a partial block),
+    so no fingerprint knows them. Re-rendered without its first 5 tokens, then a 6-token follow-up:
+    the 4 blocks stored are all re-rendered answer. Before, the span ended at the last known
+    generated anchor (a block short: cold 16)."""
+    stream, held = Stream(Attribution()), set()
+    system, answer = text(90, 6 * BS), text(91, 4 * BS + 14)
+    ask(stream, system, held)
+    generate(stream, system, answer)
+    before = dict(stream.attribution.totals.tokens)
+    ask(stream, system + answer[5:] + text(92, 6), held)
+    tokens = {c: n - before[c] for c, n in stream.attribution.totals.tokens.items() if n != before[c]}
+    assert tokens == {"history_rewritten": 4 * BS}, tokens

@@ -7,8 +7,9 @@ from __future__ import annotations
 import random
 
 from kvcache_exporter.derive.attribution import Attribution
-from kvcache_exporter.derive.content_causes import seams
+from kvcache_exporter.derive.content_causes import moved_from_divergence, seams
 from kvcache_exporter.derive.fingerprints import SELECTED, FingerprintSet, K, prefix_prints, shared_prefix
+from kvcache_exporter.sources.kv_events_decode import Event
 from tests.derive.test_attribution import BS, Stream, tokens_by_cause
 from tests.derive.test_attribution_causes import ask, joined, text
 
@@ -106,3 +107,125 @@ def test_seams_are_new_pairs_and_short_unseen_gaps():
     assert joins == [3, 5] and last == 6
     paired[5] = False  # a new pair that far apart: unique content ends the stretch
     assert seams(positions, seen, paired, 0) == ([3, 5], 5)
+
+
+def test_sections_moved_from_the_divergence_point_on_are_content_moved():
+    """Documents B A D C after A B C D, behind a cached system prompt of whole blocks, no anchor window
+    straddling a seam (each document ends with an anchor whose window ends with it): the first seam
+    sits at the divergence point, so no pair shows it; the new pairs B->A, A->D and D->C further on
+    do. Before this rule: in order at the divergence point with seams only further on was left to
+    the rule without the order, which saw no junction (cold)."""
+    stream, held = Stream(Attribution()), set()
+    system = text(40, 5 * BS)
+    docs = [[*text(41 + i, 3 * BS), ANCHOR, *no_anchor(45 + i, K - 1)] for i in range(4)]
+    ask(stream, system + joined(docs) + text(45, 2 * BS), held)
+    before = stream.attribution.totals.prompt_miss_tokens
+    moved_before = stream.attribution.totals.tokens["content_moved"]
+    ask(stream, system + joined(docs[i] for i in (1, 0, 3, 2)) + text(45, 2 * BS), held)
+    computed = stream.attribution.totals.prompt_miss_tokens - before
+    moved = stream.attribution.totals.tokens["content_moved"] - moved_before
+    assert moved >= 0.8 * computed, tokens_by_cause(stream)
+
+
+def test_a_move_whose_first_seam_an_unseen_anchor_straddles_is_content_moved():
+    """As above, the system prompt's last 4 tokens in the first new block, an anchor among them: its
+    window straddles the seam at the divergence point, so the new tokens start with one unseen anchor
+    (a front, read alone: prefix_diverged). One window of unseen anchors is a seam, not a field."""
+    stream, held = Stream(Attribution()), set()
+    system = [*text(46, 5 * BS), ANCHOR, *no_anchor(47, 3)]
+    docs = [[*text(48 + i, 3 * BS), ANCHOR, *no_anchor(52 + i, K - 1)] for i in range(4)]
+    ask(stream, system + joined(docs) + text(56, 2 * BS), held)
+    before = dict(stream.attribution.totals.tokens)
+    ask(stream, system + joined(docs[i] for i in (1, 0, 3, 2)) + text(56, 2 * BS), held)
+    tokens = {c: n - before[c] for c, n in stream.attribution.totals.tokens.items() if n != before[c]}
+    assert tokens.keys() == {"content_moved"}, tokens  # before: the front read alone, 48 tokens cold
+
+
+def test_one_field_after_known_content_is_not_a_move():
+    """A per-request field between a shared template and known content in its old order: one seam
+    (the field), never content_moved."""
+    stream, held = Stream(Attribution()), set()
+    template, rest = text(50, 5 * BS), text(51, 12 * BS)
+    for seed in range(5):
+        ask(stream, template + text(60 + seed, 10) + rest, held)
+    assert stream.attribution.totals.tokens["content_moved"] == 0, tokens_by_cause(stream)
+
+
+def test_moved_from_divergence_needs_two_seams_and_sections_that_are_not_sentences():
+    positions = [0, 16, 32, 48, 64, 80, 96, 112]
+    seen = [True] * 8
+    paired = [True, True, False, True, True, False, True]  # seams before 48 and before 96: 48 tokens apart
+    assert moved_from_divergence(positions, seen, paired, 128, 32) == (0, 128)
+    assert moved_from_divergence(positions, seen, paired, 128, 128) == (0, 128)  # 48 >= 2 spacings
+    close = [True, True, False, False, True, True, True]  # seams before 48 and 64: 16 tokens apart
+    assert moved_from_divergence(positions, seen, close, 128, 32) == (0, 128)  # half of a 32-token unit
+    assert moved_from_divergence(positions, seen, close, 128, 64) is None  # a sentence, not a section
+    one = [True, True, False, True, True, True, True]
+    assert moved_from_divergence(positions, seen, one, 128, 32) is None  # one seam: a field
+    assert moved_from_divergence(positions, [False, *seen[1:]], paired, 128, 32) is None  # a front first
+
+
+def test_a_root_stored_again_over_resident_blocks_is_classified_behind_them():
+    """A hybrid layout hits a prefix only where its window groups hold a part, kept at a prompt's end
+    only: a field after a shared system prompt makes vLLM store the whole prompt again from the root,
+    its first blocks (the system prompt) still resident with the same hashes. The rest is read as
+    behind that prefix (known content behind a field: prefix_diverged) and the resident blocks take
+    the divergence point's cause. Before: the resident blocks read cold (a concurrent store) and the
+    field a junction between known runs (content_moved)."""
+    stream = Stream(Attribution())
+    system, rest = text(70, 6 * BS), text(71, 14 * BS)
+    stream.prompt(system + text(72, 9) + rest)
+    before = dict(stream.attribution.totals.tokens)
+    stream.prompt(system + text(73, 9) + rest)
+    tokens = {c: n - before[c] for c, n in stream.attribution.totals.tokens.items() if n != before[c]}
+    assert max(tokens, key=tokens.__getitem__) == "prefix_diverged", tokens
+    assert tokens["prefix_diverged"] >= 6 * BS + 12 * BS, tokens  # the system prompt and most of the rest
+    assert stream.attribution.resident == 20 + 14, stream.attribution.resident  # the 6 stored again: once
+
+
+def test_the_same_root_computed_twice_at_once_stays_cold():
+    """Every block of the root event resident (two requests computing the same new prompt in one
+    step): nothing to classify behind, cold as before."""
+    stream = Stream(Attribution())
+    prompt = text(74, 8 * BS)
+    stream.prompt(prompt)
+    stream.prompt(prompt)
+    assert tokens_by_cause(stream).keys() == {"cold"}
+
+
+def test_one_seam_after_a_field_is_not_read_as_two():
+    """A field after the system prompt whose last value held an anchor and this one none: the pair
+    across it (the system prompt's last anchor, the rest's first) is new, a seam. The step after it
+    is a pair seen before, in a context never seen (the seam's): read in context it was a second
+    seam, and the known rest behind it a moved section (content_moved). It is the field."""
+    stream, held = Stream(Attribution()), set()
+    system = [*text(80, 5 * BS), ANCHOR, *no_anchor(81, K - 1)]
+    rest = text(82, 12 * BS)
+    ask(stream, [*system, *no_anchor(83, 3), ANCHOR + 256, *no_anchor(84, 3), *rest], held)
+    before = dict(stream.attribution.totals.tokens)
+    ask(stream, system + no_anchor(85, 6) + rest, held)
+    tokens = {c: n - before[c] for c, n in stream.attribution.totals.tokens.items() if n != before[c]}
+    assert tokens.get("content_moved", 0) == 0 and tokens["prefix_diverged"] >= 10 * BS, tokens
+
+
+def test_one_unit_all_known_behind_a_new_start_is_prefix_diverged():
+    """A 64-token hit unit (DeepSeek-V4's is 256) stored alone at a root, every anchor known, its hash
+    new: either its last tokens differ (shared content short of the unit: below_hit_unit) or its
+    front does. A front never seen as a chain's start (the prefix fingerprints) is a per-request
+    field: prefix_diverged. Before: below_hit_unit either way."""
+    unit = 64
+
+    def causes(*prompts: list[int]) -> dict[str, int]:
+        stream = Stream(Attribution())
+        for prompt in prompts[:-1]:
+            stream.send(Event("BlockStored", [hash(tuple(prompt))], None, prompt, unit))
+        before = dict(stream.attribution.totals.tokens)
+        last = prompts[-1]
+        stream.send(Event("BlockStored", [hash(tuple(last))], None, last, unit))
+        return {c: n - before[c] for c, n in stream.attribution.totals.tokens.items() if n != before[c]}
+
+    content = text(95, unit)
+    fronted = causes(no_anchor(96, 5) + content[:59], no_anchor(97, 5) + content[:59])
+    assert max(fronted, key=fronted.__getitem__) == "prefix_diverged", fronted
+    ended = causes(content[:58] + no_anchor(98, 6), content[:58] + no_anchor(99, 6))
+    assert max(ended, key=ended.__getitem__) == "below_hit_unit", ended

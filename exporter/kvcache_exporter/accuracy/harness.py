@@ -23,6 +23,7 @@ from ..sources.kv_events_decode import Batch, KvEventDrain
 from .workload import FAULTS, KINDS, Request, Shape
 
 HIT, DECODE, TIER_RESTORED = "hit", "decode", "tier_restored"
+CANNOT_SHOW = "cannot_show"  # an injected change no whole hit unit holds: not counted (`can_show`)
 
 
 class Backend(Protocol):
@@ -106,13 +107,18 @@ class Table:
         self.counts.setdefault(outcome.kind, Counter())[outcome.named] += 1
 
     def scored(self, kind: str) -> int:
-        return sum(self.counts.get(kind, Counter()).values())
+        counts = self.counts.get(kind, Counter())
+        return sum(counts.values()) - counts[CANNOT_SHOW]
+
+    def cannot_show(self, kind: str) -> int:
+        return self.counts.get(kind, Counter())[CANNOT_SHOW]
 
     def right(self, kind: str) -> int:
         return self.counts.get(kind, Counter())[KINDS[kind][0]]
 
     def misnamed(self, kind: str) -> Counter[str]:
-        return Counter({c: n for c, n in self.counts.get(kind, Counter()).items() if c != KINDS[kind][0]})
+        counts = self.counts.get(kind, Counter()).items()
+        return Counter({c: n for c, n in counts if c not in (KINDS[kind][0], CANNOT_SHOW)})
 
     @property
     def injected_kinds(self) -> list[str]:
@@ -141,6 +147,7 @@ def run(backend: Backend, cases: Iterable[list[Request]], sidecar: Sidecar | Non
         prompt: tuple[int, ...] = ()
         answer: tuple[int, ...] = ()
         for request in case:
+            cached = (*prompt, *answer)  # what the case's last request left in the cache
             request = request.sent(prompt, answer)
             decode = sidecar.decode_tokens()
             batches, answer = backend.send(request)
@@ -148,8 +155,28 @@ def run(backend: Backend, cases: Iterable[list[Request]], sidecar: Sidecar | Non
             delta = sidecar.feed(batches)
             if request.expected is not None:
                 name = named(delta, sidecar.decode_tokens() - decode)
+                if request.expected in FAULTS and not can_show(request, cached, backend.shape.unit):
+                    name = CANNOT_SHOW
                 outcomes.append(Outcome(request.kind, request.expected, name, delta))
     return outcomes
+
+
+def can_show(request: Request, cached: Sequence[int], unit: int) -> bool:
+    """Whether an injected change can reach the KV-event stream, from the case alone (never the
+    outcome): vLLM stores whole hit units only, so a prompt shorter than one stores nothing, and a
+    change in the prompt's content (no action before it, no other identity) that lies past its last
+    whole unit leaves every unit it stores as the cache held them (`cached`: the case's previous
+    prompt and its answer): no hit it could have had is lost."""
+    whole = len(request.prompt) // unit * unit
+    if not whole:
+        return False
+    if request.before is not None or request.identity is not None:
+        return True
+    same = next(
+        (i for i, (a, b) in enumerate(zip(request.prompt, cached, strict=False)) if a != b),
+        min(len(request.prompt), len(cached)),
+    )
+    return same < whole
 
 
 def tabulate(shape: str, outcomes: Iterable[Outcome]) -> Table:

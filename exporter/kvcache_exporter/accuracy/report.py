@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from ..derive.attribution import CAUSES
-from .harness import DECODE, HIT, Table
+from .harness import CANNOT_SHOW, DECODE, HIT, Table
 from .workload import FAULTS, KINDS
 
 HEADER = """# Attribution accuracy
@@ -22,7 +22,11 @@ sidecar's own path as `serve` wires it (decoder, sequence cursor, group model, m
 the delta of `kvcache_prefix_cache_miss_tokens_total` by cause over that request is read. The cause
 with the most tokens is the one *named* (a tie goes to the first by name, so `cold` beats
 `prefix_diverged`); `hit` means the request added no miss tokens, `decode` that its stores were
-read as decode filling a block (not a prompt miss). A case's setup requests put the
+read as decode filling a block (not a prompt miss). An injected change is counted only where it can
+show (`harness.can_show`, decided from the case, never from the outcome): vLLM stores whole hit units
+only, so a prompt shorter than one, or a change in a prompt's content past its last whole unit (the
+units it stores are those the cache held), loses no hit and reaches no event; such requests are
+column `cannot_show`, not counted as injected. A case's setup requests put the
 cache in a known state just before its change and are not scored; fresh random content keeps cases
 apart. Causes are read from the attribution generically: a cause it learns shows up as a column.
 
@@ -41,38 +45,33 @@ FOOTER = """
   reverse order; then a short follow-up question. Append-only turns after it carry each answer
   verbatim. The attribution learns generated text from the second decode-filled block of an answer
   on (a first one cannot be told from a one-block prompt), so a miss stays `cold` when the kept
-  text holds no anchor window there. The named cause is the largest: the span `history_rewritten`
-  claims ends at the last generated text, so a follow-up question longer than the re-rendered
-  answer reads `cold`; the follow-up is kept short (8-32 tokens) for the truth to be the request's
-  main miss. The real-vLLM run measures the generated path (round 4; the round-3 run sent the
-  answers as prompt tokens, so its two history rows read 0 % by construction). Append-only turns of
-  the other kinds still carry a reply sent as prompt tokens.
+  text holds no anchor window there. The span `history_rewritten` claims ends a block past the last
+  generated text it knows (round 5: the answer's last, partial block is never stored as decode), so
+  the short follow-up (8-32 tokens) seldom outweighs it. On DeepSeek-V4 an answer fills one or two
+  256-token blocks: the second decode block, the first the rule learns from, is seldom there.
 - `short_shared_prefix`: two prompts of a unit and a bit sharing their first 50-90 % of a unit. A
   shared stretch is seen only through an anchor (about one every 16 tokens) whose 8-token window
-  lies inside it. Where one is, the stream shows known content from the chain's first token that
-  ends short of a unit, or a single stored unit every anchor of which was seen yet whose hash is
-  new: both read `below_hit_unit` (round 4: before, a first anchor more than a quarter spacing in
-  read as a per-request front, so the run was not counted short of a unit: `cold`). Where none is,
-  nothing known shows and the request reads `cold`: the generator is right, the stream cannot show
-  it. 8-14 shared tokens on the simulator's 16-token llama unit seldom hold an anchor (1-2 of 12);
-  16-28 on a 32-token unit mostly do; DeepSeek-V4's 128-230 always.
-- `field_after_system`: the field (3-16 tokens) sits behind a system prompt of more than two hit
-  units. Behind a cached prefix that deep the rule credits a per-request front only through an
-  unseen anchor in it (an anchor-free unique middle followed by content that recurs is not taken
-  for a field order to fix, `front_without_anchors`): the third or so of fields without one read
-  `cold`, by design. A field with one is named `prefix_diverged` mostly; when a seen anchor of the
-  shared text before it lies in the same new block, the known runs around the field read as
-  `content_moved`. On the simulator's llama layout, 120 cases: 57 of 80 fields with an anchor
-  named right, 0 of 40 without. On the sliding-window layouts (gemma-2/-3, deepseek-v4) the shared
-  part before the field does not hit at all (its window part was freed as the first prompt went
-  on), so the whole prompt is stored from its root: known content, the field, known content again,
-  read as `prefix_diverged` up to the field and `content_moved` after it.
-- `documents_reranked`, `tools_reordered`: a move shows only at a seam whose straddling anchor is
-  unseen (a junction, content_causes.py). Where no anchor straddles any seam every anchor of the new
-  blocks was seen: the stream shows known content behind a cached prefix with new hashes, which real
-  traffic also shows for content that merely recurs (the seed scenario's normalized phase: questions
-  sharing sentences), so it stays `cold`; a rule naming it a fault failed that real stream
-  (tests/derive/test_attribution_real.py) and was not kept.
+  lies inside it, or through the chain starts' prefix fingerprints (16 lengths a unit). Where
+  neither sees it, the request reads `cold`.
+- `timestamp_first`, `request_id_first`, `uuid_first`: a short prompt whose front holds no anchor
+  (or one straddling the known content) has its known run's start estimated a quarter spacing before
+  its first seen anchor, late when anchors are sparse: a unit short, a tie that `cold` wins by name.
+- `field_after_system`: a field with no anchor behind a cached prefix deeper than two units, and no
+  seam (its pair seen before), reads `cold` unless the known stretch behind it is 4 units or more.
+  Round 5: the step after a seam is read without context, so one field is one seam (it was two, and
+  the known content behind it `content_moved`); on the hybrid layouts (Gemma-3, DeepSeek-V4) a
+  prompt that diverges in its middle hits nothing and is stored again from its root: the resident
+  blocks are taken as its cached prefix (docs/kv-events.md, "Hybrid layouts: a prefix stored again").
+- `documents_reranked`, `tools_reordered`: a move shows at seams, pairs of known anchors never seen
+  next to each other or a window of unseen anchors between known ones. Round 5: a move whose first
+  seam sits at the divergence point (no pair shows it) is told by two seams or more further on
+  (`content_causes.moved_from_divergence`). Left: two adjacent sections swapped whose second seam
+  lies past the stored blocks or shows no pair show one seam, read as a field (`prefix_diverged`) or
+  `cold`; on DeepSeek-V4 the documents sit in the first 256-token unit, stored from the chain's
+  root, where the rule is off (a field behind a template's head read as a move there).
+- DeepSeek-V4 (256-token hit unit): most prompts span one or two units. 20 changes no whole unit
+  holds are `cannot_show` (not counted); of the rest, shared content ending inside the first unit
+  reads `below_hit_unit` where the change after it is not seen.
 
 ## What is not measured here, and why
 
@@ -98,9 +97,10 @@ FOOTER = """
   case's budget, so `capacity_overflow` is left out there.
 - DeepSeek-V4 (256-token hit unit) reads low: its cases are sized by the 2,048 tokens taken as its
   cache (a third of it the longest prompt), so most prompts span two units or less. A change inside
-  a unit vLLM never stores is not in the stream at all (`hit` or `cold`), and shared content ending
-  inside the first unit reads `below_hit_unit`. Larger prompts need a larger cache than this shape's
-  42M (a prompt's window and state blocks while it runs nearly fill the pool at 2,048 tokens).
+  a unit vLLM never stores is not in the stream at all: `cannot_show`, decided from the case, not
+  counted; shared content ending inside the first unit reads `below_hit_unit`. Larger prompts need
+  a larger cache than this shape's 42M (a prompt's window and state blocks while it runs nearly fill
+  the pool at 2,048 tokens).
 - `host_tier_load` runs on the simulator's CPU tier only (vLLM's offloading connector does not run
   on its CPU backend); `engine_restart` on the simulator only (a real restart takes ~25 s a case;
   tests/integration/test_real_vllm_attribution.py covers it once).
@@ -123,11 +123,13 @@ deadline still scores). The committed real tables are such replays.
 
 
 def columns(tables: Sequence[Table]) -> list[str]:
-    """The named causes that occur, the attribution's own first, then new ones, then hit and decode."""
+    """The named causes that occur, the attribution's own first, then new ones, then hit and decode,
+    then the changes that cannot show (not counted)."""
     seen = {cause for t in tables for counts in t.counts.values() for cause in counts}
     known = [c for c in dict.fromkeys((*CAUSES, *(cause for cause, _ in KINDS.values()))) if c in seen]
-    rest = sorted(seen - set(known) - {HIT, DECODE})
-    return [*[c for c in known if c not in (HIT, DECODE)], *rest, *[c for c in (HIT, DECODE) if c in seen]]
+    last = (HIT, DECODE, CANNOT_SHOW)
+    rest = sorted(seen - set(known) - set(last))
+    return [*[c for c in known if c not in last], *rest, *[c for c in last if c in seen]]
 
 
 def summary(table: Table) -> dict[str, int]:
@@ -136,6 +138,7 @@ def summary(table: Table) -> dict[str, int]:
         "kinds": len(injected),
         "injected": sum(table.scored(k) for k in injected),
         "right": sum(table.right(k) for k in injected),
+        "cannot_show": sum(table.cannot_show(k) for k in injected),
         "appends": table.scored("append_turn"),
         "faulted_appends": table.faulted_appends(),
         "repeats": table.scored("exact_repeat"),
@@ -148,6 +151,14 @@ def misnamed_as(table: Table) -> str:
     for kind in table.injected_kinds:
         wrong.update(table.misnamed(kind))
     return ", ".join(f"{cause} {n:,}" for cause, n in wrong.most_common()) or "none"
+
+
+def not_counted(cannot_show: int) -> str:
+    if not cannot_show:
+        return ""
+    return (
+        f" Not counted: {cannot_show:,} changes no whole hit unit held (`{CANNOT_SHOW}`: they cannot show)."
+    )
 
 
 def shape_section(table: Table, note: str) -> str:
@@ -166,8 +177,9 @@ def shape_section(table: Table, note: str) -> str:
         "",
         f"Injected changes: {s['injected']:,} over {s['kinds']} kinds; named right {s['right']:,} "
         f"({s['right'] / max(s['injected'], 1):.1%}); misnamed {s['injected'] - s['right']:,}, as: "
-        f"{misnamed_as(table)}. Append-only turns: {s['appends']:,}, given a fault cause: "
-        f"{s['faulted_appends']:,}. Exact repeats: {s['repeats']:,}, all hit: {s['repeats_hit']:,}.",
+        f"{misnamed_as(table)}.{not_counted(s['cannot_show'])} Append-only turns: {s['appends']:,}, "
+        f"given a fault cause: {s['faulted_appends']:,}. Exact repeats: {s['repeats']:,}, all hit: "
+        f"{s['repeats_hit']:,}.",
         "",
     ]
     return "\n".join(lines)

@@ -45,8 +45,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..sources.kv_events_decode import IN_ORDER, Batch, Event, Mark
-from .content_causes import foreign_span, moved_span, rewritten_span, seams, whole_units
-from .fingerprints import PREFIX_STEPS, FingerprintSet, Generations, anchors, prefix_prints, shared_prefix
+from .content_causes import (
+    foreign_span,
+    moved_from_divergence,
+    moved_span,
+    rewritten_span,
+    seams,
+    whole_units,
+)
+from .fingerprints import PREFIX_STEPS, FingerprintSet, Generations, K, anchors, prefix_prints, shared_prefix
 from .layouts import _END as _END_OF_EVENT
 from .layouts import LAYOUTS, AnchorOrder, layout_served, stop_after
 from .reorder import (
@@ -201,12 +208,17 @@ class Attribution:
         self._era += 1
         self.resident = 0
 
-    def _store(self, event: Event) -> None:
+    def _store(self, event: Event) -> list[tuple[str, int, int]]:
+        """Classify and track one BlockStored; returns its content spans (cause, start, stop)."""
         hashes = event.block_hashes
         count = len(hashes)
         if not count:
-            return
+            return []
         blocks, parent_hash = self._blocks, event.parent
+        if parent_hash is None and count > 1 and (hashes[0] in blocks.new or hashes[0] in blocks.old):
+            lead = self._resident_lead(hashes)
+            if lead:
+                return self._store_behind_resident(event, lead)
         size = event.block_size or len(event.token_ids) // count  # token ids are decoded when read
         depth, diverged, rewritable, turns = 0, 0, False, 0
         if parent_hash is not None:
@@ -225,7 +237,7 @@ class Attribution:
                     if parent & _DECODED:  # the second decode block on: not a one-block prompt misread
                         self._generated.update(anchors(event.token_ids)[1])
                     self._track(hashes, depth, (0, 1) if diverged else (0, 0), _DECODED, turns)
-                    return
+                    return []
         unit, length = self.hit_unit or size, count * size
         before = 0 if parent_hash is None else None if depth is None else (depth + 1) * size
         tokens = event.token_ids  # decoded on each read: once
@@ -234,13 +246,20 @@ class Attribution:
         pairs = order.read(found[1]) if order is not None else None
         keys = pairs[1] if pairs is not None else []  # the event's anchor pairs, keyed
         known = self._known(tokens, found, length, rewritable)
+        start = None  # at a root: (fingerprints of its first tokens, the longest shared start seen)
+        if parent_hash is None and self._prefixes is not None:
+            lengths, prints = prefix_prints(tokens, unit)
+            start = prints, shared_prefix(lengths, prints, self._prefixes) if lengths else 0
         run, served, spans = None, 0, ()
         if known is not None:
+            fresh = start is not None and bool(start[0]) and not start[1]  # its very start never seen
             run, served, spans = self._content(
-                known, size, length, parent_hash is None, unit, before, diverged, keys
+                known, size, length, parent_hash is None, unit, before, diverged, keys, fresh
             )
-        if parent_hash is None and self._prefixes is not None:
-            spans = self._shared_start(self._prefixes, tokens, unit, spans)
+        if start is not None:  # shared content short of a unit that no anchor saw, when they named nothing
+            self._prefixes.update(start[0])
+            if start[1] and not spans:
+                spans = [("below_hit_unit", 0, start[1])]
         if (
             self.other_replica is None
             and blocks.new.keys().isdisjoint(hashes)
@@ -272,17 +291,34 @@ class Attribution:
         if order is not None:
             order.learn(pairs)
         self._track(hashes, depth, marked, 0, turns)
+        return spans
 
-    @staticmethod
-    def _shared_start(
-        prefixes: FingerprintSet, tokens: Sequence[int], unit: int, spans: Sequence
-    ) -> Sequence:
-        """At a chain's root: shared content short of a unit that no anchor saw (below_hit_unit from the
-        first token, as far as the longest prefix seen before), when the anchors named nothing."""
-        lengths, prints = prefix_prints(tokens, unit)
-        shared = 0 if spans or not lengths else shared_prefix(lengths, prints, prefixes)
-        prefixes.update(prints)
-        return [("below_hit_unit", 0, shared)] if shared else spans
+    def _resident_lead(self, hashes: Sequence) -> int:
+        """How many of a root event's first blocks are resident in this era (stored again: vLLM did
+        not hit them); 0 when all are (the same prompt computed twice at once)."""
+        era, new, old = self._era & _ERA_MASK, self._blocks.new, self._blocks.old
+        lead = 0
+        for block_hash in hashes:
+            info = new.get(block_hash) or old.get(block_hash)
+            if info is None or info & _REMOVED or (info >> 24) & _ERA_MASK != era:
+                break
+            lead += 1
+        return lead if lead < len(hashes) else 0
+
+    def _store_behind_resident(self, event: Event, lead: int) -> list[tuple[str, int, int]]:
+        """A chain's root stored again over `lead` resident blocks: on a hybrid layout a prefix hits
+        only where every group holds a part, and the window groups keep theirs at a prompt's end
+        only (docs/kv-events.md, "Hybrid layouts: a prefix stored again"). The rest is classified
+        as behind that cached prefix; the resident blocks take the cause of the divergence point
+        (the span the rest starts with, or prefix_diverged: its front sits there), else cold."""
+        hashes, size = event.block_hashes, event.block_size or len(event.token_ids) // len(event.block_hashes)
+        self.resident -= lead  # stored again: counted once
+        self._track(hashes[:lead], 0, (0, 0), tip=False)
+        rest = Event("BlockStored", hashes[lead:], hashes[lead - 1], event.token_ids[lead * size :], size)
+        spans = self._store(rest)
+        cause = spans[0][0] if spans and (spans[0][1] == 0 or spans[0][0] == "prefix_diverged") else "cold"
+        self.totals.tokens[cause] += lead * size
+        return spans
 
     def _layouts(
         self, positions, pairs, span: tuple[int, int], run_start: int, unit: int, length: int
@@ -321,12 +357,14 @@ class Attribution:
         depth: int | None,
         diverged: int,
         keys: list[int],
+        fresh_start: bool = False,
     ) -> tuple[KnownRun | None, int, list[tuple[str, int, int]]]:
         """The content causes of new tokens with known content, in order (docs/kv-events.md): the
         known run, the tokens a reorder serves, and the spans (cause, start, stop), apart and ascending."""
         positions, prints, found, made, elsewhere = known
         if made:
-            rewritten = rewritten_span(positions, [p in made for p in prints], length, unit)
+            # the answer's last, partial block was never stored as decode: its text is never learnt
+            rewritten = rewritten_span(positions, [p in made for p in prints], length, unit, size)
             if rewritten is not None:
                 return None, 0, [("history_rewritten", *rewritten)]
         if not found:  # known under another adapter or salt only, or too little generated text
@@ -343,7 +381,7 @@ class Attribution:
             run = KnownRun(start, length, front_without_anchors(start, root, unit, depth))
         else:
             seen = seen or list(map(found.__contains__, prints))
-            run = first_known_run(positions, seen, length, root, unit, depth)
+            run = first_known_run(positions, seen, length, root, unit, depth, fresh_start)
         served = served_tokens(run, length, unit, bool(diverged), size // 2)
         spans: list[tuple[str, int, int]] = []
         start = unit_shortfall_tokens(run, unit, bool(diverged))
@@ -385,6 +423,15 @@ class Attribution:
         first = seen.index(True)
         if root and first:  # any token before known content at a root is a per-request front: reorder.py
             return None, True
+        if not root and (not first or positions[first - 1] - positions[0] < K):
+            # sections moved from the divergence point on; unseen anchors before them all in one
+            # window straddle the seam there, not a field (not at a root: a template's head, a field
+            # and history behind it read as moved there, tests/analyzer/test_layout_estimates.py)
+            new, old = self._order.new, self._order.old
+            pair_seen = [key in new or key in old for key in keys[first:]]
+            moved = moved_from_divergence(positions[first:], seen[first:], pair_seen, length, unit)
+            if moved is not None:
+                return (None, 0, [("content_moved", *moved)]), True
         paired = [False] * first + self._in_order_steps(keys, first, positions, prints, seen)
         joins, last = seams(positions, seen, paired, first)
         fronted = first or (joins and positions[joins[0]] < 2 * size)
@@ -419,14 +466,15 @@ class Attribution:
     ) -> list[bool]:
         """From anchor `first` on, per step from an anchor to the next: whether it was seen before in
         that order, in context (the pair of the anchor and the one before it was followed by the
-        next; the first step and the one after an unseen anchor: the pair was seen). A pair followed
+        next; the first step and the one after an unseen anchor or a new pair: the pair was seen, so
+        that one seam is not read as two). A pair followed
         by several anchors (requests going their own ways, sections seen in more than one order) is
         in order for none."""
         new, old = self._order.new, self._order.old
         steps = []
         for i in range(first, len(positions) - 1):
-            if i == first or not seen[i - 1]:  # no context: the pair seen at all
-                steps.append(keys[i] in new or keys[i] in old)
+            if i == first or not seen[i - 1] or not (keys[i - 1] in new or keys[i - 1] in old):
+                steps.append(keys[i] in new or keys[i] in old)  # no context (none, or new): seen at all
                 continue
             follower = new.get(keys[i - 1])
             if follower is None:
@@ -496,7 +544,13 @@ class Attribution:
             self.totals.host_load_bytes += size * self.kv_bytes_per_token
 
     def _track(
-        self, hashes: Sequence, depth: int | None, marked: tuple[int, int], decoded: int = 0, turns: int = 0
+        self,
+        hashes: Sequence,
+        depth: int | None,
+        marked: tuple[int, int],
+        decoded: int = 0,
+        turns: int = 0,
+        tip: bool = True,
     ) -> None:
         """Remember the event's blocks: resident, in this era, blocks marked[0] to marked[1] (not
         included) in a diverged known run, the last one an open tip."""
@@ -511,7 +565,7 @@ class Attribution:
             values = [base | min(depth + i, _DEPTH_MAX) << 6 | (stored + 1 + i) << 40 for i in range(count)]
         for i in range(low, high):
             values[i] |= _DIVERGED
-        values[-1] |= _OPEN_TIP | decoded
+        values[-1] |= (_OPEN_TIP if tip else 0) | decoded
         blocks = self._blocks
         blocks.new.update(zip(hashes, values, strict=False))  # as many values as hashes
         if len(blocks.new) >= blocks.half:

@@ -8,7 +8,8 @@ explains, `(start, stop)`, or None (docs/kv-events.md, one section per cause):
   fingerprints) behind a cached prefix: the chat template rendered an earlier assistant turn other
   than it was generated, so the chain left the cache at that turn. Had it been verbatim, everything
   up to the end of the re-rendered text would have hit: the span runs from the divergence point to
-  the end of the last generated anchor's window, in whole hit units.
+  the end of the last generated anchor's window and a block more (the answer's last, partial block
+  is never stored as decode, so its text is never learnt), in whole hit units.
 - `moved_span`: known runs joined only by *junctions* (the unseen anchors between two runs all fit
   in one fingerprint window: the windows that straddle the seam between two pieces of known
   content; the run after a seam a hit unit or more): the same sections in another order. A fixed
@@ -20,6 +21,11 @@ explains, `(start, stop)`, or None (docs/kv-events.md, one section per cause):
   least three adjacencies (the one at the divergence point and two more); a per-request field
   changes one. Fingerprints of token runs do not depend on block alignment, so a seam or a field
   with no anchor of its own still shows as a pair never seen in that order (or as none at all).
+- `moved_from_divergence` (order-aware): known content from the divergence point on, joined at two
+  seams or more (an anchor pair never seen at all, not only in another context), the sections
+  between them half a hit unit or 2 x ANCHOR_SPACING tokens (the less): the moved sections start at
+  the divergence point, where the first seam shows no pair. A per-request field changes one
+  adjacency: one seam; sentences recombined into a question are shorter sections.
 - `foreign_span`: content known only under another adapter or cache salt: from the first such
   anchor to the last one's window, in whole hit units (not a fault; vLLM isolates them on purpose).
 """
@@ -42,20 +48,24 @@ def whole_units(start: int, stop: int, unit: int) -> tuple[int, int] | None:
 
 
 def rewritten_span(
-    positions: Sequence[int], generated: Sequence[bool], length: int, unit: int
+    positions: Sequence[int], generated: Sequence[bool], length: int, unit: int, unstored: int = 0
 ) -> tuple[int, int] | None:
-    """From the divergence point to the end of the last anchor of generated text (whole units)."""
+    """From the divergence point to the end of the last anchor of generated text and `unstored`
+    tokens more (whole units)."""
     if True not in generated:
         return None
-    return whole_units(0, _end(positions, generated, length), unit)
+    return whole_units(0, min(_end(positions, generated, length) + unstored, length), unit)
 
 
 def _end(positions: Sequence[int], flags: Sequence[bool], length: int) -> int:
     """Where the content of the last flagged anchor ends: K / 2 tokens into the next anchor's window
     (at least its own window's end; as a known run's end is estimated, reorder.py), the end of the
     new tokens when no anchor follows it."""
-    last = len(flags) - 1 - flags[::-1].index(True)
-    if last == len(flags) - 1:
+    return _end_at(positions, len(flags) - 1 - flags[::-1].index(True), length)
+
+
+def _end_at(positions: Sequence[int], last: int, length: int) -> int:
+    if last == len(positions) - 1:
         return length
     return min(max(positions[last] + K, positions[last + 1] + K // 2), length)
 
@@ -130,3 +140,38 @@ def seams(
             break
         last = k
     return joins, last
+
+
+def moved_from_divergence(
+    positions: Sequence[int], seen: Sequence[bool], pair_seen: Sequence[bool], length: int, unit: int
+) -> tuple[int, int] | None:
+    """Known content from the first anchor (seen) on, joined at seams: a pair never seen next to each
+    other however far apart (`pair_seen[i]`: anchors i and i + 1 were), or a few unseen anchors
+    between seen ones (SEAM_SPREAD; more: unique content ends the stretch). From the divergence point
+    to the stretch's end in whole hit units when there are two seams or more, the sections between
+    them half a hit unit or two anchor spacings (the less) or more (a seam taken halfway between
+    the last whole window before it and the first anchor after it), and the stretch's pairs in
+    order at least twice as often as not (forgotten pairs read as seams). None otherwise."""
+    if not seen or not seen[0] or unit <= 0 or pair_seen.count(False) < 2:  # each seam is a new pair
+        return None
+    bounds: list[int] = []
+    last, in_order = 0, 0
+    for k in range(1, len(seen)):
+        if not seen[k]:
+            continue
+        if k == last + 1:
+            if pair_seen[last]:
+                in_order += 1
+            else:  # joined, however far apart: the content either side was known, never next to each other
+                bounds.append((positions[last] + K + positions[k]) // 2)
+        elif positions[k - 1] - positions[last + 1] < SEAM_SPREAD:
+            bounds.append((positions[last] + K + positions[k]) // 2)
+        else:
+            break
+        last = k
+    if len(bounds) < 2 or in_order < 2 * len(bounds):
+        return None
+    shortest = min(unit // 2, 2 * ANCHOR_SPACING)
+    if any(bounds[i + 1] - bounds[i] < shortest for i in range(len(bounds) - 1)):
+        return None
+    return whole_units(0, _end_at(positions, last, length), unit)

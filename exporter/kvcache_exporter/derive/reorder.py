@@ -51,13 +51,16 @@ def first_known_run(
     root: bool,
     unit: int = 0,
     depth: int | None = None,
+    fresh_start: bool = False,
 ) -> KnownRun | None:
     """The first known run of `length` new tokens whose anchors sit at `positions` (ascending, all
     below `length`) and were `seen` before; None when no anchor was seen. `root`: the tokens start
     a chain (no parent block), so whatever precedes the run is the prompt's own front part. A run
     at the divergence point shorter than `unit` tokens is the head: the next known run is returned,
     with the head's length (none after it: the head itself). `depth`: tokens of the cached prefix
-    before the new ones (None: unknown).
+    before the new ones (None: unknown). `fresh_start`: at a root, the chain's first tokens were never
+    seen as a chain's start (fingerprints.prefix_prints): one unit all seen yet new differs at its
+    front, not in its last K tokens.
 
     The run starts `lead` tokens before its first seen anchor (never at or before the unseen
     anchor preceding it) and ends K / 2 tokens into the first unseen anchor's window after
@@ -65,7 +68,7 @@ def first_known_run(
     if True not in seen:
         return None
     first = seen.index(True)
-    run = _run_from(positions, seen, length, root, first, unit, depth)
+    run = _run_from(positions, seen, length, root, first, unit, depth, fresh_start)
     if run.fronted or run.end >= unit or not near_start(root, depth, unit):
         return run
     after = next((i for i in range(first + 1, len(seen)) if not seen[i]), len(seen))
@@ -85,6 +88,7 @@ def _run_from(
     first: int,
     unit: int,
     depth: int | None,
+    fresh_start: bool = False,
 ) -> KnownRun:
     after = next((i for i in range(first + 1, len(seen)) if not seen[i]), None)
     floor = positions[first - 1] + 1 if first else 0
@@ -92,7 +96,7 @@ def _run_from(
     end = length if after is None else min(max(positions[after - 1] + K, positions[after] + K // 2), length)
     fronted = first > 0 or ((root or after is None) and front_without_anchors(start, root, unit, depth))
     if root and not first and unit > 0:
-        if after is None and length <= unit:  # one unit, all seen, yet its hash is new
+        if after is None and length <= unit and not fresh_start:  # one unit all seen, its hash new
             end = min(max(positions[-1] + K, unit - K), length)
         if end < unit:  # short of a unit: whatever came before it, it can never hit
             fronted = False
