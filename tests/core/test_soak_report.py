@@ -1,5 +1,5 @@
-"""tools/soak_fleet.py's reading of a run: RSS is judged only once the bounded attribution tables
-have each been full, and its slope is a fitted line, not two end points a sawtooth can tilt."""
+"""tools/soak_fleet.py's reading of a run: RSS is judged only once the bounded attribution memory
+has been full, and its slope is a fitted line, not two end points a sawtooth can tilt."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ def point(minute: float, blocks: float, fingerprints: float, rss: float = 50.0) 
     return Point(minute * 60, {"vllm-0": rss}, {"vllm-0": 0.0}, 0, False, 0.0, 0.0, tracked)
 
 
-def test_warm_once_each_table_has_been_at_its_bound_even_if_not_at_the_same_sample():
-    half_b, half_f = MAX_TRACKED_BLOCKS / 2, MAX_FINGERPRINTS / 2
+def test_warm_once_the_tracked_blocks_have_been_at_their_bound():
+    half = MAX_TRACKED_BLOCKS / 2
     points = [
-        point(10, half_b, MAX_FINGERPRINTS),  # fingerprints full first, then halved
-        point(20, MAX_TRACKED_BLOCKS - 100, half_f),  # blocks at 99.5 % of theirs
-        point(30, half_b, half_f),
+        point(10, half, MAX_FINGERPRINTS / 2),
+        point(20, MAX_TRACKED_BLOCKS - 100, MAX_FINGERPRINTS / 2),  # 99.5 % of the bound
+        point(30, half, MAX_FINGERPRINTS / 2),  # its older half dropped
     ]
     assert filled_at(points) == 20 * 60
-    assert filled_at(points[:1]) is None  # blocks never full: not warmed up
+    assert filled_at(points[:1]) is None  # never full: not warmed up
 
 
 def test_the_slope_is_a_fitted_line_through_a_sawtooth():
