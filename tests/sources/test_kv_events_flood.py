@@ -50,7 +50,7 @@ def test_a_flood_is_rate_limited_on_arrival_and_never_blocks_the_loop(kv_frames)
                 state.ingest(await sub.collect())  # what each poll does
                 if done.is_set() and state.batches + state.dropped["rate_limited"] + state.missed >= FLOOD:
                     break
-                assert not sent_at or time.monotonic() - sent_at[0] < 60, "the flood was never accounted for"
+                assert not sent_at or time.monotonic() - sent_at[0] < 150, "the flood was never accounted for"
             received_by = time.monotonic()
             samples = kv_event_samples(state)
         finally:
