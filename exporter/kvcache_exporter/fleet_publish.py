@@ -500,7 +500,8 @@ class FleetPublisher:
         if not self.connected or isinstance(err, NoStreamResponseError):
             self._again(item)
             if self.connected:
-                log_once(f"NATS {self.options.where}: no stream answers {item[0].rsplit('.', 2)[0]}; holding")
+                stream = wire.stream_name(self.prefix, self.pool)
+                log_once(f"NATS {self.options.where}: no stream {stream} answers; holding")
                 await asyncio.sleep(1.0)
                 with contextlib.suppress(Exception):
                     await self._ensure_stream()

@@ -10,6 +10,7 @@ from typing import Any
 
 from .metric import entry
 from .options import Option, nats_url, sampling, subject_prefix, subject_token
+from .sources.kv_events_kit import events_configured
 
 OPTIONS = (
     Option("fleet.publish", nats_url, None, "NATS JetStream URL to publish this replica's residency to"),
@@ -51,7 +52,7 @@ def checks(s: Any) -> list[tuple[str, str]]:
     out = []
     if s.fleet_publish and not s.fleet_replica:
         out.append(("--fleet.replica", "--fleet.publish needs this replica's name (or $POD_NAME)"))
-    if s.fleet_publish and not s.kv_events_endpoint and s.kv_events_discovery != "on":
+    if s.fleet_publish and not events_configured(s):
         out.append(("--fleet.publish", "publishes KV events: --kv-events.endpoint or discovery on"))
     return out
 

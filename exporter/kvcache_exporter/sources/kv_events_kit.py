@@ -588,12 +588,17 @@ class KvEventsSettings:
     fields_debug_endpoint: bool
 
 
+def events_configured(s: Any) -> bool:
+    """Whether serve gets KV events at all: an endpoint named, or discovery on."""
+    return bool(s.kv_events_endpoint) or s.kv_events_discovery == "on"
+
+
 def checks(s: Any) -> list[tuple[str, str]]:
     """`s`: serve's Settings (these fields and the shared kv_events_discovery)."""
     out = []
     if s.fields_debug_endpoint and not s.fields_tokenizer:
         out.append(("--fields.debug-endpoint", "needs --fields.tokenizer (it shows the fields that names)"))
-    if s.fields_tokenizer and not s.kv_events_endpoint and s.kv_events_discovery != "on":
+    if s.fields_tokenizer and not events_configured(s):
         out.append(("--fields.tokenizer", "needs KV events: --kv-events.endpoint or discovery on"))
     elif s.fields_tokenizer:
         from ..model_tokenizer import load_tokenizer  # here: the tokenizers library only when asked
