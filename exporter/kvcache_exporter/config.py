@@ -15,24 +15,22 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import Any
 
-from . import fleet_publish_kit
+from . import fleet_publish_kit, fleet_view_kit
 from .derive import audit_kit, cost_kit
 from .durations import window_label
 from .options import (
+    AGGREGATE_ENV_PREFIX,
     DEFAULT_PORT,
     Option,
     at_least,
-    between,
     choice,
     duration,
     listen_address,
     named_patterns,
-    nats_url,
     on_off,
     positive_size,
     price_table,
     ratio,
-    sampling,
     size,
     size_text,
 )
@@ -84,86 +82,28 @@ OPTIONS: tuple[Option, ...] = (
     *fleet_publish_kit.OPTIONS,
 )
 BY_KEY = {o.key: o for o in OPTIONS}
-AGGREGATE_ENV_PREFIX = "KVCACHE_AGGREGATE_"
 AGGREGATE_DEFAULT_PORT = 18091  # beside serve's 18090, outside the allocated exporter range 9100-9999
-
-
-def port(text: Any) -> int:
-    value = at_least(0)(text)
-    if value > 65535:
-        raise ValueError(f"{value} is not a port (0-65535)")
-    return value
-
-
-def shard(text: Any) -> str:
-    """`K/N`: keep the K-th of N hash ranges (0 <= K < N)."""
-    index, sep, count = str(text).partition("/")
-    if not sep or not index.isdigit() or not count.isdigit() or not int(index) < int(count):
-        raise ValueError(f'"{text}" is not K/N with 0 <= K < N')
-    return str(text)
-
-
 _AGGREGATE_DEFAULTS = {"collect.windows": [300.0, 3600.0], "web.listen_address": f":{AGGREGATE_DEFAULT_PORT}"}
 
 
-def _shared(attr: str) -> Option:
-    """One of serve's options for `aggregate`: the same parse and validation, aggregate's env twin
-    and, for a few, aggregate's own default."""
-    option = next(o for o in OPTIONS if o.attr == attr)
-    default = _AGGREGATE_DEFAULTS.get(option.key, option.default)
-    return replace(option, env_prefix=AGGREGATE_ENV_PREFIX, default=default)
+def shared(*keys: str) -> tuple[Option, ...]:
+    """serve's options as `aggregate` has them: the same parse and validation, aggregate's env
+    twin and, for a few, aggregate's own default."""
+    return tuple(
+        replace(
+            BY_KEY[key],
+            env_prefix=AGGREGATE_ENV_PREFIX,
+            default=_AGGREGATE_DEFAULTS.get(key, BY_KEY[key].default),
+        )
+        for key in keys
+    )
 
 
-def _twin(key: str) -> Option:
-    """One of serve's fleet options, as it is for `aggregate`."""
-    return replace(BY_KEY[key], env_prefix=AGGREGATE_ENV_PREFIX)
-
-
-def _aggregate(key: str, parse: Callable[[Any], Any], default: Any, help: str, **more: Any) -> Option:
-    return Option(key, parse, default, help, env_prefix=AGGREGATE_ENV_PREFIX, **more)
-
-
+# aggregate's rows' own options (fleet_view_kit.py), then those it shares with serve, in
+# ServiceSettings' order (some declared by its rows too: aggregator/rows.py)
 AGGREGATE_OPTIONS: tuple[Option, ...] = (
-    _aggregate(
-        "replica.targets",
-        str,
-        [],
-        "TARGET[,KV_ENDPOINT[,ENGINE]] of a replica (host:port or URL; ENGINE vllm, sglang or trtllm);"
-        " repeat, whitespace-separated in the env",
-        multiple=True,
-        flag_name="--replica",
-        separator=None,
-    ),
-    _aggregate("discovery.file_sd", str, None, "Prometheus file_sd JSON/YAML file, re-read on change"),
-    _aggregate("discovery.dns", str, None, "NAME:PORT of a headless Service (A/AAAA records)"),
-    _aggregate(
-        "discovery.refresh_interval",
-        duration,
-        30.0,
-        "how often --discovery.dns is resolved, and each replica's /kv_event_sources asked, again",
-    ),
-    _aggregate(
-        "replica.kv_events_port",
-        port,
-        5557,
-        "KV-event port of a replica that names none, where its vLLM does not say (0: none)",
-    ),
-    _aggregate("replica.max", at_least(1), 64, "replicas watched at most; the rest are counted left out"),
-    _aggregate("replica.max_blocks", at_least(1), 131_072, "block hashes remembered per replica"),
-    _aggregate("fleet.hash_sampling", sampling, 1.0, "fraction of block hashes kept (0 < f <= 1)"),
-    _aggregate("fleet.shard", shard, "0/1", "K/N: keep the K-th of N hash ranges"),
-    _aggregate("fleet.source", nats_url, None, "NATS JetStream URL to read the pool's residency from"),
-    *(_twin(key) for key in ("fleet.pool", "fleet.subject_prefix")),
-    _aggregate("fleet.retention", duration, 6 * 3600.0, "how long the pool's stream keeps deltas"),
-    _aggregate("fleet.max_bytes", size, 8 * 1024**3, "the pool's stream size at most"),
-    _aggregate(
-        "fleet.stream_replicas",
-        between(1, 5),
-        1,
-        "JetStream replicas of the pool's stream when this shard creates it (3 on a 3-node cluster)",
-    ),
-    *(_twin(key) for key in ("fleet.credentials_file", "fleet.nkey_seed_file", "fleet.tls_ca_file")),
-    *(_shared(f.name) for f in fields(ServiceSettings)),
+    *fleet_view_kit.OPTIONS,
+    *shared(*(next(o.key for o in OPTIONS if o.attr == f.name) for f in fields(ServiceSettings))),
 )
 
 
@@ -348,15 +288,7 @@ def checks(s: Settings) -> list[tuple[str, str]]:
 
 
 def aggregate_checks(s: AggregateSettings) -> list[tuple[str, str]]:
-    out = []
-    if not (s.replica_targets or s.discovery_file_sd or s.discovery_dns or s.fleet_source):
-        out.append(
-            (
-                "--replica",
-                "name the replicas (--replica, --discovery.file-sd, --discovery.dns) or --fleet.source",
-            )
-        )
-    return out + _common_checks(s)
+    return fleet_view_kit.checks(s) + _common_checks(s)
 
 
 def validate(s: Settings) -> None:

@@ -1,11 +1,136 @@
-"""What `kvcache-exporter aggregate` (aggregator/) declares for the catalog: the fleet view's entries
-(FLEET) and its shards' side of NATS JetStream (SHARDS), each in its place in catalog.py. Here, not
-in aggregator/, because `serve` loads the catalog and never the tools (tests/core/test_layering.py).
-Its options stay in config.AGGREGATE_OPTIONS (built from serve's table's shared rows)."""
+"""What `kvcache-exporter aggregate` (aggregator/) declares beside its code, for its rows
+(aggregator/rows.py): the replicas' options (REPLICAS_OPTIONS), the fleet view's catalog entries
+(FLEET) and options, the NATS intake's (`--fleet.source`) entries (SHARDS) and options, each with
+its typed settings (settings.AggregateSettings has them all) and checks. catalog.py puts each
+section in its place; config.AGGREGATE_OPTIONS concatenates the options, then serve's shared ones.
+Here, not in aggregator/, because `serve` loads the catalog and the option tables and never the
+tools (tests/core/test_layering.py)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from typing import Any
+
+from . import fleet_publish_kit
 from .metric import entry
+from .options import (
+    AGGREGATE_ENV_PREFIX,
+    Option,
+    at_least,
+    between,
+    duration,
+    nats_url,
+    port,
+    sampling,
+    shard,
+    size,
+)
+
+
+def _aggregate(key: str, parse: Any, default: Any, help: str, **more: Any) -> Option:
+    return Option(key, parse, default, help, env_prefix=AGGREGATE_ENV_PREFIX, **more)
+
+
+def _twin(*keys: str) -> tuple[Option, ...]:
+    """serve's fleet options (fleet_publish_kit), as they are for `aggregate`."""
+    by_key = {o.key: o for o in fleet_publish_kit.OPTIONS}
+    return tuple(replace(by_key[key], env_prefix=AGGREGATE_ENV_PREFIX) for key in keys)
+
+
+# --- the replicas: where they are (discovery) and their /metrics polls --------------------------
+REPLICAS_OPTIONS = (
+    _aggregate(
+        "replica.targets",
+        str,
+        [],
+        "TARGET[,KV_ENDPOINT[,ENGINE]] of a replica (host:port or URL; ENGINE vllm, sglang or trtllm);"
+        " repeat, whitespace-separated in the env",
+        multiple=True,
+        flag_name="--replica",
+        separator=None,
+    ),
+    _aggregate("discovery.file_sd", str, None, "Prometheus file_sd JSON/YAML file, re-read on change"),
+    _aggregate("discovery.dns", str, None, "NAME:PORT of a headless Service (A/AAAA records)"),
+    _aggregate(
+        "discovery.refresh_interval",
+        duration,
+        30.0,
+        "how often --discovery.dns is resolved, and each replica's /kv_event_sources asked, again",
+    ),
+    _aggregate(
+        "replica.kv_events_port",
+        port,
+        5557,
+        "KV-event port of a replica that names none, where its vLLM does not say (0: none)",
+    ),
+    _aggregate("replica.max", at_least(1), 64, "replicas watched at most; the rest are counted left out"),
+)
+
+
+@dataclass(frozen=True)
+class ReplicasSettings:
+    replica_targets: list[str]
+    discovery_file_sd: str | None
+    discovery_dns: str | None
+    discovery_refresh_interval: float
+    replica_kv_events_port: int
+    replica_max: int
+
+
+def checks(s: Any) -> list[tuple[str, str]]:
+    """An aggregator with nothing to read is refused at start-up (and by --check-config)."""
+    if s.replica_targets or s.discovery_file_sd or s.discovery_dns or s.fleet_source:
+        return []
+    return [
+        ("--replica", "name the replicas (--replica, --discovery.file-sd, --discovery.dns) or --fleet.source")
+    ]
+
+
+# --- the fleet view ------------------------------------------------------------------------------
+VIEW_OPTIONS = (
+    _aggregate("replica.max_blocks", at_least(1), 131_072, "block hashes remembered per replica"),
+    _aggregate("fleet.hash_sampling", sampling, 1.0, "fraction of block hashes kept (0 < f <= 1)"),
+    _aggregate("fleet.shard", shard, "0/1", "K/N: keep the K-th of N hash ranges"),
+)
+
+
+@dataclass(frozen=True)
+class FleetViewSettings:
+    replica_max_blocks: int
+    fleet_hash_sampling: float
+    fleet_shard: str
+
+
+# --- the NATS intake (--fleet.source): a shard's part of the pool from JetStream -----------------
+SOURCE_OPTIONS = (
+    _aggregate("fleet.source", nats_url, None, "NATS JetStream URL to read the pool's residency from"),
+    *_twin("fleet.pool", "fleet.subject_prefix"),
+    _aggregate("fleet.retention", duration, 6 * 3600.0, "how long the pool's stream keeps deltas"),
+    _aggregate("fleet.max_bytes", size, 8 * 1024**3, "the pool's stream size at most"),
+    _aggregate(
+        "fleet.stream_replicas",
+        between(1, 5),
+        1,
+        "JetStream replicas of the pool's stream when this shard creates it (3 on a 3-node cluster)",
+    ),
+    *_twin("fleet.credentials_file", "fleet.nkey_seed_file", "fleet.tls_ca_file"),
+)
+
+
+@dataclass(frozen=True)
+class FleetSourceSettings:
+    fleet_source: str | None
+    fleet_pool: str
+    fleet_subject_prefix: str
+    fleet_retention: float
+    fleet_max_bytes: int
+    fleet_stream_replicas: int
+    fleet_credentials_file: str | None
+    fleet_nkey_seed_file: str | None
+    fleet_tls_ca_file: str | None
+
+
+OPTIONS = REPLICAS_OPTIONS + VIEW_OPTIONS + SOURCE_OPTIONS  # in aggregate's --help, before the shared
 
 FLEET_STORED_TOKENS_TOTAL = "kvcache_fleet_stored_tokens_total"
 FLEET_QUERY_TOKENS_TOTAL = "kvcache_fleet_query_tokens_total"

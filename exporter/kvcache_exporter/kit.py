@@ -24,28 +24,30 @@ settings.py name each kit once, so its entries and options keep their place in d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import catalog, config
+from .collector import Exporter
 
 if TYPE_CHECKING:
-    from .collector import Exporter, Poll
-    from .derive.registry import Derivation
-    from .derive.state import PollState
-    from .settings import Settings
+    from .collector import Poll
+    from .samples import Sample
 
 
 @dataclass(frozen=True)
 class SourceKit:
+    """Its callables take (settings, state): serve's Settings and PollState, aggregate's
+    PoolSettings and Aggregator (aggregator/pool.py)."""
+
     name: str
     metrics: tuple[catalog.Metric, ...] = ()
     options: tuple[config.Option, ...] = ()
-    wire: Callable[[Settings, PollState], Sequence[Poll]] | None = None
-    derivations: Mapping[str, Derivation] = field(default_factory=dict)
-    timeout: Callable[[Settings], float] | None = None
-    built: Callable[[Settings, Exporter], None] | None = None
+    wire: Callable[[Any, Any], Sequence[Poll]] | None = None
+    derivations: Mapping[str, Callable[[Any, Any], list[Sample]]] = field(default_factory=dict)
+    timeout: Callable[[Any], float] | None = None
+    built: Callable[[Any, Exporter], None] | None = None
 
 
 KITS: list[SourceKit] = []
@@ -61,12 +63,52 @@ def register(kit: SourceKit) -> SourceKit:
     return kit
 
 
-def wire(rows: Sequence[SourceKit], settings: Settings, state: PollState) -> list[Poll]:
+def wire(rows: Sequence[SourceKit], settings: Any, state: Any) -> list[Poll]:
     return [poll for kit in rows if kit.wire is not None for poll in kit.wire(settings, state)]
 
 
-def derivations(rows: Sequence[SourceKit], built_in: Sequence[SourceKit] = ()) -> dict[str, Any]:
+def derivations(
+    rows: Sequence[SourceKit], built_in: Sequence[SourceKit] = ()
+) -> dict[str, Callable[[Any, Any], list[Sample]]]:
     """A built-in row's derivations by their own names (as before rows), a registered row's as
     `row.name`."""
     own = {name: d for kit in built_in for name, d in kit.derivations.items()}
     return own | {f"{kit.name}.{name}": d for kit in rows for name, d in kit.derivations.items()}
+
+
+def engine(
+    rows: Sequence[SourceKit],
+    settings: Any,
+    state: Any,
+    options: Any,
+    *,
+    interval: float,
+    clock: Callable[[], float],
+    registered: Sequence[SourceKit] = (),
+    refresh: Callable[[], Awaitable[Sequence[Poll]]] | None = None,
+    **hooks: Any,
+) -> Exporter:
+    """The one engine (collector.Exporter) of a list of rows, `serve`'s (server.ROWS, then the
+    `registered` ones) or `aggregate`'s (aggregator/rows.py): every row's polls into `state`, a
+    deadline past every row's own timeout, their derivations in row order, then each row's `built`.
+    With `refresh` (aggregate's: the polls of a round, one per replica discovery finds) the rows'
+    polls are the ones every round starts with (its discovery); `hooks` are the engine's others."""
+    every = (*rows, *registered)
+    polls = wire(every, settings, state)
+    timeouts = [row.timeout(settings) for row in every if row.timeout is not None]
+    exporter = Exporter(
+        [] if refresh else polls,
+        state,
+        options,
+        interval=interval,
+        clock=clock,
+        deadline=max(2 * interval, 10.0, *timeouts),  # past every source's own timeout
+        derivations=derivations(registered, rows),
+        discovery=polls if refresh else (),
+        refresh=refresh,
+        **hooks,
+    )
+    for row in every:
+        if row.built is not None:
+            row.built(settings, exporter)
+    return exporter

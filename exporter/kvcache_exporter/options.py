@@ -1,5 +1,5 @@
 """The option table's row (`Option`) and the parsers its rows use: a leaf, so a source can declare
-its options beside its code (sources/*_catalog.py) and config.py concatenate them."""
+its options beside its code (the *_kit.py modules) and config.py concatenate them."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from .durations import parse_duration
 
 ENV_PREFIX = "KVCACHE_EXPORTER_"
+AGGREGATE_ENV_PREFIX = "KVCACHE_AGGREGATE_"
 DEFAULT_PORT = 18090
 
 
@@ -174,6 +175,21 @@ def sampling(text: Any) -> float:
     if value == 0:
         raise ValueError("0 keeps no hash at all: use a fraction above 0")
     return value
+
+
+def port(text: Any) -> int:
+    value = at_least(0)(text)
+    if value > 65535:
+        raise ValueError(f"{value} is not a port (0-65535)")
+    return value
+
+
+def shard(text: Any) -> str:
+    """`K/N`: keep the K-th of N hash ranges (0 <= K < N)."""
+    index, sep, count = str(text).partition("/")
+    if not sep or not index.isdigit() or not count.isdigit() or not int(index) < int(count):
+        raise ValueError(f'"{text}" is not K/N with 0 <= K < N')
+    return str(text)
 
 
 def nats_url(text: Any) -> str:

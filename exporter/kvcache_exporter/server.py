@@ -48,11 +48,9 @@ ROWS: tuple[SourceKit, ...] = (
 
 def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Exporter:
     """Every row's polls into one PollState, its derivations into one table, one engine."""
-    rows = (*ROWS, *kit.KITS)
     state = PollState(
         retention=max(s.collect_windows) + 2 * s.collect_interval, host_tier_bytes=s.whatif_host_tier_bytes
     )
-    polls = kit.wire(rows, s, state)
     options = DeriveOptions(
         windows=tuple(sorted(s.collect_windows)),
         quantiles=tuple(s.collect_quantiles),
@@ -60,20 +58,7 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
         gpu_count=s.cost_gpu_count,
         gpu_memory_utilization_ceiling=s.audit_gpu_memory_utilization_ceiling,
     )
-    timeouts = [row.timeout(s) for row in rows if row.timeout is not None]
-    exporter = Exporter(
-        polls,
-        state,
-        options,
-        interval=s.collect_interval,
-        clock=clock,
-        deadline=max(2 * s.collect_interval, 10.0, *timeouts),  # past every source's own timeout
-        derivations=kit.derivations(kit.KITS, ROWS),
-    )
-    for row in rows:
-        if row.built is not None:
-            row.built(s, exporter)
-    return exporter
+    return kit.engine(ROWS, s, state, options, interval=s.collect_interval, clock=clock, registered=kit.KITS)
 
 
 def pricing_from(settings: Settings) -> Pricing:

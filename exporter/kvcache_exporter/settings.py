@@ -9,6 +9,7 @@ from typing import Any
 from .derive.audit_kit import AuditSettings
 from .derive.cost_kit import CostSettings
 from .fleet_publish_kit import FleetPublishSettings
+from .fleet_view_kit import FleetSourceSettings, FleetViewSettings, ReplicasSettings
 from .sources.engine_kit import EngineSettings
 from .sources.gpu_kit import GpuSettings
 from .sources.kv_events_kit import KvEventsSettings
@@ -56,22 +57,5 @@ class Settings(
 
 
 @dataclass(frozen=True, slots=True)
-class AggregateSettings(ServiceSettings):
-    replica_targets: list[str]
-    discovery_file_sd: str | None
-    discovery_dns: str | None
-    discovery_refresh_interval: float
-    replica_kv_events_port: int
-    replica_max: int
-    replica_max_blocks: int
-    fleet_hash_sampling: float
-    fleet_shard: str
-    fleet_source: str | None
-    fleet_pool: str
-    fleet_subject_prefix: str
-    fleet_retention: float
-    fleet_max_bytes: int
-    fleet_stream_replicas: int
-    fleet_credentials_file: str | None
-    fleet_nkey_seed_file: str | None
-    fleet_tls_ca_file: str | None
+class AggregateSettings(FleetSourceSettings, FleetViewSettings, ReplicasSettings, ServiceSettings):
+    """aggregate's: the shared ones, then its rows' own (fleet_view_kit.py), in that order."""

@@ -1,7 +1,8 @@
-"""The aggregator: discovery -> one member per replica (its /metrics poll) -> the fleet view ->
-the derivation table of pool_samples.py, all run by `serve`'s engine (collector.Exporter): the
-polls of each round from discovery, as many at once as the open-file budget allows, each with its
-deadline and crash isolation, and the same health series and error tally as `serve`.
+"""The aggregator's pool: the state its rows (rows.py) are wired into and `serve`'s engine
+(kit.engine, collector.Exporter) runs: discovery -> one member per replica (its /metrics poll) ->
+the fleet view -> the derivation table of pool_samples.py. The polls of each round come from
+discovery (`refresh`), as many at once as the open-file budget allows, each with its deadline and
+crash isolation, and the same health series and error tally as `serve`.
 
 Every replica's KV events arrive through one `FleetEvents` (one ZMQ context, a few sockets, one
 thread: events.py), one stream per data-parallel rank (named (replica, rank)); each poll drains
@@ -19,7 +20,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from ..collector import Exporter, Poll
+from .. import kit
+from ..collector import Poll
 from ..derive.windows import SeriesHistory
 from ..samples import Sample
 from ..sources.base import SourceError
@@ -27,19 +29,17 @@ from ..sources.kv_event_sources import Found, KvEventDiscovery, Settled
 from ..sources.kv_events_decode import Batch, Dropped, weight
 from ..sources.sglang import EngineSource
 from ..sources.vllm_snapshot import VllmSnapshot
-from . import fleet_pool, pool_samples
+from . import fleet_pool
 from .descriptors import SCRAPE_RESERVE, FdBudget, open_file_limit, open_now
 from .discovery import DnsSd, FileSd, RankStream, Replica, StaticSd, bounded
 from .events import FleetEvents
 from .fleet_residency import FleetResidency, HashRange
 from .fleet_sessions import SessionSpread
 from .nats_intake import NatsIntake
+from .rows import ROWS
 
 log = logging.getLogger("kvcache_exporter.aggregate")
 DRAIN_SECONDS = 0.25
-# Per replica, hashes queued between two drains (the rest dropped, budget_exceeded): ~4 s of a
-# saturated H200 (stored + removed), so a slow /metrics poll loses none; ~14 MiB at most.
-PENDING_HASHES = 131_072
 YIELD_HASHES = 8_192  # a heavy drain is applied in slices of this, letting scrapes in between
 CLOSE_AT_ONCE = 64  # replicas closed in parallel at shutdown
 
@@ -127,6 +127,8 @@ class Member:
 
 
 class Aggregator:
+    """The pool: its members, the fleet view and the intakes; its engine is built from rows.ROWS."""
+
     def __init__(
         self,
         settings: PoolSettings,
@@ -138,8 +140,9 @@ class Aggregator:
         self.settings, self.discoveries, self.clock = settings, discoveries, clock
         sessions = SessionSpread(retention=max(settings.windows))
         self.fleet = FleetResidency(settings.hash_range, settings.max_blocks_per_replica, sessions)
-        self.intake = intake(self.fleet) if intake is not None else None  # --fleet.source: NATS
-        self.events = FleetEvents(settings.topic, settings.max_batches_per_second, PENDING_HASHES)
+        self.make_intake = intake  # --fleet.source: NATS
+        self.intake: NatsIntake | None  # the rows' parts (rows.py)
+        self.events: FleetEvents
         self.members: dict[str, Member] = {}
         self.kv_sources: dict[str, KvSources] = {}
         self.discovered = [Discovered(d) for d in discoveries]
@@ -148,15 +151,13 @@ class Aggregator:
         self.fds = FdBudget(fd_limit or open_file_limit())
         self.fd_exhausted: Counter[str] = Counter()  # polls each replica went unsubscribed, by the budget
         self._logged_unsubscribed = 0
-        self.engine = Exporter(
-            [],
+        self.engine = kit.engine(
+            ROWS,
+            settings,
             self,
             settings,
             interval=settings.interval,
             clock=clock,
-            derivations=pool_samples.DERIVATIONS,
-            deadline=max(2 * settings.interval, settings.timeout + 1, 10.0),  # as serve's
-            discovery=[Poll(d, d.into) for d in self.discovered],
             refresh=self.refresh,
             limit=lambda: self.fds.poll_slots(open_now()),
             drain=self.drain_all,
