@@ -6,6 +6,7 @@ its flag in --help, and a bad reading counted under its own collector, not the l
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -152,3 +153,33 @@ def test_serve_is_its_rows_and_a_row_declares_its_whole_source():
         assert all(m in catalog.CATALOG for m in row.metrics) and all(
             o in config.OPTIONS for o in row.options
         )
+
+
+def test_aggregate_is_its_rows_and_they_declare_all_its_options():
+    """`aggregate`'s sources are rows too (aggregator/rows.py): their derivations, in order, are its
+    derivation table; they declare every fleet entry but serve's publisher's, and every option of
+    aggregate's table (as it has them: its env twin, its default) but the collecting, endpoint and
+    logging ones that both commands have (serve's rows do not declare those either). The pool's
+    engine is built from them: their discovery polls first, the replicas row's deadline."""
+    from kvcache_exporter import catalog, config, kit
+    from kvcache_exporter.aggregator import pool_samples, rows
+    from kvcache_exporter.aggregator.discovery import StaticSd
+    from kvcache_exporter.aggregator.pool import Aggregator, PoolSettings
+
+    assert list(kit.derivations([], rows.ROWS)) == list(pool_samples.DERIVATIONS)
+    assert kit.derivations([], rows.ROWS) == pool_samples.DERIVATIONS
+    assert len({row.name for row in rows.ROWS}) == len(rows.ROWS)
+    entries = [m for row in rows.ROWS for m in row.metrics]
+    fleet = [m for m in catalog.CATALOG if m.group == "fleet" and m.source != "serve --fleet.publish"]
+    assert sorted(m.name for m in entries) == sorted(m.name for m in fleet) and len(fleet) > 20
+    declared = [o for row in rows.ROWS for o in row.options]
+    assert all(o in config.AGGREGATE_OPTIONS for o in declared)
+    both = [o.key for o in config.AGGREGATE_OPTIONS if o.key.startswith(("collect.", "web.", "log."))]
+    assert sorted([o.key for o in declared] + both) == sorted(o.key for o in config.AGGREGATE_OPTIONS)
+    assert "replica.targets" in [o.key for o in declared] and "collect.interval" in both
+
+    pool = Aggregator(PoolSettings(interval=1.0, timeout=20.0), [StaticSd([]), StaticSd([])], fd_limit=1024)
+    assert pool.engine.derivations == pool_samples.DERIVATIONS and pool.engine.deadline == 21.0
+    assert [poll.source for poll in pool.engine.discovery] == pool.discovered and pool.engine.polls == []
+    assert pool.intake is None and pool.events is not None
+    asyncio.run(pool.close())  # its ZMQ context
