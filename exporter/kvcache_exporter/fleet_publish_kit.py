@@ -1,7 +1,7 @@
 """What the fleet publisher (`serve --fleet.publish`, fleet_publish.py) declares beside its code: its
 catalog entries, its options, its settings and their checks. catalog.py and config.py concatenate
 them in their place; server.ROWS wires it (kv_event_rows.wire_publisher). `aggregate` takes the
-options it shares (pool, subject prefix, credentials) from here through config._twin."""
+options it shares (pool, subject prefix, credentials) from here (fleet_view_kit._twin)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,15 @@
 """The source kit: what a source declares beside its code, as one row.
 
-A row (`SourceKit`) names a source's catalog entries, its options (rows of serve's option table),
-how it is wired (`wire`: its polls, each into its part of the poll state), its derivations (each
+A row (`SourceKit`) names a source's catalog entries, its options (rows of its command's option
+table), how it is wired (`wire`: its polls, each into its part of the poll state), its derivations (each
 costing only its own series when it fails), the longest its poll may take (`timeout`, so the
 engine's deadline is past it) and what it does once the engine exists (`built`: a source that adds
 polls later, a debug page).
 
-`serve` is the list of rows in server.ROWS (the built-in sources, in poll and derivation order)
-followed by the registered ones (KITS), run by the one engine (collector.Exporter).
+Both servers are lists of rows, each built into the one engine (collector.Exporter) by `engine`:
+`serve` is server.ROWS (the built-in sources, in poll and derivation order) followed by the
+registered ones (KITS); `aggregate` is aggregator/rows.ROWS (its replicas and their discovery, the
+fleet's KV-event intake, the NATS intake, the fleet view's derivations), wired into its pool.
 
 A registered source (a plug-in) is its source module, its derivation module and one
 `register(row)`, plus their tests; no product file is edited (tests/core/test_kit.py adds a toy one
@@ -17,9 +19,10 @@ their values reach it as `Settings.source_options[attr]`) and its row to KITS.
 
 A built-in source declares the same beside its code in a `*_kit.py` (entries, options, a typed
 settings class, checks: sources/engine_kit.py, sources/kv_events_kit.py, sources/gpu_kit.py,
-derive/cost_kit.py, derive/audit_kit.py, fleet_publish_kit.py); catalog.py, config.py and
-settings.py name each kit once, so its entries and options keep their place in docs/metrics.md,
---help and README's tables.
+derive/cost_kit.py, derive/audit_kit.py, fleet_publish_kit.py; aggregate's rows in
+fleet_view_kit.py); catalog.py, config.py and settings.py name each kit once, so its entries and
+options keep their place in docs/metrics.md, --help and README's tables. A registered row is
+serve's only: `register` adds to serve's tables.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""`serve`: its sources as rows (ROWS, then every registered row: kit.py), run by the one poll engine
-(collector.Exporter); service.py runs it behind the HTTP server."""
+"""`serve`: its sources as rows (ROWS, then every registered row: kit.py), built by kit.engine into
+the one poll engine (collector.Exporter), as `aggregate`'s are (aggregator/rows.py); service.py runs
+it behind the HTTP server."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ ROWS: tuple[SourceKit, ...] = (
 
 
 def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Exporter:
-    """Every row's polls into one PollState, its derivations into one table, one engine."""
+    """Every row's polls into one PollState, their derivations into one table, one engine."""
     state = PollState(
         retention=max(s.collect_windows) + 2 * s.collect_interval, host_tier_bytes=s.whatif_host_tier_bytes
     )

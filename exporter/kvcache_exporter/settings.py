@@ -18,7 +18,7 @@ from .sources.kv_events_kit import KvEventsSettings
 @dataclass(frozen=True, slots=True)
 class ServiceSettings:
     """What both commands have: vLLM polling, collecting, the endpoint and logging. Aggregate takes
-    each of these options from serve's table (config._shared), so they parse and check alike; the
+    each of these options from serve's table (config.shared), so they parse and check alike; the
     order here is their order in aggregate's --help and README table."""
 
     kv_events_topic: str

@@ -86,6 +86,7 @@ def discoveries_from(s: AggregateSettings) -> list:
 
 
 def build(s: AggregateSettings) -> Aggregator:
+    """The pool, its engine built from its rows (rows.py), as server.build_exporter builds serve's."""
     limit = raise_open_file_limit()
     log.info("open-file limit %d (KV events: a descriptor a replica, two where replicas share an IP)", limit)
     return Aggregator(
@@ -94,7 +95,8 @@ def build(s: AggregateSettings) -> Aggregator:
 
 
 def nats_intake(s: AggregateSettings) -> Callable[[FleetResidency], NatsIntake]:
-    """`--fleet.source`: the shard's part of the pool from NATS JetStream, into the fleet view."""
+    """`--fleet.source`: the shard's part of the pool from NATS JetStream, into the fleet view (made
+    when the fleet_source row is wired: rows.wire_intake)."""
     assert s.fleet_source is not None
     options = NatsOptions(
         s.fleet_source, s.fleet_credentials_file, s.fleet_nkey_seed_file, s.fleet_tls_ca_file

@@ -1,6 +1,7 @@
-"""The aggregator's derivation table: what /metrics serves, as functions of the pool (pool.py) and
-its settings, run by serve's engine (collector.Exporter) one by one, so a bug in one costs only
-its own series. Each replica's poll health (collector="vllm") comes from the engine itself."""
+"""The aggregator's derivation table (its fleet_view row's: rows.py): what /metrics serves, as
+functions of the pool (pool.py) and its settings, run by serve's engine (collector.Exporter) one by
+one, so a bug in one costs only its own series. Each replica's poll health (collector="vllm")
+comes from the engine itself."""
 
 from __future__ import annotations
 
