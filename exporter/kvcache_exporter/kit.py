@@ -1,10 +1,10 @@
 """The source kit: what a source declares beside its code, as one row.
 
 A row (`SourceKit`) names a source's catalog entries, its options (rows of its command's option
-table), how it is wired (`wire`: its polls, each into its part of the poll state), its derivations (each
-costing only its own series when it fails), the longest its poll may take (`timeout`, so the
-engine's deadline is past it) and what it does once the engine exists (`built`: a source that adds
-polls later, a debug page).
+table), how it is wired (`wire`: its polls, each into its part of the poll state), its
+derivations (each costing only its own series when it fails), the longest its poll may take
+(`timeout`, so the engine's deadline is past it) and what it does once the engine exists (`built`:
+a source that adds polls later, a debug page).
 
 Both servers are lists of rows, each built into the one engine (collector.Exporter) by `engine`:
 `serve` is server.ROWS (the built-in sources, in poll and derivation order) followed by the
