@@ -86,52 +86,7 @@ def checks(s: Any) -> list[tuple[str, str]]:
     ]
 
 
-# --- the fleet view ------------------------------------------------------------------------------
-VIEW_OPTIONS = (
-    _aggregate("replica.max_blocks", at_least(1), 131_072, "block hashes remembered per replica"),
-    _aggregate("fleet.hash_sampling", sampling, 1.0, "fraction of block hashes kept (0 < f <= 1)"),
-    _aggregate("fleet.shard", shard, "0/1", "K/N: keep the K-th of N hash ranges"),
-)
-
-
-@dataclass(frozen=True)
-class FleetViewSettings:
-    replica_max_blocks: int
-    fleet_hash_sampling: float
-    fleet_shard: str
-
-
-# --- the NATS intake (--fleet.source): a shard's part of the pool from JetStream -----------------
-SOURCE_OPTIONS = (
-    _aggregate("fleet.source", nats_url, None, "NATS JetStream URL to read the pool's residency from"),
-    *_twin("fleet.pool", "fleet.subject_prefix"),
-    _aggregate("fleet.retention", duration, 6 * 3600.0, "how long the pool's stream keeps deltas"),
-    _aggregate("fleet.max_bytes", size, 8 * 1024**3, "the pool's stream size at most"),
-    _aggregate(
-        "fleet.stream_replicas",
-        between(1, 5),
-        1,
-        "JetStream replicas of the pool's stream when this shard creates it (3 on a 3-node cluster)",
-    ),
-    *_twin("fleet.credentials_file", "fleet.nkey_seed_file", "fleet.tls_ca_file"),
-)
-
-
-@dataclass(frozen=True)
-class FleetSourceSettings:
-    fleet_source: str | None
-    fleet_pool: str
-    fleet_subject_prefix: str
-    fleet_retention: float
-    fleet_max_bytes: int
-    fleet_stream_replicas: int
-    fleet_credentials_file: str | None
-    fleet_nkey_seed_file: str | None
-    fleet_tls_ca_file: str | None
-
-
-OPTIONS = REPLICAS_OPTIONS + VIEW_OPTIONS + SOURCE_OPTIONS  # in aggregate's --help, before the shared
-
+# The fleet view's and the shards' names (catalog.py has each as its own constant too)
 FLEET_STORED_TOKENS_TOTAL = "kvcache_fleet_stored_tokens_total"
 FLEET_QUERY_TOKENS_TOTAL = "kvcache_fleet_query_tokens_total"
 FLEET_HIT_TOKENS_TOTAL = "kvcache_fleet_hit_tokens_total"
@@ -153,6 +108,22 @@ FLEET_DELTAS_TOTAL = "kvcache_fleet_deltas_total"
 FLEET_DELTAS_DROPPED_TOTAL = "kvcache_fleet_deltas_dropped_total"
 FLEET_CONSUMER_PENDING = "kvcache_fleet_consumer_pending"
 FLEET_CONSUMER_REDELIVERED_TOTAL = "kvcache_fleet_consumer_redelivered_total"
+
+
+# --- the fleet view ------------------------------------------------------------------------------
+VIEW_OPTIONS = (
+    _aggregate("replica.max_blocks", at_least(1), 131_072, "block hashes remembered per replica"),
+    _aggregate("fleet.hash_sampling", sampling, 1.0, "fraction of block hashes kept (0 < f <= 1)"),
+    _aggregate("fleet.shard", shard, "0/1", "K/N: keep the K-th of N hash ranges"),
+)
+
+
+@dataclass(frozen=True)
+class FleetViewSettings:
+    replica_max_blocks: int
+    fleet_hash_sampling: float
+    fleet_shard: str
+
 
 FLEET = (
     entry(
@@ -326,6 +297,35 @@ FLEET = (
 )
 
 
+# --- the NATS intake (--fleet.source): a shard's part of the pool from JetStream -----------------
+SOURCE_OPTIONS = (
+    _aggregate("fleet.source", nats_url, None, "NATS JetStream URL to read the pool's residency from"),
+    *_twin("fleet.pool", "fleet.subject_prefix"),
+    _aggregate("fleet.retention", duration, 6 * 3600.0, "how long the pool's stream keeps deltas"),
+    _aggregate("fleet.max_bytes", size, 8 * 1024**3, "the pool's stream size at most"),
+    _aggregate(
+        "fleet.stream_replicas",
+        between(1, 5),
+        1,
+        "JetStream replicas of the pool's stream when this shard creates it (3 on a 3-node cluster)",
+    ),
+    *_twin("fleet.credentials_file", "fleet.nkey_seed_file", "fleet.tls_ca_file"),
+)
+
+
+@dataclass(frozen=True)
+class FleetSourceSettings:
+    fleet_source: str | None
+    fleet_pool: str
+    fleet_subject_prefix: str
+    fleet_retention: float
+    fleet_max_bytes: int
+    fleet_stream_replicas: int
+    fleet_credentials_file: str | None
+    fleet_nkey_seed_file: str | None
+    fleet_tls_ca_file: str | None
+
+
 SHARDS = (
     entry(
         FLEET_DELTAS_TOTAL,
@@ -369,5 +369,7 @@ SHARDS = (
     ),
 )
 
+
+OPTIONS = REPLICAS_OPTIONS + VIEW_OPTIONS + SOURCE_OPTIONS  # in aggregate's --help, before the shared
 SECTIONS = (FLEET, SHARDS)  # each in its own place in catalog.py
 METRICS = FLEET + SHARDS
