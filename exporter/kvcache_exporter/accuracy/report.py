@@ -53,9 +53,12 @@ FOOTER = """
   shared stretch is seen only through an anchor (about one every 16 tokens) whose 8-token window
   lies inside it, or through the chain starts' prefix fingerprints (16 lengths a unit). Where
   neither sees it, the request reads `cold`.
-- `timestamp_first`, `request_id_first`, `uuid_first`: a short prompt whose front holds no anchor
-  (or one straddling the known content) has its known run's start estimated a quarter spacing before
-  its first seen anchor, late when anchors are sparse: a unit short, a tie that `cold` wins by name.
+- `timestamp_first`, `request_id_first`, `uuid_first`: the known run's start is estimated a quarter
+  spacing before its first seen anchor, late when anchors are sparse. Round 6: at a chain's root a
+  front is taken to end at most two anchor spacings past its last anchor (or token 0), which names
+  6 more of the tiny Llama's and 3 of DP 2's right. Left: a short prompt whose shorter front shifts
+  the earlier prompt's unstored tail into the stored blocks (its anchors read unseen and end the
+  run early), or whose front has an anchor far from its end: a unit short, a tie `cold` wins.
 - `field_after_system`: a field with no anchor behind a cached prefix deeper than two units, and no
   seam (its pair seen before), reads `cold` unless the known stretch behind it is 4 units or more.
   Round 5: the step after a seam is read without context, so one field is one seam (it was two, and
