@@ -69,10 +69,12 @@ FOOTER = """
 - `documents_reranked`, `tools_reordered`: a move shows at seams, pairs of known anchors never seen
   next to each other or a window of unseen anchors between known ones. Round 5: a move whose first
   seam sits at the divergence point (no pair shows it) is told by two seams or more further on
-  (`content_causes.moved_from_divergence`). Left: two adjacent sections swapped whose second seam
-  lies past the stored blocks or shows no pair show one seam, read as a field (`prefix_diverged`) or
-  `cold`; on DeepSeek-V4 the documents sit in the first 256-token unit, stored from the chain's
-  root, where the rule is off (a field behind a template's head read as a move there).
+  (`content_causes.moved_from_divergence`). Round 6: one seam two units or more in, with known
+  content to the end, is two sections swapped whose second seam lies past the stored blocks. Left:
+  such a swap with less than two units before its seam, or whose seam shows no pair, reads as a
+  field (`prefix_diverged`) or `cold`; on DeepSeek-V4 the documents sit in the first 256-token
+  unit, stored from the chain's root, where the rule is off (a field behind a template's head read
+  as a move there).
 - DeepSeek-V4 (256-token hit unit): most prompts span one or two units. 20 changes no whole unit
   holds are `cannot_show` (not counted); of the rest, shared content ending inside the first unit
   reads `below_hit_unit` where the change after it is not seen.
