@@ -7,7 +7,7 @@ import json
 import pytest
 
 from kvcache_exporter.accuracy.cli import merged, replayed_vllm
-from kvcache_exporter.accuracy.harness import Sidecar, named
+from kvcache_exporter.accuracy.harness import Sidecar, held_blocks, named, removed_blocks, window_part_dropped
 from kvcache_exporter.accuracy.vllm import (
     NO_WINDOW,
     ROOT,
@@ -94,12 +94,35 @@ def test_stored_tokens_count_the_group_that_holds_most():
     assert stored_tokens(batch) == 320
 
 
+def test_a_fill_drops_the_window_part_only_where_its_events_remove_a_window_block_and_no_full_one():
+    """Decided from the setup requests' events (RealVllm._drop_window and the harness alike): the
+    prompt's stored (group, hash) by part, the fill's removals (GPU only: a tier's copies are not the
+    cache's)."""
+    tokens = list(range(20, 20 + 96))
+    window = dict(kv_cache_spec_kind="sliding_window", sliding_window=64)
+    events = [
+        BlockStored([1, 2], None, tokens, 32, group_idx=0, **window),
+        BlockStored([1, 2, 3], None, tokens, 32, group_idx=5),
+        BlockRemoved([2], group_idx=0),
+        BlockRemoved([3], group_idx=5, medium="CPU"),
+    ]
+    stored, fill, overshoot = (
+        [decode_message([b"kv", (seq).to_bytes(8, "big"), encode_batch(part, seq, 1.0)], with_tokens=True)]
+        for seq, part in enumerate((events[:2], events[2:], [BlockRemoved([3], group_idx=5)]))
+    )
+    assert held_blocks(stored) == ({(0, 1), (0, 2)}, {(5, 1), (5, 2), (5, 3)})
+    assert removed_blocks(fill) == {(0, 2)}
+    assert window_part_dropped(stored, fill)
+    assert not window_part_dropped(stored, [*fill, *overshoot]) and not window_part_dropped(stored, [])
+
+
 def test_each_shape_injects_what_its_server_can():
     for key, spec in SHAPES.items():
         kinds = set(spec.shape.kinds)
         assert not {"engine_restart", "host_tier_load"} & kinds, key
-        assert ("window_dropped" in kinds) == (key in ("gemma-3", "deepseek-v4")), key
-        assert len(kinds) >= 13 and spec.shape.name == spec.title, key
+        assert ("window_dropped" in kinds) == (key in ("gemma-3", "gemma-3-window", "deepseek-v4")), key
+        assert len(kinds) >= 13 or kinds == {"window_dropped"}, key
+        assert spec.shape.name == spec.title and spec.fill_by_events == (key == "gemma-3-window"), key
         assert (ROOT / spec.model / "config.json").exists(), key
     # the Llama recordings replay only with the cases they were made with: its shape never moves
     assert SHAPES["llama"].shape == llama_shape()

@@ -2,6 +2,7 @@
 
 import itertools
 from collections import Counter
+from dataclasses import replace
 from functools import cache
 
 import pytest
@@ -165,3 +166,16 @@ def test_a_host_tier_case_turns_the_gpu_cache_over_before_the_prompt_comes_back(
 def test_a_shape_gets_only_its_kinds():
     shape = Shape("small", 16, 4096, 2047, ("exact_repeat", "uuid_first"))
     assert {case[0].kind for case in Generator(shape, 1).cases(10)} == {"exact_repeat", "uuid_first"}
+
+
+def test_a_window_fill_measured_on_the_server_is_one_action_and_the_old_fill_stays():
+    """With `fill_by_events` the fill is the backend's "drop_window" action (no prompt of its own: the
+    scored prompt still differs from the last one sent); without it, half a cache of prompts as the
+    recordings were made (their cases must not move)."""
+    measured = replace(SHAPE, fill_by_events=True)
+    for case in Generator(measured, 1).cases(4 * len(KINDS)):
+        if case[0].kind == "window_dropped":
+            assert [(r.prompt, r.before) for r in case[1:]] == [((), "drop_window"), (case[0].prompt, None)]
+    for case in cases()["window_dropped"]:
+        assert {r.before for r in case} == {None}
+        assert sum(len(r.prompt) for r in case[1:-1]) >= 0.5 * SHAPE.capacity_tokens

@@ -8,7 +8,7 @@ import random
 
 from kvcache_exporter.derive.attribution import CAUSES, Attribution
 from kvcache_exporter.sources.kv_events_decode import Event
-from tests.derive.test_attribution import BS, Stream, header, stored, tokens_by_cause
+from tests.derive.test_attribution import BS, Stream, header, removed, stored, tokens_by_cause
 from tests.derive.test_units import DSV4, Chain, feed, part, unit_events, words
 
 
@@ -149,6 +149,23 @@ def test_a_unit_whose_window_part_was_dropped_is_window_expired_and_not_in_the_c
     stream.prompt(text(30, 64), cached_blocks=2)
     assert tokens_by_cause(stream) == {"cold": 64, "window_expired": 32}
     assert attribution.totals.extra_hit_tokens == {2: 0, 4: 0}
+
+
+def test_units_a_hybrid_lookup_evicted_itself_after_a_window_part_expired_are_window_expired():
+    """Real vLLM (Gemma-3 pattern): a prompt's last unit lost its window part, so the prompt hit
+    nothing, and its own allocation evicted the rest of its blocks (still resident when vLLM looked
+    it up: removed with nothing stored since) before storing them all again from the root. Those
+    were `evicted` (a bigger cache would not have kept them any better); they are `window_expired`."""
+    stream = Stream(Attribution(capacity_blocks=100))
+    hashes = stream.prompt(text(31, 64))
+    stream.send(Event("WindowExpired", hashes[3:]))  # the fill dropped the last unit's window part
+    stream.send(removed(hashes[:3]), stored(hashes, text(31, 64)))  # the lookup's own allocation
+    assert tokens_by_cause(stream) == {"cold": 64, "window_expired": 64}
+    assert stream.attribution.totals.extra_hit_tokens == {2: 0, 4: 0}
+    other = Stream(Attribution(capacity_blocks=100))  # no window part expired: evicted, as before
+    hashes = other.prompt(text(32, 64))
+    other.send(removed(hashes[:3]), stored(hashes, text(32, 64)))
+    assert tokens_by_cause(other) == {"cold": 64 + 16, "evicted": 48}  # its last block: still resident
 
 
 def test_a_unit_loaded_back_from_a_tier_is_restored_not_a_miss():

@@ -165,6 +165,23 @@ def test_moved_from_divergence_needs_two_seams_and_sections_that_are_not_sentenc
     assert moved_from_divergence(positions, [False, *seen[1:]], paired, 128, 32) is None  # a front first
 
 
+def test_one_seam_two_units_in_with_known_content_to_the_end_is_two_sections_swapped():
+    """Real vLLM (tiny Llama, documents_reranked/tools_reordered): two adjacent sections swapped, the
+    second seam past the stored blocks: known content from the divergence point, one never-seen pair
+    100 tokens in, known content to the last anchor. A field behind known content sits in the first
+    block; two units of known content there did not follow the cached prefix (or they would have
+    hit). It read as a field (`prefix_diverged`)."""
+    positions = list(range(0, 240, 16))
+    seen = [True] * len(positions)
+    seam = [p != 96 for p in positions[:-1]]  # 96 -> 112 never seen next to each other
+    assert moved_from_divergence(positions, seen, seam, 256, 32) == (0, 256)
+    assert moved_from_divergence(positions, seen, seam, 256, 64) is None  # 108 tokens: short of 2 units
+    near_end = [p != 208 for p in positions[:-1]]
+    assert moved_from_divergence(positions, seen, near_end, 256, 48) is None  # 36 tokens after: under a unit
+    unique_after = [*seen[:-3], False, False, False]  # the stretch ends at unique content
+    assert moved_from_divergence(positions, unique_after, seam, 256, 32) is None
+
+
 def test_a_root_stored_again_over_resident_blocks_is_classified_behind_them():
     """A hybrid layout hits a prefix only where its window groups hold a part, kept at a prompt's end
     only: a field after a shared system prompt makes vLLM store the whole prompt again from the root,

@@ -102,3 +102,31 @@ def test_two_root_prompts_sharing_most_of_their_first_unit_are_below_the_hit_uni
     assert tokens_by_cause(stream) == {"cold": 16}
     stream.prompt([*shared, *plain[30:33]])
     assert tokens_by_cause(stream) == {"cold": 16 + 4, "below_hit_unit": 12}
+
+
+def test_at_a_root_a_front_is_taken_short_where_the_first_known_anchor_lies_far_behind_it():
+    """A front with no anchor (or past its last one) runs FRONT_TAIL tokens at most: the known run
+    starts no later, however far behind its first seen anchor lies (anchors are sparse)."""
+    assert first_known_run([54, 70, 90], [True] * 3, 128, root=True).start == 32  # was 54 - 10
+    assert first_known_run([20, 80, 100], [False, True, True], 128, root=True).start == 21 + 32  # was 70
+    near = [20, 36, 52, 68, 84, 100]
+    assert first_known_run(near, [True] * 6, 128, root=True).start == 16  # as before: 20 - 4
+    behind_a_prefix = first_known_run([54, 70, 90], [True] * 3, 128, root=False)
+    assert behind_a_prefix.start == 44  # as before
+
+
+def test_an_id_first_before_content_whose_first_anchor_lies_late_is_prefix_diverged():
+    """Real vLLM (tiny Llama, request_id_first, 32-token blocks): an 8-token id first, then the same
+    chat, whose first anchor lies 54 tokens in. Taken as starting 4 tokens before that anchor, the
+    known run served 2 of the 4 blocks (a tie with cold, named cold); from 32 tokens in, 3."""
+    plain = [v for v in range(20, 256) if v not in SELECTED]
+    rng = random.Random(7)
+    shared = [rng.choice(plain) for _ in range(46)] + [sorted(SELECTED)[3]]
+    shared += rng.choices(range(20, 500), k=140)
+    attribution = Attribution()
+    for seq in range(2):
+        prompt = [rng.choice(plain) for _ in range(8)] + shared
+        hashes = [hash(("block", seq, i)) for i in range(4)]
+        attribution.apply(Batch(seq, 0.0, (Event("BlockStored", hashes, None, prompt[:128], 32),)))
+    tokens = attribution.totals.tokens
+    assert tokens["prefix_diverged"] == 96 and tokens["cold"] == 128 + 32

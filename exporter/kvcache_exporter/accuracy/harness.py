@@ -146,19 +146,58 @@ def run(backend: Backend, cases: Iterable[list[Request]], sidecar: Sidecar | Non
         backend.begin(number)
         prompt: tuple[int, ...] = ()
         answer: tuple[int, ...] = ()
+        before: Sequence[Batch] = ()  # the last request's batches
+        dropped = True
         for request in case:
             cached = (*prompt, *answer)  # what the case's last request left in the cache
             request = request.sent(prompt, answer)
             decode = sidecar.decode_tokens()
             batches, answer = backend.send(request)
+            if request.before == "drop_window":
+                dropped = window_part_dropped(before, batches)
             prompt = request.prompt
+            before = batches
             delta = sidecar.feed(batches)
             if request.expected is not None:
                 name = named(delta, sidecar.decode_tokens() - decode)
-                if request.expected in FAULTS and not can_show(request, cached, backend.shape.unit):
+                if request.expected in FAULTS and not (
+                    dropped and can_show(request, cached, backend.shape.unit)
+                ):
                     name = CANNOT_SHOW
                 outcomes.append(Outcome(request.kind, request.expected, name, delta))
     return outcomes
+
+
+def held_blocks(batches: Iterable[Batch]) -> tuple[set, set]:
+    """The (group, hash) of the blocks these batches stored on the GPU: sliding-window groups',
+    full-attention groups'."""
+    window: set = set()
+    full: set = set()
+    for batch in batches:
+        for e in batch.events:
+            if e.type == "BlockStored" and e.medium in (None, "GPU"):
+                (window if e.window else full).update((e.group, h) for h in e.block_hashes)
+    return window, full
+
+
+def removed_blocks(batches: Iterable[Batch]) -> set:
+    """The (group, hash) of the GPU blocks these batches removed."""
+    return {
+        (e.group, h)
+        for batch in batches
+        for e in batch.events
+        if e.type == "BlockRemoved" and e.medium in (None, "GPU")
+        for h in e.block_hashes
+    }
+
+
+def window_part_dropped(prompt: Sequence[Batch], fill: Sequence[Batch]) -> bool:
+    """Whether a fill's events removed a block of the window part `prompt` stored and none of its
+    full part: decided from the setup requests' events, never from the scored request's outcome (a
+    window_dropped case whose fill did not is not counted: `cannot_show`)."""
+    window, full = held_blocks(prompt)
+    removed = removed_blocks(fill)
+    return bool(removed & window) and not removed & full
 
 
 def can_show(request: Request, cached: Sequence[int], unit: int) -> bool:

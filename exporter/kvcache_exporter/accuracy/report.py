@@ -25,8 +25,9 @@ with the most tokens is the one *named* (a tie goes to the first by name, so `co
 read as decode filling a block (not a prompt miss). An injected change is counted only where it can
 show (`harness.can_show`, decided from the case, never from the outcome): vLLM stores whole hit units
 only, so a prompt shorter than one, or a change in a prompt's content past its last whole unit (the
-units it stores are those the cache held), loses no hit and reaches no event; such requests are
-column `cannot_show`, not counted as injected. A case's setup requests put the
+units it stores are those the cache held), loses no hit and reaches no event, and a window part a
+measured fill's own events do not show dropped (`harness.window_part_dropped`) was not injected;
+such requests are column `cannot_show`, not counted as injected. A case's setup requests put the
 cache in a known state just before its change and are not scored; fresh random content keeps cases
 apart. Causes are read from the attribution generically: a cause it learns shows up as a column.
 
@@ -53,9 +54,12 @@ FOOTER = """
   shared stretch is seen only through an anchor (about one every 16 tokens) whose 8-token window
   lies inside it, or through the chain starts' prefix fingerprints (16 lengths a unit). Where
   neither sees it, the request reads `cold`.
-- `timestamp_first`, `request_id_first`, `uuid_first`: a short prompt whose front holds no anchor
-  (or one straddling the known content) has its known run's start estimated a quarter spacing before
-  its first seen anchor, late when anchors are sparse: a unit short, a tie that `cold` wins by name.
+- `timestamp_first`, `request_id_first`, `uuid_first`: the known run's start is estimated a quarter
+  spacing before its first seen anchor, late when anchors are sparse. Round 6: at a chain's root a
+  front is taken to end at most two anchor spacings past its last anchor (or token 0), which names
+  6 more of the tiny Llama's and 3 of DP 2's right. Left: a short prompt whose shorter front shifts
+  the earlier prompt's unstored tail into the stored blocks (its anchors read unseen and end the
+  run early), or whose front has an anchor far from its end: a unit short, a tie `cold` wins.
 - `field_after_system`: a field with no anchor behind a cached prefix deeper than two units, and no
   seam (its pair seen before), reads `cold` unless the known stretch behind it is 4 units or more.
   Round 5: the step after a seam is read without context, so one field is one seam (it was two, and
@@ -65,10 +69,12 @@ FOOTER = """
 - `documents_reranked`, `tools_reordered`: a move shows at seams, pairs of known anchors never seen
   next to each other or a window of unseen anchors between known ones. Round 5: a move whose first
   seam sits at the divergence point (no pair shows it) is told by two seams or more further on
-  (`content_causes.moved_from_divergence`). Left: two adjacent sections swapped whose second seam
-  lies past the stored blocks or shows no pair show one seam, read as a field (`prefix_diverged`) or
-  `cold`; on DeepSeek-V4 the documents sit in the first 256-token unit, stored from the chain's
-  root, where the rule is off (a field behind a template's head read as a move there).
+  (`content_causes.moved_from_divergence`). Round 6: one seam two units or more in, with known
+  content to the end, is two sections swapped whose second seam lies past the stored blocks. Left:
+  such a swap with less than two units before its seam, or whose seam shows no pair, reads as a
+  field (`prefix_diverged`) or `cold`; on DeepSeek-V4 the documents sit in the first 256-token
+  unit, stored from the chain's root, where the rule is off (a field behind a template's head read
+  as a move there).
 - DeepSeek-V4 (256-token hit unit): most prompts span one or two units. 20 changes no whole unit
   holds are `cannot_show` (not counted); of the rest, shared content ending inside the first unit
   reads `below_hit_unit` where the change after it is not seen.
@@ -77,13 +83,21 @@ FOOTER = """
 
 - `window_dropped`: the simulator's hybrid pool evicts a unit's window blocks together with its
   full-attention block (docs/simulator.md), so it cannot drop a window part alone, and the tiny Llama
-  has no window: it is run on the real Gemma-3 pattern and DeepSeek-V4 shapes only. There the
-  workload's half-cache fill did not drop a window part: the prompt sent again was all hit (its
-  events hold no stored block, so vLLM computed none), and the row reads `hit`, the sidecar's right
-  reading of a change that did not happen. vLLM frees a finished request's blocks together, window
-  groups' before the full group's (the blocks a window leaves while the prompt runs are never cached),
-  so a window part goes alone only when eviction stops between the two: a narrow band that a fill
-  sized by the cache seldom lands in. Injecting it for sure needs a fill measured on the server.
+  has no window: it is run on the real Gemma-3 pattern and DeepSeek-V4 shapes. There the workload's
+  half-cache fill did not drop a window part (the Gemma-3 and DeepSeek-V4 rows: the prompt sent again
+  was all hit, its events hold no stored block, and the row reads `hit`, the sidecar's right reading
+  of a change that did not happen). vLLM 0.32 reuses uncached blocks first and evicts cached ones
+  oldest first; a finished prompt's window groups' last blocks (all they still cache) are freed
+  ahead of its full group's, so a window part goes alone only when eviction stops in that narrow
+  band. Round 6 measures the fill on the server instead (shape `gemma-3-window`, 20 cases, recorded
+  on a real vLLM 0.32 CPU server with the Gemma-3 shape's arguments, replayed here): after the
+  prompt, `RealVllm._drop_window` sends fresh prompts, each of at most a group's share of the cached
+  blocks still held from before the prompt (one unit near it), and stops at the first of their
+  events that removes a block of the prompt's window part; a case whose fill removed a full block
+  first, or none, is `cannot_show` (`harness.window_part_dropped`: decided from the setup requests'
+  events, never from the scored one). Each fill dropped the window part; the prompt sent again then
+  hit nothing and its own allocation evicted the rest (docs/kv-events.md, "A lookup that evicts its
+  own prompt").
 - The real shapes are those of tests/integration/conftest.py, started by the one launcher
   (tools/harness.py): the tiny Llama; the Gemma-3 pattern (5 sliding-window layers to 1 full, 6
   groups); DeepSeek-V4 through ../shared/tools/deepseek-v4-cpu (6 groups, 256-token hit unit); the

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import random
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -41,6 +42,7 @@ from ..tools.harness import (
     vllm_env,
     wait_until,
 )
+from .harness import held_blocks, removed_blocks
 from .workload import KINDS, Request, Shape
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository; ../shared beside it
@@ -52,6 +54,7 @@ NOT_ON_VLLM = frozenset({"engine_restart", "host_tier_load"})
 NO_WINDOW = NOT_ON_VLLM | {"window_dropped"}  # a model without a sliding window cannot drop its part
 BLOCK_SIZE = TINY_LLAMA_BLOCK  # TINY_LLAMA_ARGS: 64 blocks of 32 tokens
 EVENTS_TIMEOUT_S = 10.0
+FILL_PROMPTS = 2000  # drop_window: fresh prompts at most before the fill is given up
 COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 
 
@@ -75,11 +78,14 @@ class VllmShape:
     adapters: tuple[str, ...] = ()  # LoRA adapters served: identity tenant-i is adapter i (else cache_salt)
     sessions: bool = False  # a session_id a case
     cases: int = 150  # cases a kind at full size (make accuracy)
+    fill_by_events: bool = False  # window_dropped filled until the events show it (RealVllm._drop_window)
 
     @property
     def shape(self) -> Shape:
         kinds = tuple(k for k in KINDS if k not in self.skip)
-        return Shape(self.title, self.unit, self.blocks * self.unit, self.max_model_len - 1, kinds)
+        return Shape(
+            self.title, self.unit, self.blocks * self.unit, self.max_model_len - 1, kinds, self.fill_by_events
+        )
 
 
 # DeepSeek-V4's 921-block pool: vLLM says 2,150 tokens (a prompt's window and state blocks while it
@@ -115,6 +121,20 @@ SHAPES = {
             1024,
             skip=NOT_ON_VLLM,
             cases=40,
+        ),
+        VllmShape(
+            "gemma-3-window",
+            "vLLM 0.32 CPU, tiny Gemma-3 pattern, window part dropped by a measured fill",
+            "tiny Gemma-3 pattern as above; window_dropped only, its fill sent until the fill's own events "
+            "removed a block of the prompt's window part while its full part was all held",
+            "tests/fixtures/tiny-gemma3",
+            ("--max-model-len", "1024", "--block-size", str(BLOCK_SIZE), "--kv-cache-memory-bytes", "4M"),
+            BLOCK_SIZE,
+            256,
+            1024,
+            skip=frozenset(KINDS) - {"window_dropped"},
+            cases=20,
+            fill_by_events=True,
         ),
         VllmShape(
             "deepseek-v4",
@@ -182,6 +202,11 @@ class RealVllm:
             self.socket.bind(endpoint)
         self.rank, self.session = 0, None
         self.late = 0  # requests whose events never covered what vLLM computed (see `send`)
+        empty: tuple[set, set] = (set(), set())
+        self.stored = (empty, empty)  # the last two prompts' stored (group, hash): window part, full part
+        self.fills: list[int] = []  # drop_window: the messages each fill took
+        self.resident: set = set()  # (group, hash) stored and not removed since (fill_by_events only)
+        self.not_dropped = 0
         self.counters = self._counters()
 
     def close(self) -> None:
@@ -209,6 +234,20 @@ class RealVllm:
         self.rank, self.counters = 0, self._counters()
 
     def send(self, request: Request) -> tuple[list[Batch], tuple[int, ...]]:
+        if request.before == "drop_window":  # an action, not a request: the fill's events
+            frames, generated = self._drop_window(), ()
+        else:
+            frames, generated = self._sent(request)
+            self.stored = (self.stored[1], held_blocks(map(decoded, frames)))
+        if self.record is not None:  # a line a request, flushed: a run cut short still replays
+            self.record.write(
+                json.dumps(Sent(len(request.prompt), tuple(frames), generated).to_json()) + "\n"
+            )
+            self.record.flush()
+        return [decode_message(f, with_tokens=True) for f in frames], generated
+
+    def _sent(self, request: Request) -> tuple[list[list[bytes]], tuple[int, ...]]:
+        """The request's `before` action, the request; the event messages it caused, what it generated."""
         if request.before == "reset":
             reset = urllib.request.Request(self.base_url + "/reset_prefix_cache", data=b"", method="POST")
             with urllib.request.urlopen(reset, timeout=60):
@@ -221,12 +260,44 @@ class RealVllm:
         computed = int((after.queries - before.queries) - (after.hits - before.hits))
         fed = computed + max(len(generated) - 1, 0)  # the generated tokens fed back: all but the last
         frames = self._frames(fed // self.spec.unit * self.spec.unit)
-        if self.record is not None:  # a line a request, flushed: a run cut short still replays
-            self.record.write(
-                json.dumps(Sent(len(request.prompt), tuple(frames), generated).to_json()) + "\n"
-            )
-            self.record.flush()
-        return [decode_message(f, with_tokens=True) for f in frames], generated
+        if self.spec.fill_by_events:  # the blocks held, for the fill's sizing
+            batches = list(map(decoded, frames))
+            window, full = held_blocks(batches)
+            self.resident = (self.resident - removed_blocks(batches)) | window | full
+        return frames, generated
+
+    def _drop_window(self) -> list[list[bytes]]:
+        """Fresh prompts until their events remove a block of the last prompt's window part while its
+        full part is all held: decided from these setup requests' events, never from the scored
+        one's. vLLM reuses uncached blocks first and evicts cached ones oldest first; it freed the
+        prompt's window groups' last blocks (all they still cached) ahead of its full group's, so
+        eviction reaches the window part a few blocks before the full part. Each fill prompt of u
+        units takes u blocks a group: u is kept to a group's share of the cached blocks still held
+        from before the prompt (`resident`, from every event seen), one unit near the prompt.
+        `not_dropped` counts fills that removed a full block first or gave up."""
+        _, (window, full) = self.stored
+        if not window:  # the prompt's events never came: nothing to drop (the case is not counted)
+            self.not_dropped += 1
+            return []
+        groups = len({group for group, _ in window | full})
+        ahead = self.resident - window - full
+        rng = random.Random(len(self.fills))
+        frames: list[list[bytes]] = []
+        for _ in range(FILL_PROMPTS):
+            units = max(min(len(ahead) // groups, self.shape.max_prompt // self.spec.unit), 1)
+            prompt = tuple(rng.randint(20, 499) for _ in range(units * self.spec.unit))
+            sent, _ = self._sent(Request(prompt, "window_dropped", None))
+            frames += sent
+            removed = removed_blocks(map(decoded, sent))
+            ahead -= removed
+            if removed & full:
+                break
+            if removed & window:
+                self.fills.append(len(frames))
+                return frames
+        self.not_dropped += 1
+        self.fills.append(len(frames))
+        return frames
 
     def _complete(self, prompt: list[int], identity: str | None, answer: int = 0) -> tuple[int, ...]:
         """The completion; the token ids it generated (read back only when `answer` asks for some)."""
@@ -351,6 +422,10 @@ def counters_from(text: str) -> Counters:
             if name in values:
                 values[name] += float(line.rsplit(" ", 1)[1])
     return Counters(*values.values())
+
+
+def decoded(frame: list[bytes]) -> Batch:
+    return decode_message(frame, with_tokens=True)
 
 
 def stored_tokens(batch: Batch) -> int:

@@ -66,6 +66,9 @@ class Shape:
     capacity_tokens: int
     max_prompt: int
     kinds: tuple[str, ...]
+    # window_dropped's fill: measured on the server (a "drop_window" action, sent until its events show
+    # the prompt's window part removed, its full part held) instead of half a cache of prompts
+    fill_by_events: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,7 @@ class Request:
     prompt: tuple[int, ...]  # with `follows`: what comes after the re-rendered answer
     kind: str  # the case's injected kind
     expected: str | None  # the truth; None: a setup request, not scored
-    before: str | None = None  # "reset" or "restart": what the backend does before sending it
+    before: str | None = None  # "reset", "restart" or "drop_window": what the backend does (below)
     identity: str | None = None  # a LoRA adapter or cache_salt
     answer: int = 0  # tokens the engine generates (max_tokens; 0: one, never used)
     follows: Rerender | None = None  # the prompt: the previous one, its answer so re-rendered, `prompt`
@@ -367,7 +370,11 @@ class Generator:
         blocks a sliding window has left as it goes, ahead of the full-attention ones, so those go
         first: the full part is held, its window part is not. (No backend here runs it yet.)"""
         prompt = not_whole(self._fit(self._chat()), self.shape.unit).render()
-        fill = [Request(p, "window_dropped", None) for p in self._filler(0.5 * self.shape.capacity_tokens)]
+        if self.shape.fill_by_events:  # the backend fills until its events show the window part gone
+            fill = [Request((), "window_dropped", None, before="drop_window")]  # sends no prompt of its own
+        else:
+            half = self._filler(0.5 * self.shape.capacity_tokens)
+            fill = [Request(p, "window_dropped", None) for p in half]
         return [
             Request(prompt, "window_dropped", None),
             *fill,

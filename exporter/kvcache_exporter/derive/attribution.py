@@ -335,8 +335,15 @@ class Attribution:
         totals, other = self.totals.tokens, self.other_replica
         count = len(hashes)
         shares = [(cause, overlaps(start, stop, size, count)) for cause, start, stop in spans]
-        for i, (block_hash, info) in enumerate(zip(hashes, self._blocks.get_many(hashes), strict=True)):
+        infos = self._blocks.get_many(hashes)
+        # a unit whose window part expired: the blocks this very lookup's allocation evicted (removed
+        # with nothing stored since) were resident when vLLM looked the prompt up, not hit for it
+        expired = any(info is not None and info & _REMOVED and info & _WINDOW for info in infos)
+        for i, (block_hash, info) in enumerate(zip(hashes, infos, strict=True)):
             if info is not None:
+                if expired and info & _REMOVED and info >> 40 == self._stored:
+                    totals["window_expired"] += size
+                    continue
                 totals[self._seen_before(info, size)] += size
             elif other is not None and other(block_hash):
                 totals["other_replica"] += size

@@ -22,7 +22,8 @@ explains, `(start, stop)`, or None (docs/kv-events.md, one section per cause):
   changes one. Fingerprints of token runs do not depend on block alignment, so a seam or a field
   with no anchor of its own still shows as a pair never seen in that order (or as none at all).
 - `moved_from_divergence` (order-aware): known content from the divergence point on, joined at two
-  seams or more (an anchor pair never seen at all, not only in another context), the sections
+  seams or more (or one two units or more in, the stretch running to the end: the second seam lies
+  past the stored blocks; an anchor pair never seen at all, not only in another context), the sections
   between them half a hit unit or 2 x ANCHOR_SPACING tokens (the less): the moved sections start at
   the divergence point, where the first seam shows no pair. A per-request field changes one
   adjacency: one seam; sentences recombined into a question are shorter sections.
@@ -151,8 +152,12 @@ def moved_from_divergence(
     to the stretch's end in whole hit units when there are two seams or more, the sections between
     them half a hit unit or two anchor spacings (the less) or more (a seam taken halfway between
     the last whole window before it and the first anchor after it), and the stretch's pairs in
-    order at least twice as often as not (forgotten pairs read as seams). None otherwise."""
-    if not seen or not seen[0] or unit <= 0 or pair_seen.count(False) < 2:  # each seam is a new pair
+    order at least twice as often as not (forgotten pairs read as seams). One seam is enough where
+    the stretch runs to the last anchor, two hit units or more before the seam and one after (two
+    sections swapped whose second seam lies past the stored blocks): a field behind known content
+    sits in the divergence point's block, and known content of two units there did not follow the
+    cached prefix before, or that block would have hit. None otherwise."""
+    if not seen or not seen[0] or unit <= 0 or False not in pair_seen:  # each seam is a new pair
         return None
     bounds: list[int] = []
     last, in_order = 0, 0
@@ -169,6 +174,10 @@ def moved_from_divergence(
         else:
             break
         last = k
+    if len(bounds) == 1 and last == len(seen) - 1 and in_order >= 2:  # the second seam not stored
+        if bounds[0] >= 2 * unit and length - bounds[0] >= unit:
+            return whole_units(0, _end_at(positions, last, length), unit)
+        return None
     if len(bounds) < 2 or in_order < 2 * len(bounds):
         return None
     shortest = min(unit // 2, 2 * ANCHOR_SPACING)

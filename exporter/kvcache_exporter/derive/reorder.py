@@ -35,6 +35,10 @@ from typing import NamedTuple
 from .fingerprints import ANCHOR_SPACING, K
 
 FRONT_DEPTH_UNITS = 2
+# At a chain's root, tokens a per-request front is taken to run past its last anchor (the divergence
+# point when it has none) at most: anchor-free content that long is rare (one anchor in 16 tokens), and
+# a known run's first seen anchor can lie much later where anchors are sparse.
+FRONT_TAIL = 2 * ANCHOR_SPACING
 
 
 class KnownRun(NamedTuple):
@@ -63,8 +67,10 @@ def first_known_run(
     front, not in its last K tokens.
 
     The run starts `lead` tokens before its first seen anchor (never at or before the unseen
-    anchor preceding it) and ends K / 2 tokens into the first unseen anchor's window after
-    it (at least K tokens past its last seen anchor: that window was known whole)."""
+    anchor preceding it; at a root, at most FRONT_TAIL tokens after it, or after the divergence
+    point when no anchor precedes it: a per-request front is short) and ends K / 2 tokens into the
+    first unseen anchor's window after it (at least K tokens past its last seen anchor: that window
+    was known whole)."""
     if True not in seen:
         return None
     first = seen.index(True)
@@ -93,6 +99,8 @@ def _run_from(
     after = next((i for i in range(first + 1, len(seen)) if not seen[i]), None)
     floor = positions[first - 1] + 1 if first else 0
     start = max(floor, positions[first] - lead(positions, length))
+    if root:
+        start = min(start, floor + FRONT_TAIL)
     end = length if after is None else min(max(positions[after - 1] + K, positions[after] + K // 2), length)
     fronted = first > 0 or ((root or after is None) and front_without_anchors(start, root, unit, depth))
     if root and not first and unit > 0:
