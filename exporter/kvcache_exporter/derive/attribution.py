@@ -22,7 +22,9 @@ a section per cause: the rule, an example, the action and its worth, what it get
 
 Decode-filled blocks are counted apart (`decode_tokens`), not as prompt misses: a `BlockStored`
 of exactly one block whose parent is the still-unextended last block of an earlier event is a
-request's decode filling its next block (prefill stores all its full blocks in one event per step).
+request's decode filling its next block (prefill stores all its full blocks in one event per step),
+unless units.py said its window groups named it (`PREFILLED`: a hybrid layout's prefill of an
+append-only turn one unit long; decode completes window blocks with empty hash lists).
 
 Bounded: `max_blocks` tracked hashes and `max_fingerprints` fingerprints (two-generation maps),
 whatever the stream does. A publisher restart or `AllBlocksCleared` starts a new era in O(1);
@@ -66,7 +68,7 @@ from .reorder import (
     served_tokens,
     unit_shortfall_tokens,
 )
-from .units import TAG_SHIFT, TOKEN_MASK, WINDOW_EXPIRED
+from .units import PREFILLED, TAG_SHIFT, TOKEN_MASK, WINDOW_EXPIRED
 
 CAUSES = (  # the `cause` label of the miss tokens, in rule order (the module docstring)
     "evicted",
@@ -159,6 +161,7 @@ class Attribution:
         self._stored = 0  # blocks stored so far: the clock of the what-if estimate
         self._era = 0
         self.fields = None  # front_fields.FrontFields when the wiring has a tokenizer: names the front
+        self._prefilled = None  # the unit units.py last said was prefilled (PREFILLED): not decode
 
     def set_host_tier(self, blocks: int | None, bytes_per_token: float | None) -> None:
         """The what-if host tier (whatif.host_tier_blocks) and the KV bytes of a token, once known."""
@@ -201,6 +204,8 @@ class Attribution:
                 self._new_era()
             elif kind == WINDOW_EXPIRED:
                 self._remove(event.block_hashes, _WINDOW)
+            elif kind == PREFILLED:
+                self._prefilled = event.block_hashes[0]
         if removed:
             self._remove(removed)
 
@@ -220,7 +225,7 @@ class Attribution:
             if lead:
                 return self._store_behind_resident(event, lead)
         size = event.block_size or len(event.token_ids) // count  # token ids are decoded when read
-        depth, diverged, rewritable, turns = 0, 0, False, 0
+        depth, diverged, rewritable, turns, appended = 0, 0, False, 0, False
         if parent_hash is not None:
             parent = blocks.new.get(parent_hash) or blocks.old.get(parent_hash)  # Generations.get
             if parent is None:
@@ -232,7 +237,8 @@ class Attribution:
                 diverged = parent & _DIVERGED
                 rewritable = not parent & _OPEN_TIP  # an open tip goes on where it ended: append-only
                 turns = parent & _TURNS
-                if count == 1 and parent & _OPEN_TIP and not parent & _REMOVED:
+                appended = parent & _OPEN_TIP and not parent & _REMOVED
+                if count == 1 and appended and hashes[0] != self._prefilled:
                     self.totals.decode_tokens += size
                     if parent & _DECODED:  # the second decode block on: not a one-block prompt misread
                         self._generated.update(anchors(event.token_ids)[1])
@@ -246,6 +252,8 @@ class Attribution:
         pairs = order.read(found[1]) if order is not None else None
         keys = pairs[1] if pairs is not None else []  # the event's anchor pairs, keyed
         known = self._known(tokens, found, length, rewritable)
+        if appended:  # the whole chain hit and nothing held past its open tip: no hit was lost, cold
+            known = None
         start = None  # at a root: (fingerprints of its first tokens, the longest shared start seen)
         if parent_hash is None and self._prefixes is not None:
             lengths, prints = prefix_prints(tokens, unit)
