@@ -58,3 +58,18 @@ def test_an_append_to_an_open_tip_is_never_a_fault():
     tokens = state.attribution.totals.tokens
     assert not {cause: n for cause, n in tokens.items() if n and cause in FAULTS}
     assert tokens["cold"] == 3 * 256
+
+
+def test_a_field_in_the_second_unit_of_a_root_stored_again_is_prefix_diverged():
+    """A field 61 tokens into the second unit, the rest as before: the hybrid root is stored again
+    over its first (resident) unit, and the three units behind it hold only known content in order,
+    no anchor on the field. 512 tokens in order past the field read as a field even where 4 hit
+    units (1,024 tokens here) are not reached: before, `cold` 100 %."""
+    for seed in range(20, 30):  # seeds 21 and 22: no anchor on the field
+        before, field = words(1100, seed), words(10, seed + 100)
+        after = before[:317] + field + before[327:]
+        state = part()
+        feed(state, unit_events(DSV4, Chain(before), 0, 1024))
+        feed(state, unit_events(DSV4, Chain(after), 0, 1024))
+        tokens = state.attribution.totals.tokens
+        assert tokens["prefix_diverged"] >= 768 and tokens["cold"] <= 1024 + 256, (seed, tokens)

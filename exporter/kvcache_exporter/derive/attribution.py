@@ -86,6 +86,7 @@ CAPACITY_FACTORS = (2, 4)
 # Known content in order behind a field with no anchor (nothing shows where it is) counts from this many
 # hit units on: a question recombined from shared sentences is shorter.
 FIELD_RUN_UNITS = 4
+FIELD_RUN_TOKENS = 512  # or this many tokens, where hit units are large (DeepSeek-V4: 2 of 256)
 # Token offsets of the divergence histogram: where shared content starts in a prompt.
 OFFSET_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 # The rewritten-turn histogram: which rewrite along a conversation a history_rewritten event is (the
@@ -461,7 +462,7 @@ class Attribution:
             return (None if moved is None else (None, 0, [("content_moved", *moved)])), True
         if first or root:  # at a root an anchor-free front may come first: the rule below
             return None, True
-        if not joins and end - start < FIELD_RUN_UNITS * unit:  # a short in-order stretch: recombined pieces
+        if not joins and end - start < min(FIELD_RUN_UNITS * unit, FIELD_RUN_TOKENS):  # recombined pieces
             return None, True
         run = KnownRun(start, end, True)
         served = served_tokens(run, length, unit, False, size // 2) if end > start else 0
