@@ -91,8 +91,8 @@ test: preflight venv system-deps vllm-venv sglang-venv lint
 
 # The injected-cause suite at full size: the real vLLM part, every deployment shape in turn (tiny Llama,
 # the Gemma-3 pattern, its window_dropped with a fill measured on the server, DeepSeek-V4 through the
-# shared shim, DP 2 + LoRA; one server at a time, ~2 h on
-# two cores) into docs/accuracy-vllm.json, then docs/accuracy.md with the simulator part, which
+# shared shim, DP 2 + LoRA; one server at a time, ~2 h on two cores, DeepSeek-V4's 466 requests 46
+# minutes of it) into docs/accuracy-vllm.json, then docs/accuracy.md with the simulator part, which
 # `make generate` reruns (seeded) while it renders the vLLM part from that JSON. Each shape's raw events
 # go to build/accuracy-vllm/<shape>.jsonl: `--vllm-replay build/accuracy-vllm/*.jsonl` scores them again.
 accuracy: venv vllm-venv

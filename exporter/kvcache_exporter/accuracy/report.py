@@ -48,8 +48,9 @@ FOOTER = """
   on (a first one cannot be told from a one-block prompt), so a miss stays `cold` when the kept
   text holds no anchor window there. The span `history_rewritten` claims ends a block past the last
   generated text it knows (round 5: the answer's last, partial block is never stored as decode), so
-  the short follow-up (8-32 tokens) seldom outweighs it. On DeepSeek-V4 an answer fills one or two
-  256-token blocks: the second decode block, the first the rule learns from, is seldom there.
+  the short follow-up (8-32 tokens) seldom outweighs it. On DeepSeek-V4 an answer is 511 tokens (a
+  quarter of its 2,047-token budget): one or two 256-token decode blocks, and 23 of 24 read
+  `history_rewritten` (on the old 2,048-token cases 0 of 12).
 - `short_shared_prefix`: two prompts of a unit and a bit sharing their first 50-90 % of a unit. A
   shared stretch is seen only through an anchor (about one every 16 tokens) whose 8-token window
   lies inside it, or through the chain starts' prefix fingerprints (16 lengths a unit). Where
@@ -61,7 +62,9 @@ FOOTER = """
   the earlier prompt's unstored tail into the stored blocks (its anchors read unseen and end the
   run early), or whose front has an anchor far from its end: a unit short, a tie `cold` wins.
 - `field_after_system`: a field with no anchor behind a cached prefix deeper than two units, and no
-  seam (its pair seen before), reads `cold` unless the known stretch behind it is 4 units or more.
+  seam (its pair seen before), reads `cold` unless the known stretch behind it is 4 units or 512
+  tokens, whichever is fewer (round 6: 2 units on DeepSeek-V4, where a root stored again over its
+  first unit left 3 units in order behind a field in the second, and read `cold`).
   Round 5: the step after a seam is read without context, so one field is one seam (it was two, and
   the known content behind it `content_moved`); on the hybrid layouts (Gemma-3, DeepSeek-V4) a
   prompt that diverges in its middle hits nothing and is stored again from its root: the resident
@@ -72,12 +75,18 @@ FOOTER = """
   (`content_causes.moved_from_divergence`). Round 6: one seam two units or more in, with known
   content to the end, is two sections swapped whose second seam lies past the stored blocks. Left:
   such a swap with less than two units before its seam, or whose seam shows no pair, reads as a
-  field (`prefix_diverged`) or `cold`; on DeepSeek-V4 the documents sit in the first 256-token
-  unit, stored from the chain's root, where the rule is off (a field behind a template's head read
-  as a move there).
-- DeepSeek-V4 (256-token hit unit): most prompts span one or two units. 20 changes no whole unit
-  holds are `cannot_show` (not counted); of the rest, shared content ending inside the first unit
-  reads `below_hit_unit` where the change after it is not seen.
+  field (`prefix_diverged`) or `cold`. The rule is off at a chain's root (a field behind a template's
+  head read as a move there): on DeepSeek-V4's old 2,048-token cases the documents sat in the first
+  256-token unit, at the root, and read `below_hit_unit`, `prefix_diverged` or `cold`; the round-6
+  cases put most of them past it.
+- DeepSeek-V4 (256-token hit unit), round 6: an append-only turn that adds one unit is one block
+  behind the last prompt's open tip, as decode filling it is; its window groups name the unit in a
+  prefill, none in decode (docs/kv-events.md, "an append-only turn one unit long"), and anything
+  appended to an open tip is `cold`, never a fault. Before, 65 of the round-6 run's 114 append-only
+  turns read `decode` (22 of 34 on the 42M run). Left there: a move that diverges inside the first
+  unit is at the chain's root, where the move rule is off (`cold` or `prefix_diverged`), and one
+  seam with the rest past the known run reads as a field at the seam (6 of 24 re-ranked or
+  reordered); 2 `uuid_first` and 1 `assistant_truncated` read `cold`.
 
 ## What is not measured here, and why
 
@@ -98,6 +107,8 @@ FOOTER = """
   events, never from the scored one). Each fill dropped the window part; the prompt sent again then
   hit nothing and its own allocation evicted the rest (docs/kv-events.md, "A lookup that evicts its
   own prompt").
+  On DeepSeek-V4 at 128M the half-cache fill is further still from the pool's 2,807 blocks: every
+  `window_dropped` row there reads `hit` (the measured fill runs on the Gemma-3 shape only).
 - The real shapes are those of tests/integration/conftest.py, started by the one launcher
   (tools/harness.py): the tiny Llama; the Gemma-3 pattern (5 sliding-window layers to 1 full, 6
   groups); DeepSeek-V4 through ../shared/tools/deepseek-v4-cpu (6 groups, 256-token hit unit); the
@@ -106,15 +117,14 @@ FOOTER = """
   rank as its own stream, as `serve` does.
 - A hybrid model's pool holds more than vLLM's start-up figure (`CPU KV cache size`, which counts a
   running prompt's window blocks): the blocks a window leaves are freed uncached and reused first.
-  The Gemma-3 shape's cases are sized by half its 512-block pool (8,192 tokens); on DeepSeek-V4 (921
-  blocks, 2,150 tokens by vLLM's figure) a case that overflows the pool would need prompts past a
-  case's budget, so `capacity_overflow` is left out there.
-- DeepSeek-V4 (256-token hit unit) reads low: its cases are sized by the 2,048 tokens taken as its
-  cache (a third of it the longest prompt), so most prompts span two units or less. A change inside
-  a unit vLLM never stores is not in the stream at all: `cannot_show`, decided from the case, not
-  counted; shared content ending inside the first unit reads `below_hit_unit`. Larger prompts need
-  a larger cache than this shape's 42M (a prompt's window and state blocks while it runs nearly fill
-  the pool at 2,048 tokens).
+  The Gemma-3 shape's cases are sized by half its 512-block pool (8,192 tokens); on DeepSeek-V4
+  (2,807 blocks at 128M, 6,555 tokens by vLLM's figure) a case that overflows the pool would need
+  prompts past a case's budget, so `capacity_overflow` is left out there.
+- DeepSeek-V4 runs with a 128M cache (the integration suite's server keeps 42M), taken as 6,144
+  tokens: a third of it is the 2,047 tokens its max-model-len allows, 8 hit units, so a change
+  lands in a unit vLLM stores. Until round 6 it ran at 42M (921 blocks; 2,048 tokens taken, prompts
+  of two units or less): 20 of 99 changes could not show, and shared content ending inside the
+  first unit read `below_hit_unit` (49.4 % named right on the 115 cases recorded).
 - `host_tier_load` runs on the simulator's CPU tier only (vLLM's offloading connector does not run
   on its CPU backend); `engine_restart` on the simulator only (a real restart takes ~25 s a case;
   tests/integration/test_real_vllm_attribution.py covers it once).
@@ -126,7 +136,8 @@ FOOTER = """
 
 Rerun: `make accuracy` starts each real shape in turn on vLLM's CPU build (one server at a time;
 `--shape` picks some) and sends its cases (the tiny Llama about 7,000 requests, 20-90 minutes on two
-cores shared with other work, plus 2-6 minutes a server to start); `make generate` reruns only the
+cores shared with other work; DeepSeek-V4 466 requests of up to 2,047 tokens, 46 minutes;
+plus 2-6 minutes a server to start); `make generate` reruns only the
 simulator part (seeded: the same tables on every machine) and renders the vLLM part from
 docs/accuracy-vllm.json, so `make check` catches a doc edited by hand or a simulator result that
 moved. `--vllm-record DIR` keeps every request's raw KV-event messages and answer as the run goes (a

@@ -88,10 +88,12 @@ class VllmShape:
         )
 
 
-# DeepSeek-V4's 921-block pool: vLLM says 2,150 tokens (a prompt's window and state blocks while it
-# runs), but those are freed uncached, so the pool holds ~20 such prompts' full units: a case that
-# overflows it would need prompts past the budget a case keeps (a third of the cache), so
-# capacity_overflow is left out there and window_dropped's prompts are sized by the 2,048 tokens.
+# DeepSeek-V4 at 128M: a 2,807-block pool, 6,555 tokens by vLLM's figure (a running prompt's window
+# and state blocks: ~110 blocks a unit), taken as 6,144 so that a case's longest prompt (a third of it)
+# is the 2,047 tokens max-model-len allows: 8 hit units, where 42M (921 blocks, 2,150 tokens) kept
+# prompts to 2 units and most changes fell inside the first. The blocks a window leaves are freed
+# uncached, so the pool holds many more finished prompts' units: a case that overflows it would need
+# prompts past the budget a case keeps, so capacity_overflow is left out there.
 LORA_ARGS = (
     "--data-parallel-size", "2", "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
     "--lora-modules", f"tiny-lora-a={ADAPTERS / 'lora-a'}", f"tiny-lora-b={ADAPTERS / 'lora-b'}",
@@ -140,14 +142,14 @@ SHAPES = {
             "deepseek-v4",
             "vLLM 0.32 CPU, tiny DeepSeek-V4",
             "tiny DeepSeek-V4 through ../shared/tools/deepseek-v4-cpu, 6 KV-cache groups, 256-token hit "
-            "unit, dummy weights, a 2,150-token cache",
+            "unit, dummy weights, a 2,807-block pool (128M) taken as 6,144 tokens of cache",
             str(DSV4_TOOL / "model"),
-            ("--max-model-len", "2048", "--kv-cache-memory-bytes", "42M", "--kv-cache-metrics"),
+            ("--max-model-len", "2048", "--kv-cache-memory-bytes", "128M", "--kv-cache-metrics"),
             256,
-            8,
+            24,  # a third of it is the 2,047-token longest prompt: 8 units (see the note above SHAPES)
             2048,
             skip=NOT_ON_VLLM | {"capacity_overflow"},  # see the note above SHAPES
-            cases=30,
+            cases=12,  # 466 requests, ~5 s each on two cores
             env=(
                 ("PYTHONPATH", str(ROOT / "tests" / "integration" / "dsv4_site")),
                 ("DSV4_SHIM_DIR", str(DSV4_TOOL)),

@@ -22,7 +22,9 @@ a section per cause: the rule, an example, the action and its worth, what it get
 
 Decode-filled blocks are counted apart (`decode_tokens`), not as prompt misses: a `BlockStored`
 of exactly one block whose parent is the still-unextended last block of an earlier event is a
-request's decode filling its next block (prefill stores all its full blocks in one event per step).
+request's decode filling its next block (prefill stores all its full blocks in one event per step),
+unless units.py said its window groups named it (`PREFILLED`: a hybrid layout's prefill of an
+append-only turn one unit long; decode completes window blocks with empty hash lists).
 
 Bounded: `max_blocks` tracked hashes and `max_fingerprints` fingerprints (two-generation maps),
 whatever the stream does. A publisher restart or `AllBlocksCleared` starts a new era in O(1);
@@ -66,7 +68,7 @@ from .reorder import (
     served_tokens,
     unit_shortfall_tokens,
 )
-from .units import TAG_SHIFT, TOKEN_MASK, WINDOW_EXPIRED
+from .units import PREFILLED, TAG_SHIFT, TOKEN_MASK, WINDOW_EXPIRED
 
 CAUSES = (  # the `cause` label of the miss tokens, in rule order (the module docstring)
     "evicted",
@@ -84,6 +86,7 @@ CAPACITY_FACTORS = (2, 4)
 # Known content in order behind a field with no anchor (nothing shows where it is) counts from this many
 # hit units on: a question recombined from shared sentences is shorter.
 FIELD_RUN_UNITS = 4
+FIELD_RUN_TOKENS = 512  # or this many tokens, where hit units are large (DeepSeek-V4: 2 of 256)
 # Token offsets of the divergence histogram: where shared content starts in a prompt.
 OFFSET_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 # The rewritten-turn histogram: which rewrite along a conversation a history_rewritten event is (the
@@ -159,6 +162,7 @@ class Attribution:
         self._stored = 0  # blocks stored so far: the clock of the what-if estimate
         self._era = 0
         self.fields = None  # front_fields.FrontFields when the wiring has a tokenizer: names the front
+        self._prefilled = None  # the unit units.py last said was prefilled (PREFILLED): not decode
 
     def set_host_tier(self, blocks: int | None, bytes_per_token: float | None) -> None:
         """The what-if host tier (whatif.host_tier_blocks) and the KV bytes of a token, once known."""
@@ -201,6 +205,8 @@ class Attribution:
                 self._new_era()
             elif kind == WINDOW_EXPIRED:
                 self._remove(event.block_hashes, _WINDOW)
+            elif kind == PREFILLED:
+                self._prefilled = event.block_hashes[0]
         if removed:
             self._remove(removed)
 
@@ -220,7 +226,7 @@ class Attribution:
             if lead:
                 return self._store_behind_resident(event, lead)
         size = event.block_size or len(event.token_ids) // count  # token ids are decoded when read
-        depth, diverged, rewritable, turns = 0, 0, False, 0
+        depth, diverged, rewritable, turns, appended = 0, 0, False, 0, False
         if parent_hash is not None:
             parent = blocks.new.get(parent_hash) or blocks.old.get(parent_hash)  # Generations.get
             if parent is None:
@@ -232,7 +238,8 @@ class Attribution:
                 diverged = parent & _DIVERGED
                 rewritable = not parent & _OPEN_TIP  # an open tip goes on where it ended: append-only
                 turns = parent & _TURNS
-                if count == 1 and parent & _OPEN_TIP and not parent & _REMOVED:
+                appended = parent & _OPEN_TIP and not parent & _REMOVED
+                if count == 1 and appended and hashes[0] != self._prefilled:
                     self.totals.decode_tokens += size
                     if parent & _DECODED:  # the second decode block on: not a one-block prompt misread
                         self._generated.update(anchors(event.token_ids)[1])
@@ -246,6 +253,8 @@ class Attribution:
         pairs = order.read(found[1]) if order is not None else None
         keys = pairs[1] if pairs is not None else []  # the event's anchor pairs, keyed
         known = self._known(tokens, found, length, rewritable)
+        if appended:  # the whole chain hit and nothing held past its open tip: no hit was lost, cold
+            known = None
         start = None  # at a root: (fingerprints of its first tokens, the longest shared start seen)
         if parent_hash is None and self._prefixes is not None:
             lengths, prints = prefix_prints(tokens, unit)
@@ -460,7 +469,7 @@ class Attribution:
             return (None if moved is None else (None, 0, [("content_moved", *moved)])), True
         if first or root:  # at a root an anchor-free front may come first: the rule below
             return None, True
-        if not joins and end - start < FIELD_RUN_UNITS * unit:  # a short in-order stretch: recombined pieces
+        if not joins and end - start < min(FIELD_RUN_UNITS * unit, FIELD_RUN_TOKENS):  # recombined pieces
             return None, True
         run = KnownRun(start, end, True)
         served = served_tokens(run, length, unit, False, size // 2) if end > start else 0

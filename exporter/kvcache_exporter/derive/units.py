@@ -21,6 +21,9 @@ of its window just before that end.
   re-announcing a hit: counted as reused tokens, never a miss;
 - events of another medium (`CPU`, `STORAGE`: vLLM's offloading connector) are that tier's
   residency; a GPU store of blocks a tier held is a load from it (a tier hit), not a computed miss;
+- a one-unit store behind a parent is preceded by `PREFILLED` when a window group named the unit:
+  a prompt's prefill (an append-only turn a unit long), which attribution must not read as decode
+  (decode completes window blocks with empty hash lists);
 - LoRA adapters and the cache salt are part of a chain's identity: their token ids are tagged so
   content fingerprints never match across identities.
 
@@ -50,6 +53,9 @@ BASE = "base"  # the adapter label of requests without LoRA
 TAG_SHIFT = 24  # identity tags go above every real token id (vocabularies stay below 2^24)
 TOKEN_MASK = (1 << TAG_SHIFT) - 1  # a tagged token id without its tag
 WINDOW_EXPIRED = "WindowExpired"  # the event passed on for units whose window part was removed
+# Passed on just before a one-unit store behind a parent that its window groups named in the same
+# batch: a prompt's prefill (decode completes window blocks with empty hash lists), never decode.
+PREFILLED = "UnitPrefilled"
 
 
 class _FirstKey(msgspec.Struct, array_like=True, gc=False):
@@ -289,7 +295,15 @@ class UnitView:
             if tag:
                 self._remember_tag(hashes[-1], tag)
                 event = _tagged(event, tag)
+        if count == 1 and event.parent is not None and self._window_named(hashes[0]):
+            out.append(Event(PREFILLED, hashes))
         out.append(event)
+
+    def _window_named(self, unit) -> bool:
+        """Whether a window group named `unit` (its part's last hash is the unit's: the chain at its end)."""
+        return any(unit in parts for parts in self._parts.values()) or any(
+            unit in parts for parts in self._old_parts.values()
+        )
 
     def _reused(self, event, tokens: int) -> None:
         self.totals.reused_tokens += tokens
