@@ -31,6 +31,7 @@ LAYOUTS = ("end", "after_template")
 # What `AnchorOrder` keeps per anchor pair: the anchor that followed it, or one of these.
 _BRANCH = -1  # followed by more than one anchor: requests went their own ways there
 _END = -2  # an event's last pair: nothing after it seen yet
+_NEW, _NEW_OR_BRANCH = frozenset((None,)), frozenset((None, _BRANCH))  # what pairs that learning adds held
 REMEMBER_FROM = 16  # anchors: a shorter sequence is keyed and looked up again faster than its digest
 
 
@@ -134,14 +135,13 @@ class AnchorOrder:
         if before != after:  # (equal: every pair known with this follower, the common case: no change)
             if self.old and None in before:  # what the old generation's pairs were followed by
                 before = self.followers(pairs)
-            if before.count(None) + sum(map(eq, before, after)) == len(before):  # only new pairs differ:
-                new.update(zip(keys, after, strict=True))  # the others are rewritten with what they hold
+            changed = set(compress(before, map(ne, before, after)))  # what the pairs that differ held
+            if changed <= _NEW:  # only new pairs differ: the others are rewritten with what they hold
+                new.update(zip(keys, after, strict=True))
+            elif not self.old and changed <= _NEW_OR_BRANCH:  # new pairs and branch points: the new added
+                new.update(compress(zip(keys, after, strict=True), map(is_, before, repeat(None))))
             else:
-                changed = list(compress(before, map(ne, before, after)))  # what those pairs were followed by
-                if not self.old and changed.count(None) + changed.count(_BRANCH) == len(changed):  # branches
-                    new.update(compress(zip(keys, after, strict=True), map(is_, before, repeat(None))))
-                else:
-                    self._merge(keys, before, after)
+                self._merge(keys, before, after)
         if len(new) >= self.half:
             self.old, self.new = new, {}
             self._learned, self._learned_keys = {}, 0
@@ -199,9 +199,10 @@ def layout_served(
     if first >= count or unit <= 0:
         return 0, 0
     ahead = (pairs[4] or order.followers(pairs))[first:]
-    last = first + (ahead.index(None) if None in ahead else len(ahead))
-    branch = first + ahead.index(_BRANCH) + 1 if _BRANCH in ahead else last
-    branch = min(branch, last)  # (a branch point past the last anchor reached: none on the way)
+    ahead.append(None)  # (the walk ends at the first pair never seen, at the last pair at the latest)
+    reached = ahead.index(None)
+    ahead[reached] = _BRANCH  # (no branch point on the way: the template ends where the walk does)
+    last, branch = first + reached, first + min(ahead.index(_BRANCH) + 1, reached)
     if last + 1 < count:  # (anchors cut, hostile: the last anchor at most)
         end = min(max(positions[last] + K, positions[last + 1] + K // 2), length, stop)
     else:
