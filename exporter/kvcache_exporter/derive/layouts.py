@@ -112,10 +112,12 @@ class AnchorOrder:
         if first >= last:
             return [False] * first
         before = walk[first : last - 1]  # the follower of the pair before step i, i from first + 1
+        context = seen[first : last - 1]
+        if before and before == prints[first + 2 : last + 1] and False not in context:  # all in order
+            return [False] * first + [True] * (last - first)
         steps = list(map(eq, before, prints[first + 2 :]))
         if _END in before:
             steps = [step or follower == _END for step, follower in zip(steps, before, strict=True)]
-        context = seen[first : last - 1]
         if None in before:  # after a new pair (a seam) no context either: one seam is not read as two
             context = [c and f is not None for c, f in zip(context, before, strict=True)]
         if False in context:  # after an unseen anchor or a new pair:
@@ -136,10 +138,10 @@ class AnchorOrder:
             if self.old and None in before:  # what the old generation's pairs were followed by
                 before = self.followers(pairs)
             changed = set(compress(before, map(ne, before, after)))  # what the pairs that differ held
-            if changed <= _NEW:  # only new pairs differ: the others are rewritten with what they hold
-                new.update(zip(keys, after, strict=True))
-            elif not self.old and changed <= _NEW_OR_BRANCH:  # new pairs and branch points: the new added
+            if not self.old and changed <= _NEW_OR_BRANCH:  # new pairs (and branch points): the new added
                 new.update(compress(zip(keys, after, strict=True), map(is_, before, repeat(None))))
+            elif changed <= _NEW:  # only new pairs differ: the others are rewritten with what they hold
+                new.update(zip(keys, after, strict=True))  # (into the new generation)
             else:
                 self._merge(keys, before, after)
         if len(new) >= self.half:
