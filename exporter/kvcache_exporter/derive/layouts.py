@@ -56,8 +56,8 @@ class AnchorOrder:
     `remembered` keys in all, forgotten when the generations turn): while every one of its pairs is in
     the new generation, learning it again changes nothing (a pair's follower only ever goes from none to
     the end mark to an anchor to a branch point), so an event that repeats one is neither keyed nor
-    looked up again. Its followers are kept with it, good until a pair that had a follower gets another
-    (only `_merge` does that: it counts `merges`)."""
+    looked up again. Its followers are looked up when it is first repeated and kept with it, good until
+    a pair that had a follower gets another (only `_merge` does that: it counts `merges`)."""
 
     def __init__(self, bound: int, remembered: int | None = None, remember_from: int = REMEMBER_FROM) -> None:
         self.half = max(bound // 2, 1)
@@ -65,8 +65,9 @@ class AnchorOrder:
         self.old: dict[int, int] = {}
         self.remembered = self.half // 4 if remembered is None else remembered
         self.remember_from = remember_from
-        # digest -> (keys, their followers after learning, merges then): sequences learned in this generation
-        self._learned: dict[int, tuple[list[int], list, int]] = {}
+        # digest -> (keys, their followers or None until looked up, merges then): sequences learned in this
+        # generation
+        self._learned: dict[int, tuple[list[int], list | None, int]] = {}
         self._learned_keys = 0
         self.merges = 0
 
@@ -90,10 +91,14 @@ class AnchorOrder:
         walk = pairs[4]
         if walk is None:
             keys, walk = pairs[1], pairs[2]
-            if walk is None:  # a remembered sequence: its followers as learnt, unless merges came since
+            if walk is None:  # a remembered sequence: its followers as looked up, unless merges came since
                 learned = self._learned.get(pairs[3])
-                fresh = learned is not None and learned[2] == self.merges
-                walk = learned[1] if fresh else list(map(self.new.get, keys))
+                if learned is not None and learned[1] is not None and learned[2] == self.merges:
+                    walk = learned[1]
+                else:
+                    walk = list(map(self.new.get, keys))
+                    if learned is not None:  # looked up when first repeated: most sequences never are
+                        self._learned[pairs[3]] = keys, walk, self.merges
             if self.old and None in walk:
                 old = self.old.get
                 walk = [f if f is not None else old(k) for f, k in zip(walk, keys, strict=True)]
@@ -148,7 +153,7 @@ class AnchorOrder:
             self.old, self.new = new, {}
             self._learned, self._learned_keys = {}, 0
         elif digest is not None and self._learned_keys + len(keys) <= self.remembered:
-            self._learned[digest] = keys, list(map(new.get, keys)), self.merges  # (all in `new` now)
+            self._learned[digest] = keys, None, self.merges  # (all in `new` now; followers: when repeated)
             self._learned_keys += len(keys)
 
     def _merge(self, keys: list[int], before: list, after: list) -> None:
