@@ -61,6 +61,20 @@ def test_remembering_sequences_changes_no_answer_and_no_state(events, bound):
         assert (remembering.new, remembering.old) == (plain.new, plain.old)
 
 
+def test_a_remembered_sequence_reads_a_branch_made_after_it_was_first_repeated():
+    """Its followers are looked up when it is first repeated; a merge after that is read, not the copy."""
+    remembering, plain = AnchorOrder(100, remembered=100, remember_from=2), AnchorOrder(100, remembered=0)
+    for prints in ([1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 4]):  # (1, 2): followed by 3, then 5
+        read, read_plain = remembering.read(prints), plain.read(prints)
+        assert remembering.reached(read, 0) == plain.reached(read_plain, 0)
+        assert remembering.steps(read, 0, [True] * len(prints)) == plain.steps(
+            read_plain, 0, [True] * len(prints)
+        )
+        remembering.learn(read)
+        plain.learn(read_plain)
+    assert remembering.reached(read, 0) == (3, 1)  # in order to the end, the branch point at the first pair
+
+
 def _followed(was: int | None, now: int) -> int:
     """The documented rule for one pair: none -> what followed it; the end mark -> an anchor; an
     anchor -> another anchor: a branch point; a branch point stays one; the end mark keeps what it had."""
