@@ -65,11 +65,9 @@ def test_a_remembered_sequence_reads_a_branch_made_after_it_was_first_repeated()
     """Its followers are looked up when it is first repeated; a merge after that is read, not the copy."""
     remembering, plain = AnchorOrder(100, remembered=100, remember_from=2), AnchorOrder(100, remembered=0)
     for prints in ([1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 4]):  # (1, 2): followed by 3, then 5
-        read, read_plain = remembering.read(prints), plain.read(prints)
+        read, read_plain, seen = remembering.read(prints), plain.read(prints), [True] * len(prints)
         assert remembering.reached(read, 0) == plain.reached(read_plain, 0)
-        assert remembering.steps(read, 0, [True] * len(prints)) == plain.steps(
-            read_plain, 0, [True] * len(prints)
-        )
+        assert remembering.steps(read, 0, seen) == plain.steps(read_plain, 0, seen)
         remembering.learn(read)
         plain.learn(read_plain)
     assert remembering.reached(read, 0) == (3, 1)  # in order to the end, the branch point at the first pair
