@@ -4,10 +4,12 @@ tests/integration/test_real_vllm_reorder.py (real vLLM 0.32, both layouts run)."
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcache_exporter.derive.layouts import AnchorOrder
+from kvcache_exporter.derive.layouts import _BRANCH, _END, AnchorOrder
 
 
 def test_the_walk_stops_at_a_pair_never_seen_and_names_the_first_branch():
@@ -43,11 +45,90 @@ EVENTS = st.lists(st.lists(st.integers(1, 6), max_size=8), max_size=60)  # (all 
 @settings(max_examples=300, deadline=None)
 @given(EVENTS, st.integers(4, 40))
 def test_remembering_sequences_changes_no_answer_and_no_state(events, bound):
-    remembering, plain = AnchorOrder(bound, remember_from=2), AnchorOrder(bound, remembered=0)
+    """Remembered sequences keep their followers until a merge: the walk and the steps read the same."""
+    remembering, plain = (
+        AnchorOrder(bound, remembered=bound, remember_from=2),
+        AnchorOrder(bound, remembered=0),
+    )
     for prints in events:
         read, read_plain = remembering.read(prints), plain.read(prints)
+        seen = [True] * len(prints)
         for first in range(len(prints)):
             assert remembering.reached(read, first) == plain.reached(read_plain, first)
+            assert remembering.steps(read, first, seen) == plain.steps(read_plain, first, seen)
         remembering.learn(read)
         plain.learn(read_plain)
         assert (remembering.new, remembering.old) == (plain.new, plain.old)
+
+
+def test_a_remembered_sequence_reads_a_branch_made_after_it_was_first_repeated():
+    """Its followers are looked up when it is first repeated; a merge after that is read, not the copy."""
+    remembering, plain = AnchorOrder(100, remembered=100, remember_from=2), AnchorOrder(100, remembered=0)
+    for prints in ([1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 5], [1, 2, 3, 4]):  # (1, 2): followed by 3, then 5
+        read, read_plain, seen = remembering.read(prints), plain.read(prints), [True] * len(prints)
+        assert remembering.reached(read, 0) == plain.reached(read_plain, 0)
+        assert remembering.steps(read, 0, seen) == plain.steps(read_plain, 0, seen)
+        remembering.learn(read)
+        plain.learn(read_plain)
+    assert remembering.reached(read, 0) == (3, 1)  # in order to the end, the branch point at the first pair
+
+
+def _followed(was: int | None, now: int) -> int:
+    """The documented rule for one pair: none -> what followed it; the end mark -> an anchor; an
+    anchor -> another anchor: a branch point; a branch point stays one; the end mark keeps what it had."""
+    if was is None or was in (now, _END):
+        return now
+    if was == _BRANCH or now == _END:
+        return was
+    return _BRANCH
+
+
+def _learn_by_rule(new: dict, old: dict, half: int, prints: list[int]) -> tuple[dict, dict]:
+    """One event learnt pair by pair, as the rule says (what AnchorOrder.learn does at C speed): each
+    pair's follower in this event (the last occurrence of a pair; the event's last pair: the end mark,
+    or what it already had in the new generation), put in the new generation; it turns at `half`."""
+    keys = [hash(pair) for pair in pairwise(prints)]
+    if not keys:
+        return new, old
+    now = dict(zip(keys, [*prints[2:], new.get(keys[-1], _END)], strict=True))
+    for key, follower in now.items():
+        new[key] = _followed(new.get(key, old.get(key)), follower)
+    return ({}, new) if len(new) >= half else (new, old)
+
+
+@settings(max_examples=300, deadline=None)
+@given(EVENTS, st.integers(4, 40))
+def test_learning_follows_the_rule_pair_by_pair_across_turns(events, bound):
+    order = AnchorOrder(bound, remembered=0)
+    new, old = {}, {}
+    for prints in events:
+        order.learn(order.read(prints))
+        new, old = _learn_by_rule(new, old, order.half, prints)
+        assert (order.new, order.old) == (new, old)
+
+
+def _steps_by_rule(order: AnchorOrder, prints: list[int], first: int, seen: list[bool]) -> list[bool]:
+    """Per step from `first` on, one at a time: in context, the pair before it was followed by the next
+    anchor (or by the end of an event); without context (the first step, after an unseen anchor or a
+    new pair: one seam is not read as two) the pair seen at all."""
+    keys = [hash(pair) for pair in pairwise(prints)]
+    follower = {**order.old, **order.new}.get
+    steps = [False] * first
+    for i in range(first, len(prints) - 1):
+        if i == first or not seen[i - 1] or follower(keys[i - 1]) is None:
+            steps.append(follower(keys[i]) is not None)
+        else:
+            steps.append(follower(keys[i - 1]) in (prints[i + 1], _END))
+    return steps
+
+
+@settings(max_examples=300, deadline=None)
+@given(EVENTS, st.integers(4, 40), st.data())
+def test_the_steps_in_order_are_the_rule_one_step_at_a_time(events, bound, data):
+    order = AnchorOrder(bound)
+    for prints in events:
+        pairs = order.read(prints)
+        seen = data.draw(st.lists(st.booleans(), min_size=len(prints), max_size=len(prints)))
+        for first in range(len(prints)):
+            assert order.steps(pairs, first, seen) == _steps_by_rule(order, prints, first, seen)
+        order.learn(pairs)

@@ -56,7 +56,6 @@ from .content_causes import (
     whole_units,
 )
 from .fingerprints import PREFIX_STEPS, FingerprintSet, Generations, K, anchors, prefix_prints, shared_prefix
-from .layouts import _END as _END_OF_EVENT
 from .layouts import LAYOUTS, AnchorOrder, layout_served, stop_after
 from .reorder import (
     KnownRun,
@@ -251,7 +250,6 @@ class Attribution:
         found = anchors(tokens)
         order = self._order
         pairs = order.read(found[1]) if order is not None else None
-        keys = pairs[1] if pairs is not None else []  # the event's anchor pairs, keyed
         known = self._known(tokens, found, length, rewritable)
         if appended:  # the whole chain hit and nothing held past its open tip: no hit was lost, cold
             known = None
@@ -263,7 +261,7 @@ class Attribution:
         if known is not None:
             fresh = start is not None and bool(start[0]) and not start[1]  # its very start never seen
             run, served, spans = self._content(
-                known, size, length, parent_hash is None, unit, before, diverged, keys, fresh
+                known, size, length, parent_hash is None, unit, before, diverged, pairs, fresh
             )
         if start is not None:  # shared content short of a unit that no anchor saw, when they named nothing
             self._prefixes.update(start[0])
@@ -372,7 +370,7 @@ class Attribution:
         unit: int,
         depth: int | None,
         diverged: int,
-        keys: list[int],
+        pairs: list | None,
         fresh_start: bool = False,
     ) -> tuple[KnownRun | None, int, list[tuple[str, int, int]]]:
         """The content causes of new tokens with known content, in order (docs/kv-events.md): the
@@ -389,7 +387,7 @@ class Attribution:
         seen, ordered = None, False
         if self._order is not None and not diverged and len(prints) > 1:
             seen = list(map(found.__contains__, prints))
-            decided, ordered = self._in_order(positions, prints, seen, keys, size, unit, length, root)
+            decided, ordered = self._in_order(positions, prints, seen, pairs, size, unit, length, root)
             if decided is not None:
                 return decided
         if found.issuperset(prints) and not root:  # all known (the common case when any is): the rest
@@ -420,7 +418,7 @@ class Attribution:
         positions: Sequence[int],
         prints: Sequence[int],
         seen: list[bool],
-        keys: list[int],
+        pairs: list,
         size: int,
         unit: int,
         length: int,
@@ -443,12 +441,12 @@ class Attribution:
             # sections moved from the divergence point on; unseen anchors before them all in one
             # window straddle the seam there, not a field (not at a root: a template's head, a field
             # and history behind it read as moved there, tests/analyzer/test_layout_estimates.py)
-            new, old = self._order.new, self._order.old
-            pair_seen = [key in new or key in old for key in keys[first:]]
+            walk = pairs[4] or self._order.followers(pairs)  # each pair's follower; None: never seen
+            pair_seen = [follower is not None for follower in walk[first:]]
             moved = moved_from_divergence(positions[first:], seen[first:], pair_seen, length, unit)
             if moved is not None:
                 return (None, 0, [("content_moved", *moved)]), True
-        paired = [False] * first + self._in_order_steps(keys, first, positions, prints, seen)
+        paired = self._order.steps(pairs, first, seen)  # in order from `first` on (layouts.py)
         joins, last = seams(positions, seen, paired, first)
         fronted = first or (joins and positions[joins[0]] < 2 * size)
         if joins and not fronted:  # in order at the divergence point, seams only further on: the rule below
@@ -463,10 +461,11 @@ class Attribution:
             start = max(positions[joins[0]] - lead(positions, length), positions[joins[0] - 1] + 1)
         else:
             start = size
-        bounds = [positions[j] for j in joins] + [end]  # a seam moves a section of a hit unit or more
-        if any(bounds[i + 1] - bounds[i] >= unit for i in range(len(joins) - len(moves), len(joins))):
-            moved = whole_units(start, end, unit)
-            return (None if moved is None else (None, 0, [("content_moved", *moved)])), True
+        if moves:  # a seam moves a section of a hit unit or more
+            bounds = [positions[j] for j in joins] + [end]
+            if any(bounds[i + 1] - bounds[i] >= unit for i in range(len(joins) - len(moves), len(joins))):
+                moved = whole_units(start, end, unit)
+                return (None if moved is None else (None, 0, [("content_moved", *moved)])), True
         if first or root:  # at a root an anchor-free front may come first: the rule below
             return None, True
         if not joins and end - start < min(FIELD_RUN_UNITS * unit, FIELD_RUN_TOKENS):  # recombined pieces
@@ -476,27 +475,6 @@ class Attribution:
         if served <= 0:
             return None, True
         return (run, served, [("prefix_diverged", *served_span(run, length, served))]), True
-
-    def _in_order_steps(
-        self, keys: list[int], first: int, positions: Sequence[int], prints: Sequence[int], seen: list[bool]
-    ) -> list[bool]:
-        """From anchor `first` on, per step from an anchor to the next: whether it was seen before in
-        that order, in context (the pair of the anchor and the one before it was followed by the
-        next; the first step and the one after an unseen anchor or a new pair: the pair was seen, so
-        that one seam is not read as two). A pair followed
-        by several anchors (requests going their own ways, sections seen in more than one order) is
-        in order for none."""
-        new, old = self._order.new, self._order.old
-        steps = []
-        for i in range(first, len(positions) - 1):
-            if i == first or not seen[i - 1] or not (keys[i - 1] in new or keys[i - 1] in old):
-                steps.append(keys[i] in new or keys[i] in old)  # no context (none, or new): seen at all
-                continue
-            follower = new.get(keys[i - 1])
-            if follower is None:
-                follower = old.get(keys[i - 1])
-            steps.append(follower == prints[i + 1] or follower == _END_OF_EVENT)
-        return steps
 
     def _known(
         self, tokens: Sequence[int], found: tuple[list[int], list[int]], length: int, rewritable: bool

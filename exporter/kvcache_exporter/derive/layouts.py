@@ -23,7 +23,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 from itertools import compress, pairwise, repeat
-from operator import is_, ne
+from operator import eq, is_, ne
 
 from .fingerprints import K
 
@@ -31,6 +31,7 @@ LAYOUTS = ("end", "after_template")
 # What `AnchorOrder` keeps per anchor pair: the anchor that followed it, or one of these.
 _BRANCH = -1  # followed by more than one anchor: requests went their own ways there
 _END = -2  # an event's last pair: nothing after it seen yet
+_NEW, _NEW_OR_BRANCH = frozenset((None,)), frozenset((None, _BRANCH))  # what pairs that learning adds held
 REMEMBER_FROM = 16  # anchors: a shorter sequence is keyed and looked up again faster than its digest
 
 
@@ -40,10 +41,11 @@ def pair_keys(prints: Sequence[int]) -> list[int]:
     return list(map(hash, pairwise(prints)))
 
 
-# An event's anchors as `AnchorOrder.read` reads them, once per event for both the walk and learning:
-# (the fingerprints, their pair_keys, each key's follower in the new generation or None where the sequence
-# was learned already (not looked up), the sequence's digest). A plain tuple: built once per event.
-Pairs = tuple[list[int], list[int], list | None, int]
+# An event's anchors as `AnchorOrder.read` reads them, once per event for the rules, the walk and learning:
+# [the fingerprints, their pair_keys, each key's follower in the new generation or None where the sequence
+# was learned already (not looked up), the sequence's digest, each key's follower in either generation
+# (None until the rules or the walk first ask)]. A plain list: built once per event.
+Pairs = list
 
 
 class AnchorOrder:
@@ -54,7 +56,8 @@ class AnchorOrder:
     `remembered` keys in all, forgotten when the generations turn): while every one of its pairs is in
     the new generation, learning it again changes nothing (a pair's follower only ever goes from none to
     the end mark to an anchor to a branch point), so an event that repeats one is neither keyed nor
-    looked up again."""
+    looked up again. Its followers are looked up when it is first repeated and kept with it, good until
+    a pair that had a follower gets another (only `_merge` does that: it counts `merges`)."""
 
     def __init__(self, bound: int, remembered: int | None = None, remember_from: int = REMEMBER_FROM) -> None:
         self.half = max(bound // 2, 1)
@@ -62,8 +65,11 @@ class AnchorOrder:
         self.old: dict[int, int] = {}
         self.remembered = self.half // 4 if remembered is None else remembered
         self.remember_from = remember_from
-        self._learned: dict[int, list[int]] = {}  # digest -> keys: sequences learned in this generation
+        # digest -> (keys, their followers or None until looked up, merges then): sequences learned in this
+        # generation
+        self._learned: dict[int, tuple[list[int], list | None, int]] = {}
         self._learned_keys = 0
+        self.merges = 0
 
     def __len__(self) -> int:
         return len(self.new) + len(self.old)
@@ -73,44 +79,88 @@ class AnchorOrder:
         digest = None
         if len(prints) >= self.remember_from:
             digest = hash(tuple(prints))
-            keys = self._learned.get(digest)
-            if keys is not None:
-                return prints, keys, None, digest
+            learned = self._learned.get(digest)
+            if learned is not None:
+                return [prints, learned[0], None, digest, None]
         keys = list(map(hash, pairwise(prints)))  # pair_keys, inline: this runs once an event
-        return prints, keys, list(map(self.new.get, keys)), digest
+        looked = list(map(self.new.get, keys))
+        return [prints, keys, looked, digest, None if self.old else looked]  # (no old one: the followers)
+
+    def followers(self, pairs: Pairs) -> list:
+        """Each pair's follower in either generation (None: never seen), once an event."""
+        walk = pairs[4]
+        if walk is None:
+            keys, walk = pairs[1], pairs[2]
+            if walk is None:  # a remembered sequence: its followers as looked up, unless merges came since
+                learned = self._learned.get(pairs[3])
+                if learned is not None and learned[1] is not None and learned[2] == self.merges:
+                    walk = learned[1]
+                else:
+                    walk = list(map(self.new.get, keys))
+                    if learned is not None:  # looked up when first repeated: most sequences never are
+                        self._learned[pairs[3]] = keys, walk, self.merges
+            if self.old and None in walk:
+                old = self.old.get
+                walk = [f if f is not None else old(k) for f, k in zip(walk, keys, strict=True)]
+            pairs[4] = walk
+        return walk
+
+    def steps(self, pairs: Pairs, first: int, seen: list[bool]) -> list[bool]:
+        """Per step from an anchor to the next, from anchor `first` on (False before it): whether it
+        was seen before in that order, in context (the pair of the anchor and the one before it was
+        followed by the next; the first step and the one after an unseen anchor or a new pair: the
+        pair was seen).
+        A pair followed by several anchors (requests going their own ways, sections seen in more than
+        one order) is in order for none."""
+        walk, prints = pairs[4] or self.followers(pairs), pairs[0]
+        last = min(len(prints), len(seen)) - 1  # steps first .. last - 1 (seen: anchors inside the event)
+        if first >= last:
+            return [False] * first
+        before = walk[first : last - 1]  # the follower of the pair before step i, i from first + 1
+        context = seen[first : last - 1]
+        if before and before == prints[first + 2 : last + 1] and False not in context:  # all in order
+            return [False] * first + [True] * (last - first)
+        steps = list(map(eq, before, prints[first + 2 :]))
+        if _END in before:
+            steps = [step or follower == _END for step, follower in zip(steps, before, strict=True)]
+        if None in before:  # after a new pair (a seam) no context either: one seam is not read as two
+            context = [c and f is not None for c, f in zip(context, before, strict=True)]
+        if False in context:  # after an unseen anchor or a new pair:
+            at_all = walk[first + 1 :]  # the pair seen at all
+            steps = [s if c else f is not None for s, c, f in zip(steps, context, at_all, strict=True)]
+        steps.insert(0, walk[first] is not None)
+        return [False] * first + steps if first else steps
 
     def learn(self, pairs: Pairs) -> None:
         """Remember an event's anchors in order (after reading it: an event never matches itself)."""
-        prints, keys, before, digest = pairs
+        prints, keys, before, digest, _ = pairs
         if before is None or not keys:
             return
-        new, old = self.new, self.old
+        new = self.new
         after = prints[2:]
         after.append(_END if before[-1] is None else before[-1])  # the last pair keeps a follower it had
         if before != after:  # (equal: every pair known with this follower, the common case: no change)
-            changed = list(compress(before, map(ne, before, after)))  # what those pairs were followed by
-            unknown = changed.count(None)
-            if old:
-                self._merge(keys, before, after)
-            elif unknown == len(changed):  # only new pairs: the others are rewritten with what they hold
-                new.update(zip(keys, after, strict=True))
-            elif unknown + changed.count(_BRANCH) == len(changed):  # new pairs and branch points: add
+            if self.old and None in before:  # what the old generation's pairs were followed by
+                before = self.followers(pairs)
+            changed = set(compress(before, map(ne, before, after)))  # what the pairs that differ held
+            if not self.old and changed <= _NEW_OR_BRANCH:  # new pairs (and branch points): the new added
                 new.update(compress(zip(keys, after, strict=True), map(is_, before, repeat(None))))
+            elif changed <= _NEW:  # only new pairs differ: the others are rewritten with what they hold
+                new.update(zip(keys, after, strict=True))  # (into the new generation)
             else:
                 self._merge(keys, before, after)
         if len(new) >= self.half:
             self.old, self.new = new, {}
             self._learned, self._learned_keys = {}, 0
         elif digest is not None and self._learned_keys + len(keys) <= self.remembered:
-            self._learned[digest] = keys
+            self._learned[digest] = keys, None, self.merges  # (all in `new` now; followers: when repeated)
             self._learned_keys += len(keys)
 
     def _merge(self, keys: list[int], before: list, after: list) -> None:
-        """Put an event's pairs, a pair that was followed by another anchor before becoming a branch."""
-        new, old = self.new, self.old
+        """Put an event's pairs (`before`: what they were followed by in either generation), a pair that
+        was followed by another anchor before becoming a branch."""
+        self.merges += 1
         fresh = dict(zip(keys, after, strict=True))
-        if old and None in before:
-            before = [b if b is not None else old.get(k) for b, k in zip(before, keys, strict=True)]
         for key, was in zip(keys, before, strict=True):
             if was is None or was == fresh[key]:
                 continue
@@ -118,17 +168,12 @@ class AnchorOrder:
                 fresh[key] = was
             elif was != _END:
                 fresh[key] = _BRANCH
-        new.update(fresh)
+        self.new.update(fresh)
 
     def reached(self, pairs: Pairs, first: int) -> tuple[int, int]:
         """From anchor `first`: (the last anchor reached in order, the first branch point on the way or
         that last one when there is none)."""
-        new, old = self.new, self.old
-        _, keys, looked, _ = pairs
-        followers = list(map(new.get, keys[first:])) if looked is None else looked[first:]
-        if old and None in followers:
-            tail = keys[first:]
-            followers = [f if f is not None else old.get(k) for f, k in zip(followers, tail, strict=True)]
+        followers = self.followers(pairs)[first:]
         if None in followers:
             del followers[followers.index(None) :]
         steps = len(followers)
@@ -155,13 +200,24 @@ def layout_served(
     """(end, after_template): the tokens of the served `span` (start, stop) a reorder to each layout would
     hit, in whole hit units from the span's start; the walk starts at the first anchor of the known run
     (from `run_start`: the span may start before it, where the run's tail made it longer). `pairs`: the
-    event's anchors as `order` read them."""
+    event's anchors as `order` read them. (AnchorOrder.reached and stop_after, inline: once an event.)"""
     start, stop = span
-    first = bisect_left(positions, run_start)
-    if first >= len(positions) or unit <= 0:
+    first, count = bisect_left(positions, run_start), len(positions)
+    if first >= count or unit <= 0:
         return 0, 0
-    last, branch = order.reached(pairs, first)
-    last, branch = min(last, len(positions) - 1), min(branch, len(positions) - 1)  # anchors cut: hostile
-    end = min(stop_after(positions, last, length), stop) if last + 1 < len(positions) else stop
-    template = min(stop_after(positions, branch, length), end)
+    ahead = (pairs[4] or order.followers(pairs))[first:]
+    ahead.append(None)  # (the walk ends at the first pair never seen, at the last pair at the latest)
+    reached = ahead.index(None)
+    ahead[reached] = _BRANCH  # (no branch point on the way: the template ends where the walk does)
+    last, branch = first + reached, first + min(ahead.index(_BRANCH) + 1, reached)
+    if last + 1 < count:  # (anchors cut, hostile: the last anchor at most)
+        end = min(max(positions[last] + K, positions[last + 1] + K // 2), length, stop)
+    else:
+        end = stop
+    if branch == last and last + 1 < count:  # (no branch point on the way: the same end)
+        template = end
+    elif branch + 1 < count:
+        template = min(max(positions[branch] + K, positions[branch + 1] + K // 2), length, end)
+    else:
+        template = min(length, end)
     return (end - start) // unit * unit, max(template - start, 0) // unit * unit
