@@ -10,8 +10,11 @@ or a proxy that cut it), and its last "sample" may be a number's first digits: t
 Why not aiohttp's client (issue 22): its request and response machinery (cookies, tracing,
 redirect handling, a task and a payload stream per request) was ~0.2 ms of CPU per fetch, about
 a fifth of a poll, for one GET the exporter repeats on one kept-alive connection. This client
-is asyncio's streams plus the HTTP/1.1 framings an exposition arrives in: Content-Length,
+is an asyncio protocol plus the HTTP/1.1 framings an exposition arrives in: Content-Length,
 chunked, or no length and a close; about half aiohttp's CPU per fetch (docs/benchmarks.md).
+Why not asyncio's streams (issue 30): each read was a new bytes object copied into the reader's
+buffer and out again, in pure-Python reader code; `_Stream` receives into one buffer kept per
+connection, and a Content-Length body is decoded straight out of it (`fetch_text`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from .base import SourceError
 REQUEST_HEADERS = {"Accept-Encoding": "identity, gzip;q=0.5", "User-Agent": "kvcache-exporter"}
 READ_SIZE = 1 << 16
 MAX_PREPARED = 256  # requests kept built per session (one per URL and header set)
-_Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 class Session:
@@ -39,7 +41,7 @@ class Session:
 
     def __init__(self, keep_alive: bool = True) -> None:
         self.keep_alive = keep_alive
-        self._idle: dict[tuple[str, str, int], _Connection] = {}
+        self._idle: dict[tuple[str, str, int], _Stream] = {}
         self._prepared: dict[tuple[str, ...], tuple[tuple[str, str, int], bytes]] = {}
         self._tls: ssl.SSLContext | None = None
 
@@ -51,16 +53,24 @@ class Session:
 
     async def close(self) -> None:
         idle, self._idle = self._idle, {}
-        for _, writer in idle.values():
-            writer.close()
+        for stream in idle.values():
+            stream.close()
 
-    async def _open(self, scheme: str, host: str, port: int) -> _Connection:
+    async def _open(self, scheme: str, host: str, port: int) -> _Stream:
         tls = None
         if scheme == "https":
             tls = self._tls = self._tls or ssl.create_default_context()
-        return await asyncio.open_connection(host, port, ssl=tls, limit=READ_SIZE)
+        return (await asyncio.get_running_loop().create_connection(_Stream, host, port, ssl=tls))[1]
 
     async def get(self, url: str, headers: dict[str, str], max_bytes: int) -> bytes:
+        """The whole body of a 200 answer to a GET of `url`, or SourceError."""
+        body, lead = await self._get(url, headers, max_bytes)
+        return bytes(body[lead:])
+
+    async def _get(self, url: str, headers: dict[str, str], max_bytes: int) -> tuple[bytes | memoryview, int]:
+        """(data, lead): the body is data[lead:]; lead 1 when data starts with a line feed before the
+        body (a Content-Length body is a view into the connection's buffer, good until its next read,
+        with the line feed that ends the header)."""
         asked = (url, *headers.items())  # a poll repeats its request: built once, not every poll
         prepared = self._prepared.get(asked)
         if prepared is None:
@@ -69,8 +79,8 @@ class Session:
             prepared = self._prepared[asked] = _request(url, headers)
         key, request = prepared
         connection = self._idle.pop(key, None)
-        if connection is not None and connection[0].at_eof():  # the upstream closed it while idle
-            connection[1].close()
+        if connection is not None and connection.at_eof():  # the upstream closed it while idle
+            connection.close()
             connection = None
         if connection is not None:
             try:
@@ -84,13 +94,12 @@ class Session:
             raise SourceError("connection", f"{url} closed the connection without answering") from err
 
     async def _exchange(
-        self, connection: _Connection, key, request: bytes, url: str, max_bytes: int
-    ) -> bytes:
-        reader, writer = connection
+        self, stream: _Stream, key, request: bytes, url: str, max_bytes: int
+    ) -> tuple[bytes | memoryview, int]:
         try:
-            writer.write(request)
+            stream.write(request)
             try:
-                head = await reader.readuntil(b"\r\n\r\n")
+                head = await stream.readuntil(b"\r\n\r\n")
             except asyncio.IncompleteReadError as err:
                 if not err.partial:
                     raise _Unanswered from err
@@ -102,14 +111,14 @@ class Session:
             keep = keep and framed  # with neither, the body ends where the connection does
             if status != 200:
                 raise HttpStatusError(url, status)
-            body = await _body(reader, fields, url, max_bytes)
+            body = await _body(stream, fields, url, max_bytes)
         except BaseException:
-            writer.close()
+            stream.close()
             raise
         if keep and self.keep_alive:
-            self._idle[key] = connection
+            self._idle[key] = stream
         else:
-            writer.close()
+            stream.close()
         return body
 
 
@@ -151,22 +160,30 @@ async def fetch_text(
     timeout: float,
     max_bytes: int,
     headers: dict[str, str] | None = None,
+    lead: bool = False,
 ) -> str:
-    """GET `url` and return its whole body; raise SourceError(reason) on anything but a complete 200."""
+    """GET `url` and return its whole body ("\n" + the body with `lead`: what a parse that looks
+    for "\n" + a name reads, without a copy to make it); raise SourceError(reason) on anything
+    but a complete 200."""
     try:
         async with asyncio.timeout(timeout):
-            body = await session.get(url, headers or {}, max_bytes)
+            data, has_lead = await session._get(url, headers or {}, max_bytes)
     except TimeoutError as err:
         raise SourceError("timeout", f"{url} did not send its whole answer within {timeout:g}s") from err
     except OSError as err:  # refused, reset, unreachable, TLS; or no descriptor left for it here
         reason = "fd_exhausted" if err.errno in (errno.EMFILE, errno.ENFILE) else "connection"
         raise SourceError(reason, f"{url}: {err}") from err
-    if body and not body.endswith(b"\n"):
-        raise SourceError("truncated_body", f"{url} body ends mid-line: {body[-24:]!r} has no line feed")
+    if len(data) > has_lead and data[-1] != 10:  # 10: a line feed
+        end = bytes(data[max(has_lead, len(data) - 24) :])
+        raise SourceError("truncated_body", f"{url} body ends mid-line: {end!r} has no line feed")
     try:
-        return body.decode("utf-8")
+        text = str(data[0 if lead else has_lead :], "utf-8")
     except UnicodeDecodeError as err:
         raise SourceError("parse_error", f"{url} body is not UTF-8") from err
+    finally:
+        if isinstance(data, memoryview):
+            data.release()
+    return "\n" + text if lead and not has_lead else text
 
 
 def _head(head: bytes, url: str) -> tuple[int, dict[str, str], bool]:
@@ -188,19 +205,21 @@ def _head(head: bytes, url: str) -> tuple[int, dict[str, str], bool]:
     return int(code), fields, keep
 
 
-async def _body(reader: asyncio.StreamReader, fields: dict[str, str], url: str, max_bytes: int) -> bytes:
+async def _body(
+    reader: _Stream, fields: dict[str, str], url: str, max_bytes: int
+) -> tuple[bytes | memoryview, int]:
     encoding = fields.get("content-encoding", "identity").strip().lower()
     if encoding not in ("identity", "", "gzip"):
         raise SourceError("parse_error", f"{url} sent unsupported Content-Encoding {encoding}")
     sink = _Sink(url, max_bytes, zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None)
     if "chunked" in fields.get("transfer-encoding", "").lower():
         await _chunked(reader, sink, url)
-        return sink.end()
+        return sink.end(), 0
     length = fields.get("content-length")
     if length is None:  # no length: the body ends where the connection does
         while chunk := await reader.read(READ_SIZE):
             sink.add(chunk)
-        return sink.end()
+        return sink.end(), 0
     if not length.isdigit():
         raise SourceError("connection", f"{url} sent Content-Length {length[:40]!r}")
     left = int(length)
@@ -208,7 +227,7 @@ async def _body(reader: asyncio.StreamReader, fields: dict[str, str], url: str, 
         if left > max_bytes:
             raise SourceError("body_too_large", f"{url} body is {left} bytes")
         try:
-            return await reader.readexactly(left)
+            return await reader.body(left)
         except asyncio.IncompleteReadError as err:
             missing = left - len(err.partial)
             raise SourceError(
@@ -220,10 +239,10 @@ async def _body(reader: asyncio.StreamReader, fields: dict[str, str], url: str, 
             raise SourceError("truncated_body", f"{url} closed the connection {left} bytes before its end")
         left -= len(chunk)
         sink.add(chunk)
-    return sink.end()
+    return sink.end(), 0
 
 
-async def _chunked(reader: asyncio.StreamReader, sink: _Sink, url: str) -> None:
+async def _chunked(reader: _Stream, sink: _Sink, url: str) -> None:
     try:
         while True:
             size_line = await reader.readuntil(b"\r\n")
@@ -275,3 +294,146 @@ class _Sink:
         if self.inflate is not None and not self.inflate.eof:
             raise SourceError("truncated_body", f"{self.url} gzip body ended before its end marker")
         return b"".join(self.parts)
+
+
+class _Stream(asyncio.BufferedProtocol):
+    """One connection: what it received, in one buffer kept for its life (each read lands in it,
+    no bytes object made per read), read as asyncio's StreamReader reads, with its errors.
+    At most READ_SIZE unread bytes are asked for, or what a Content-Length body needs (`body`):
+    past that, reading pauses until they are read."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray(READ_SIZE)  # grows to the largest answer; vLLM's is ~60 KiB
+        self.start = self.end = 0  # the unread bytes are buffer[start:end]
+        self.wanted = READ_SIZE
+        self.transport: asyncio.Transport | None = None
+        self.eof = False
+        self.error: BaseException | None = None
+        self.paused = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        unread = self.end - self.start
+        if not unread:
+            self.start = self.end = 0
+        if len(self.buffer) - self.end < READ_SIZE // 4:
+            # A new buffer, never a resized one: a body handed out as a view may still hold the old.
+            size = max(len(self.buffer), 2 * (unread + READ_SIZE // 4))
+            buffer = bytearray(size)
+            buffer[:unread] = memoryview(self.buffer)[self.start : self.end]
+            self.buffer, self.start, self.end = buffer, 0, unread
+        return memoryview(self.buffer)[self.end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.end += nbytes
+        if self.end - self.start >= self.wanted and not self.paused and self.transport is not None:
+            self.transport.pause_reading()
+            self.paused = True
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self._wake()
+        return False  # then the transport closes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.eof = True
+        self.error = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def write(self, data: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError("the connection is closed")
+        self.transport.write(data)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def at_eof(self) -> bool:
+        return self.eof and self.start == self.end
+
+    def _take(self, n: int) -> bytes:
+        out = bytes(memoryview(self.buffer)[self.start : self.start + n])
+        self._consume(n)
+        return out
+
+    def _consume(self, n: int) -> None:
+        self.start += n
+        if self.paused and self.end - self.start < self.wanted and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+
+    async def readuntil(self, separator: bytes) -> bytes:
+        """The bytes up to and with `separator`; LimitOverrunError past READ_SIZE without it,
+        IncompleteReadError (with what came) when the connection ends first."""
+        if self.error is not None:
+            raise self.error
+        searched = 0  # bytes past `start` searched already: get_buffer may move them
+        while True:
+            found = self.buffer.find(separator, self.start + searched, self.end)
+            if found >= 0:
+                return self._take(found + len(separator) - self.start)
+            if self.end - self.start > READ_SIZE:
+                raise asyncio.LimitOverrunError("separator is not found, and chunk exceed the limit", 0)
+            if self.eof:
+                raise asyncio.IncompleteReadError(self._take(self.end - self.start), None)
+            searched = max(0, self.end - self.start - len(separator) + 1)
+            await self._wait()
+            if self.error is not None:
+                raise self.error
+
+    async def readexactly(self, n: int) -> bytes:
+        await self._fill(n)
+        return self._take(n)
+
+    async def body(self, n: int) -> tuple[memoryview, int]:
+        """The next `n` bytes as a view into the buffer, (data, 1) with the byte before them when it
+        is a line feed (the header's last), else (data, 0): good until the next read."""
+        await self._fill(n)
+        start = self.start
+        self._consume(n)
+        lead = int(start > 0 and self.buffer[start - 1] == 10)
+        return memoryview(self.buffer)[start - lead : start + n], lead
+
+    async def _fill(self, n: int) -> None:
+        if self.error is not None:
+            raise self.error
+        self.wanted = max(n, READ_SIZE)
+        try:
+            while self.end - self.start < n:
+                if self.eof:
+                    raise asyncio.IncompleteReadError(self._take(self.end - self.start), n)
+                await self._wait()
+                if self.error is not None:
+                    raise self.error
+        finally:
+            self.wanted = READ_SIZE
+
+    async def read(self, n: int) -> bytes:
+        """At most `n` bytes, as soon as there are any; b"" once the connection ended."""
+        if self.error is not None:
+            raise self.error
+        while self.start == self.end and not self.eof:
+            await self._wait()
+            if self.error is not None:
+                raise self.error
+        return self._take(min(n, self.end - self.start))

@@ -30,16 +30,16 @@ class EngineSource(VllmSource):
     _sglang_memory: SglangMemory = field(default_factory=SglangMemory)
 
     async def collect(self) -> VllmSnapshot:
-        text = await self.fetch()
-        if len(text) <= INLINE_PARSE_CHARS:
-            return self.read(text)
-        return await asyncio.to_thread(self.read, text)
+        body = await self.fetch(lead=True)
+        if len(body) <= INLINE_PARSE_CHARS:
+            return self.read(body, lead=True)
+        return await asyncio.to_thread(self.read, body, True)
 
-    def read(self, text: str) -> VllmSnapshot:
+    def read(self, text: str, lead: bool = False) -> VllmSnapshot:
         sglang = is_sglang(text)
         if self.kind != "auto" and sglang != (self.kind == "sglang"):
             found = "SGLang" if sglang else "no SGLang"
             raise SourceError("wrong_engine", f"--engine {self.kind}, but the page has {found} metrics")
         if sglang:
-            return parse_sglang(text, self.limits, self._sglang_memory)
-        return super().read(text)
+            return parse_sglang(text, self.limits, self._sglang_memory, lead=lead)
+        return super().read(text, lead)
