@@ -26,6 +26,7 @@ import ssl
 import zlib
 from urllib.parse import unquote, urlsplit
 
+from ..deadline import Deadline
 from .base import SourceError
 
 # We ask for plain text; an upstream may still compress, and then we inflate under the bound.
@@ -44,6 +45,7 @@ class Session:
         self._idle: dict[tuple[str, str, int], _Stream] = {}
         self._prepared: dict[tuple[str, ...], tuple[tuple[str, str, int], bytes]] = {}
         self._tls: ssl.SSLContext | None = None
+        self.deadline = Deadline()  # fetch_text's bound: one timer across polls
 
     async def __aenter__(self) -> Session:
         return self
@@ -166,7 +168,7 @@ async def fetch_text(
     for "\n" + a name reads, without a copy to make it); raise SourceError(reason) on anything
     but a complete 200."""
     try:
-        async with asyncio.timeout(timeout):
+        async with session.deadline.within(timeout):
             data, has_lead = await session._get(url, headers or {}, max_bytes)
     except TimeoutError as err:
         raise SourceError("timeout", f"{url} did not send its whole answer within {timeout:g}s") from err
