@@ -283,3 +283,44 @@ def test_no_descriptor_left_is_fd_exhausted_not_a_connection_error():
             await runner.cleanup()
 
     assert asyncio.run(run()) == ["fd_exhausted", "vllm:x 1"]
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 1400])  # the body in one write, or a TLS record per segment
+def test_https_bodies_arrive_whole_over_tls(shared_fixtures, tmp_path, chunk):
+    """TLS to the upstream (a real handshake with a certificate openssl made): the same whole body,
+    on one kept-alive connection, as over plain HTTP."""
+    import ssl
+    import subprocess
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)  # fmt: skip
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+    text = data_parallel((shared_fixtures / REAL).read_text(), 4)
+    upstream = Upstream(text.encode(), chunk=chunk, headers={"Content-Length": str(len(text.encode()))})
+
+    async def main() -> list[str]:
+        app = web.Application()
+        app.router.add_get("/metrics", upstream.handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=served)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            async with new_session() as session:
+                session._tls = ssl.create_default_context(cafile=str(cert))  # trusts this test's certificate
+                url = f"https://127.0.0.1:{port}/metrics"
+                got = [await fetch_text(session, url, timeout=10.0, max_bytes=8 << 20) for _ in range(3)]
+                got.append(await fetch_text(session, url, timeout=10.0, max_bytes=8 << 20, lead=True))
+                with pytest.raises(SourceError) as refused:  # the default context: the certificate is no CA's
+                    async with new_session() as strict:
+                        await fetch_text(strict, url, timeout=10.0, max_bytes=8 << 20)
+                assert refused.value.reason == "connection"
+                return got
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(main()) == [text] * 3 + ["\n" + text]

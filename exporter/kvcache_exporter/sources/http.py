@@ -342,8 +342,10 @@ class _Stream(asyncio.BufferedProtocol):
         return False  # then the transport closes
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.eof = True
-        self.error = exc
+        if exc is None:
+            self.eof = True
+        else:
+            self.error = exc  # what every read raises from now on, as StreamReader did
         self._wake()
 
     def _wake(self) -> None:
@@ -362,9 +364,8 @@ class _Stream(asyncio.BufferedProtocol):
             self._waiter = None
 
     def write(self, data: bytes) -> None:
-        if self.transport is None or self.transport.is_closing():
-            raise ConnectionResetError("the connection is closed")
-        self.transport.write(data)
+        if self.transport is not None:  # a lost connection drops it: the read then says why
+            self.transport.write(data)
 
     def close(self) -> None:
         if self.transport is not None:
@@ -391,14 +392,17 @@ class _Stream(asyncio.BufferedProtocol):
             raise self.error
         searched = 0  # bytes past `start` searched already: get_buffer may move them
         while True:
-            found = self.buffer.find(separator, self.start + searched, self.end)
-            if found >= 0:
-                return self._take(found + len(separator) - self.start)
-            if self.end - self.start > READ_SIZE:
-                raise asyncio.LimitOverrunError("separator is not found, and chunk exceed the limit", 0)
+            if self.end - self.start - searched >= len(separator):
+                found = self.buffer.find(separator, self.start + searched, self.end)
+                if found >= 0:
+                    if found - self.start > READ_SIZE:
+                        raise asyncio.LimitOverrunError("separator is found, but chunk is too long", 0)
+                    return self._take(found + len(separator) - self.start)
+                searched = self.end - self.start + 1 - len(separator)
+                if searched > READ_SIZE:
+                    raise asyncio.LimitOverrunError("separator is not found, and chunk exceed the limit", 0)
             if self.eof:
                 raise asyncio.IncompleteReadError(self._take(self.end - self.start), None)
-            searched = max(0, self.end - self.start - len(separator) + 1)
             await self._wait()
             if self.error is not None:
                 raise self.error
