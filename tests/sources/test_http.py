@@ -324,3 +324,39 @@ def test_https_bodies_arrive_whole_over_tls(shared_fixtures, tmp_path, chunk):
             await runner.cleanup()
 
     assert asyncio.run(main()) == [text] * 3 + ["\n" + text]
+
+
+async def raw_answer(answer: bytes) -> SourceError:
+    """What fetch_text raises when the upstream answers `answer` and closes."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        async with new_session() as session:
+            with pytest.raises(SourceError) as caught:
+                await fetch_text(session, f"http://127.0.0.1:{port}/metrics", timeout=10.0, max_bytes=1 << 20)
+            return caught.value
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason", "says"),
+    [
+        (b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 70_000 + b"\r\n\r\nvllm:x 1\n", "connection", "header over"),
+        (b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 70_000, "connection", "header over"),  # and never ends
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1" * 70_000, "connection", "chunk"),
+        (b"HTTP/1.1 200 OK\r\nContent-Le", "connection", "mid-header"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\nvllm:x 1\n", "truncated_body", "11 bytes before"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nvllm:x 12", "truncated_body", "mid-line"),
+    ],
+)
+def test_hostile_framing_is_refused_with_its_reason(answer, reason, says):
+    error = asyncio.run(raw_answer(answer))
+    assert error.reason == reason and says in str(error), error
