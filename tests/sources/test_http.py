@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from kvcache_exporter.sources.base import SourceError
-from kvcache_exporter.sources.http import fetch_text, new_session
+from kvcache_exporter.sources.http import HttpStatusError, fetch_text, new_session
 from kvcache_exporter.sources.vllm import parse
 from tests.loopback import serve
 from tests.sources.framing import FRAMINGS, FramingServer
@@ -169,8 +169,9 @@ class KeepAliveServer:
     """Answers every GET on a connection with the same body and a Content-Length; with `close_after`,
     closes each connection after that many answers without saying so (an idle-timeout upstream)."""
 
-    def __init__(self, body: bytes, close_after: int | None = None):
+    def __init__(self, body: bytes, close_after: int | None = None, statuses: tuple[bytes, ...] = ()):
         self.body, self.close_after, self.connections = body, close_after, 0
+        self.statuses = list(statuses)  # the first answers' status lines (then 200 OK)
         self.heads: list[bytes] = []
         self.port = 0
 
@@ -180,7 +181,10 @@ class KeepAliveServer:
         try:
             while self.close_after is None or answered < self.close_after:
                 self.heads.append(await reader.readuntil(b"\r\n\r\n"))
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(self.body), self.body))
+                status = self.statuses.pop(0) if self.statuses else b"200 OK"
+                writer.write(
+                    b"HTTP/1.1 %s\r\nContent-Length: %d\r\n\r\n%s" % (status, len(self.body), self.body)
+                )
                 await writer.drain()
                 answered += 1
         except asyncio.IncompleteReadError:
@@ -212,6 +216,29 @@ def test_polls_share_one_kept_alive_connection():
     assert server.connections == 1
 
 
+def test_an_error_answer_that_came_whole_leaves_the_connection_to_the_next_ask():
+    """A route's 404 (discovery asks one route, then the other engine's) costs no new connection."""
+    server = KeepAliveServer(b"404: Not Found\n", statuses=(b"404 Not Found", b"500 Internal Server Error"))
+
+    async def main() -> list[object]:
+        listener = await asyncio.start_server(server.answer, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/metrics"
+        got: list[object] = []
+        try:
+            async with new_session() as session:
+                for _ in range(3):
+                    try:
+                        got.append(await fetch_text(session, url, timeout=10.0, max_bytes=1 << 20))
+                    except HttpStatusError as err:
+                        got.append(err.status)
+        finally:
+            listener.close()
+        return got
+
+    assert asyncio.run(main()) == [404, 500, "404: Not Found\n"]
+    assert server.connections == 1
+
+
 def test_without_keep_alive_each_poll_closes_its_connection():
     server = KeepAliveServer(b"vllm:x 1\n")  # it would keep them open: the aggregator closes them
     assert asyncio.run(fetch_repeatedly(server, 3, keep_alive=False)) == ["vllm:x 1\n"] * 3
@@ -239,7 +266,7 @@ def test_the_request_names_the_target_and_the_urls_user():
 OUT_OF_DESCRIPTORS = """
 import asyncio, resource, sys
 from kvcache_exporter.sources.base import SourceError
-from kvcache_exporter.sources.http import fetch_text, new_session
+from kvcache_exporter.sources.http import HttpStatusError, fetch_text, new_session
 
 async def fetch():
     async with new_session() as session:

@@ -112,10 +112,13 @@ class Session:
             framed = "content-length" in fields or "chunked" in fields.get("transfer-encoding", "").lower()
             keep = keep and framed  # with neither, the body ends where the connection does
             if status != 200:
+                if keep and self.keep_alive and stream.skip(fields.get("content-length", "")):
+                    self._idle[key] = stream  # its body came whole with it: the connection serves on
                 raise HttpStatusError(url, status)
             body = await _body(stream, fields, url, max_bytes)
         except BaseException:
-            stream.close()
+            if self._idle.get(key) is not stream:
+                stream.close()
             raise
         if keep and self.keep_alive:
             self._idle[key] = stream
@@ -406,6 +409,14 @@ class _Stream(asyncio.BufferedProtocol):
             await self._wait()
             if self.error is not None:
                 raise self.error
+
+    def skip(self, length: str) -> bool:
+        """Drop a body of `length` (a Content-Length) bytes if it is all here already (a route's 404
+        answer): True when the connection is then at the next answer."""
+        if not length.isdigit() or self.error is not None or self.end - self.start < int(length):
+            return False
+        self._consume(int(length))
+        return True
 
     async def readexactly(self, n: int) -> bytes:
         await self._fill(n)
