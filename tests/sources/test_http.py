@@ -387,3 +387,17 @@ async def raw_answer(answer: bytes) -> SourceError:
 def test_hostile_framing_is_refused_with_its_reason(answer, reason, says):
     error = asyncio.run(raw_answer(answer))
     assert error.reason == reason and says in str(error), error
+
+
+def test_header_lines_are_read_alike_seen_before_or_not_and_remembered_within_a_bound():
+    from kvcache_exporter.sources import http
+
+    lines = [f"X-Field-{i}:  value {i} " for i in range(3 * http.MAX_LINES)] + ["X-Field-0: again"]
+    head = ("HTTP/1.1 200 OK\r\n" + "\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    for _ in range(2):  # the second time every line but the last ones is no longer remembered
+        status, fields, keep = http._head(head, "u")
+        assert (status, keep, len(fields)) == (200, True, 3 * http.MAX_LINES)
+        assert fields["x-field-0"] == "value 0, again" and fields["x-field-7"] == "value 7"
+        assert len(http._LINES) <= http.MAX_LINES
+    with pytest.raises(SourceError):
+        http._head(b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n", "u")

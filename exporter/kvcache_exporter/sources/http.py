@@ -191,6 +191,11 @@ async def fetch_text(
     return "\n" + text if lead and not has_lead else text
 
 
+# Header lines read before -> (name in lower case, value): an upstream's answers repeat most of theirs.
+_LINES: dict[str, tuple[str, str]] = {}
+MAX_LINES = 256
+
+
 def _head(head: bytes, url: str) -> tuple[int, dict[str, str], bool]:
     """(status, header fields by lower-case name, whether the connection stays open after the body)."""
     status_line, *lines = head[:-4].decode("latin-1").split("\r\n")
@@ -200,11 +205,16 @@ def _head(head: bytes, url: str) -> tuple[int, dict[str, str], bool]:
         raise SourceError("connection", f"{url} answered {status_line[:60]!r}, not HTTP/1.x")
     fields: dict[str, str] = {}
     for line in lines:
-        name, colon, value = line.partition(":")
-        if not colon:
-            raise SourceError("connection", f"{url} sent a malformed header line {line[:60]!r}")
-        name = name.strip().lower()
-        fields[name] = f"{fields[name]}, {value.strip()}" if name in fields else value.strip()
+        known = _LINES.get(line)
+        if known is None:
+            name, colon, value = line.partition(":")
+            if not colon:
+                raise SourceError("connection", f"{url} sent a malformed header line {line[:60]!r}")
+            if len(_LINES) >= MAX_LINES:
+                _LINES.clear()
+            known = _LINES[line] = (name.strip().lower(), value.strip())
+        name, value = known
+        fields[name] = f"{fields[name]}, {value}" if name in fields else value
     connection = fields.get("connection", "").lower()
     keep = "close" not in connection and (version == "HTTP/1.1" or "keep-alive" in connection)
     return int(code), fields, keep
@@ -216,19 +226,11 @@ async def _body(
     encoding = fields.get("content-encoding", "identity").strip().lower()
     if encoding not in ("identity", "", "gzip"):
         raise SourceError("parse_error", f"{url} sent unsupported Content-Encoding {encoding}")
-    sink = _Sink(url, max_bytes, zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None)
-    if "chunked" in fields.get("transfer-encoding", "").lower():
-        await _chunked(reader, sink, url)
-        return sink.end(), 0
+    chunked = "chunked" in fields.get("transfer-encoding", "").lower()
     length = fields.get("content-length")
-    if length is None:  # no length: the body ends where the connection does
-        while chunk := await reader.read(READ_SIZE):
-            sink.add(chunk)
-        return sink.end(), 0
-    if not length.isdigit():
-        raise SourceError("connection", f"{url} sent Content-Length {length[:40]!r}")
-    left = int(length)
-    if sink.inflate is None:  # the usual answer: one read of the whole body, no sink
+    if encoding != "gzip" and not chunked and length is not None and length.isdigit():
+        # the usual answer: one read of the whole body, no sink
+        left = int(length)
         if left > max_bytes:
             raise SourceError("body_too_large", f"{url} body is {left} bytes")
         try:
@@ -238,6 +240,17 @@ async def _body(
             raise SourceError(
                 "truncated_body", f"{url} closed the connection {missing} bytes before its end"
             ) from err
+    sink = _Sink(url, max_bytes, zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None)
+    if chunked:
+        await _chunked(reader, sink, url)
+        return sink.end(), 0
+    if length is None:  # no length: the body ends where the connection does
+        while chunk := await reader.read(READ_SIZE):
+            sink.add(chunk)
+        return sink.end(), 0
+    if not length.isdigit():
+        raise SourceError("connection", f"{url} sent Content-Length {length[:40]!r}")
+    left = int(length)
     while left:
         chunk = await reader.read(min(left, READ_SIZE))
         if not chunk:
