@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import catalog as c
+from .deadline import Deadline
 from .derive.registry import DERIVATIONS
 from .derive.state import PollState
 from .guard import Guard
@@ -93,6 +94,7 @@ class Poll:
     collector: str = field(init=False)  # the source's name, read once: a source without one fails here
     busy: bool = field(default=False, init=False)  # its `into` runs in a worker thread now
     title: str = field(init=False)
+    _deadline: Deadline = field(default_factory=Deadline, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.collector = self.source.name
@@ -109,7 +111,7 @@ class Poll:
         started = clock()
         error, snapshot = None, None
         try:
-            async with asyncio.timeout(deadline):  # no task of its own, as wait_for makes
+            async with self._deadline.within(deadline):  # no task of its own, as wait_for makes
                 snapshot = await self.source.collect()
         except TimeoutError:
             error = SourceError("timeout", f"no snapshot within {deadline:g}s")

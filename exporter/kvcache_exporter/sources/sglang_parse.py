@@ -190,10 +190,13 @@ def _count(what: str, value: float) -> float:
     return value
 
 
-def parse(text: str, limits: ParseBounds = _BOUNDS, memory: Memory | None = None) -> VllmSnapshot:
-    """Normalize one SGLang /metrics exposition. Raises SourceError on malformed text."""
+def parse(
+    text: str, limits: ParseBounds = _BOUNDS, memory: Memory | None = None, *, lead: bool = False
+) -> VllmSnapshot:
+    """Normalize one SGLang /metrics exposition ("\n" + one with `lead`). Raises SourceError on
+    malformed text."""
     memory = memory or Memory()
-    body = "\n" + text
+    body = text if lead else "\n" + text
     found = memory.finder.find(body)[0]
     last, memory.last = memory.last, None
     if last is not None and memory.finder.moved == {}:  # every byte the last parsed body's

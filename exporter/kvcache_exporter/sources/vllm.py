@@ -51,14 +51,14 @@ class VllmSource:
         return {"Authorization": f"Bearer {token}"}
 
     async def collect(self) -> VllmSnapshot:
-        text = await self.fetch()
-        if len(text) <= INLINE_PARSE_CHARS:  # a few ms at most: not worth a thread hop
-            return self.read(text)
+        body = await self.fetch(lead=True)  # "\n" + the page: as the parse reads it, no copy made
+        if len(body) <= INLINE_PARSE_CHARS:  # a few ms at most: not worth a thread hop
+            return self.read(body, lead=True)
         # In a worker thread: a long parse (8 MiB of series) must not hold up scrapes of /metrics.
-        return await asyncio.to_thread(self.read, text)
+        return await asyncio.to_thread(self.read, body, True)
 
-    async def fetch(self) -> str:
-        """The whole body of one GET (its last line ended), or SourceError."""
+    async def fetch(self, lead: bool = False) -> str:
+        """The whole body of one GET (its last line ended), or SourceError; "\n" + it with `lead`."""
         if self._session is None:
             self._session = new_session(self.keep_alive)
         return await fetch_text(
@@ -67,10 +67,12 @@ class VllmSource:
             timeout=self.timeout,
             max_bytes=self.max_body_bytes,
             headers=self.headers(),
+            lead=lead,
         )
 
-    def read(self, text: str) -> VllmSnapshot:
-        return parse(text, self.limits, self._memory)
+    def read(self, text: str, lead: bool = False) -> VllmSnapshot:
+        """The snapshot of a page (of "\n" + a page with `lead`)."""
+        return parse(text, self.limits, self._memory, lead=lead)
 
     async def close(self) -> None:
         if self._session is not None:

@@ -341,11 +341,14 @@ def _count(name: str, value: float) -> float:
     return value
 
 
-def parse(text: str, limits: ParseBounds = ParseBounds(), memory: Memory | None = None) -> VllmSnapshot:
-    """Normalize one /metrics exposition. Raises SourceError("parse_error") on malformed text."""
+def parse(
+    text: str, limits: ParseBounds = ParseBounds(), memory: Memory | None = None, *, lead: bool = False
+) -> VllmSnapshot:
+    """Normalize one /metrics exposition ("\n" + one with `lead`: the runs are found by the line
+    feed before each name). Raises SourceError("parse_error") on malformed text."""
     memory = memory or Memory()
     memory.bound()
-    body = "\n" + text
+    body = text if lead else "\n" + text
     found, ray = memory.finder.find(body)
     last, memory.last = memory.last, None
     if last is not None and memory.finder.moved is not None:
