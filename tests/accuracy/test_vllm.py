@@ -7,7 +7,15 @@ import json
 import pytest
 
 from kvcache_exporter.accuracy.cli import merged, replayed_vllm
-from kvcache_exporter.accuracy.harness import Sidecar, held_blocks, named, removed_blocks, window_part_dropped
+from kvcache_exporter.accuracy.harness import (
+    CANNOT_SHOW,
+    Sidecar,
+    held_blocks,
+    named,
+    removed_blocks,
+    run,
+    window_part_dropped,
+)
 from kvcache_exporter.accuracy.vllm import (
     NO_WINDOW,
     ROOT,
@@ -165,3 +173,45 @@ def test_a_recording_names_its_shape_and_tables_merge_by_shape(tmp_path):
     old = [{"key": "dp2-lora", "n": 1}, {"n": 2}]  # a table without a key is the Llama's
     new = [{"key": "gemma-3", "n": 3}, {"key": "llama", "n": 4}]
     assert [t["n"] for t in merged(old, new)] == [4, 3, 1]
+
+
+class _Scripted:
+    """A backend answering each request with the next of these batches (real event encoding)."""
+
+    def __init__(self, replies):
+        self.shape, self.replies = llama_shape(), iter(replies)
+
+    def begin(self, case):
+        pass
+
+    def send(self, request):
+        return next(self.replies), (1,)
+
+
+def test_a_window_dropped_case_counts_only_where_its_setup_events_dropped_the_window_part():
+    """Any fill (a measured one or the old half-cache of prompts): the setup requests' events decide,
+    the scored request's outcome never does."""
+    tokens = tuple(range(20, 20 + 96))
+    window = dict(kv_cache_spec_kind="sliding_window", sliding_window=64)
+
+    def batches(events, seq):
+        return [
+            decode_message([b"kv", seq.to_bytes(8, "big"), encode_batch(events, seq, 1.0)], with_tokens=True)
+        ]
+
+    prompt = [BlockStored([1, 2], None, list(tokens), 32, group_idx=0, **window)]
+    prompt.append(BlockStored([1, 2, 3], None, list(tokens), 32, group_idx=5))
+    again = [BlockStored([2], 1, list(tokens[32:64]), 32, group_idx=0, **window)]
+    case = [
+        Request(tokens, "window_dropped", None),
+        Request(tuple(range(500, 596)), "window_dropped", None),
+        Request(tokens, "window_dropped", "window_expired"),
+    ]
+    for fill, counted in (
+        ([BlockRemoved([2], group_idx=0)], True),
+        ([], False),
+        ([BlockRemoved([3], group_idx=5)], False),
+    ):
+        backend = _Scripted([batches(prompt, 0), batches(fill, 1), batches(again, 2)])
+        (outcome,) = run(backend, [case])
+        assert (outcome.named != CANNOT_SHOW) is counted, (fill, outcome)

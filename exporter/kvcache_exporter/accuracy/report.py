@@ -25,8 +25,8 @@ with the most tokens is the one *named* (a tie goes to the first by name, so `co
 read as decode filling a block (not a prompt miss). An injected change is counted only where it can
 show (`harness.can_show`, decided from the case, never from the outcome): vLLM stores whole hit units
 only, so a prompt shorter than one, or a change in a prompt's content past its last whole unit (the
-units it stores are those the cache held), loses no hit and reaches no event, and a window part a
-measured fill's own events do not show dropped (`harness.window_part_dropped`) was not injected;
+units it stores are those the cache held), loses no hit and reaches no event, and a window part the
+setup requests' own events do not show dropped (`harness.window_part_dropped`) was not injected;
 such requests are column `cannot_show`, not counted as injected. A case's setup requests put the
 cache in a known state just before its change and are not scored; fresh random content keeps cases
 apart. Causes are read from the attribution generically: a cause it learns shows up as a column.
@@ -93,9 +93,10 @@ FOOTER = """
 - `window_dropped`: the simulator's hybrid pool evicts a unit's window blocks together with its
   full-attention block (docs/simulator.md), so it cannot drop a window part alone, and the tiny Llama
   has no window: it is run on the real Gemma-3 pattern and DeepSeek-V4 shapes. There the workload's
-  half-cache fill did not drop a window part (the Gemma-3 and DeepSeek-V4 rows: the prompt sent again
-  was all hit, its events hold no stored block, and the row reads `hit`, the sidecar's right reading
-  of a change that did not happen). vLLM 0.32 reuses uncached blocks first and evicts cached ones
+  half-cache fill did not drop a window part: its requests' events removed no block of the prompt's
+  window part (the prompt sent again was all hit, the sidecar's right reading of a change that did
+  not happen), so those rows are all `cannot_show`, by the same check on the setup events as below.
+  vLLM 0.32 reuses uncached blocks first and evicts cached ones
   oldest first; a finished prompt's window groups' last blocks (all they still cache) are freed
   ahead of its full group's, so a window part goes alone only when eviction stops in that narrow
   band. Round 6 measures the fill on the server instead (shape `gemma-3-window`, 20 cases, recorded
@@ -107,8 +108,8 @@ FOOTER = """
   events, never from the scored one). Each fill dropped the window part; the prompt sent again then
   hit nothing and its own allocation evicted the rest (docs/kv-events.md, "A lookup that evicts its
   own prompt").
-  On DeepSeek-V4 at 128M the half-cache fill is further still from the pool's 2,807 blocks: every
-  `window_dropped` row there reads `hit` (the measured fill runs on the Gemma-3 shape only).
+  On DeepSeek-V4 at 128M the half-cache fill is further still from the pool's 2,807 blocks: none of
+  its fills dropped a window part (the measured fill runs on the Gemma-3 shape only).
 - The real shapes are those of tests/integration/conftest.py, started by the one launcher
   (tools/harness.py): the tiny Llama; the Gemma-3 pattern (5 sliding-window layers to 1 full, 6
   groups); DeepSeek-V4 through ../shared/tools/deepseek-v4-cpu (6 groups, 256-token hit unit); the
@@ -160,7 +161,7 @@ def columns(tables: Sequence[Table]) -> list[str]:
 def summary(table: Table) -> dict[str, int]:
     injected = table.injected_kinds
     return {
-        "kinds": len(injected),
+        "kinds": sum(1 for k in injected if table.scored(k)),
         "injected": sum(table.scored(k) for k in injected),
         "right": sum(table.right(k) for k in injected),
         "cannot_show": sum(table.cannot_show(k) for k in injected),
@@ -182,7 +183,8 @@ def not_counted(cannot_show: int) -> str:
     if not cannot_show:
         return ""
     return (
-        f" Not counted: {cannot_show:,} changes no whole hit unit held (`{CANNOT_SHOW}`: they cannot show)."
+        f" Not counted: {cannot_show:,} changes no whole hit unit held, or window parts the fill did not drop"
+        f" (`{CANNOT_SHOW}`: they cannot show)."
     )
 
 
@@ -195,7 +197,9 @@ def shape_section(table: Table, note: str) -> str:
         counts = table.counts[kind]
         cells = [str(counts[c]) if counts[c] else "" for c in cols]
         right = table.right(kind)
-        row = [kind, KINDS[kind][0], str(table.scored(kind)), f"{right} ({right / table.scored(kind):.0%})"]
+        scored = table.scored(kind)
+        share = f"{right} ({right / scored:.0%})" if scored else "—"  # every case of it `cannot_show`
+        row = [kind, KINDS[kind][0], str(scored), share]
         lines.append("| " + " | ".join([*row, *cells]) + " |")
     s = summary(table)
     lines += [
