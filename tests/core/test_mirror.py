@@ -15,6 +15,7 @@ COVERED_ELSEWHERE = {
     "samples.py": ["core/test_guard.py"],
     "settings.py": ["core/test_config.py"],
     "sources/base.py": ["core/test_collector.py"],
+    "sources/http_stream.py": ["sources/test_http.py"],
     "sources/gpu.py": ["sources/test_nvml.py", "derive/test_gpu.py"],
     "sources/gpu_factory.py": ["sources/test_nvml.py", "sources/test_dcgm.py"],
     "sources/kv_events_decode.py": ["sources/test_kv_events.py", "sources/test_kv_events_hostile.py"],
