@@ -4,7 +4,13 @@ import random
 
 from kvcache_exporter.derive.attribution import Attribution
 from kvcache_exporter.derive.fingerprints import SELECTED
-from kvcache_exporter.derive.reorder import KnownRun, first_known_run, served_tokens, unit_shortfall_tokens
+from kvcache_exporter.derive.reorder import (
+    FRONT_TAIL,
+    KnownRun,
+    first_known_run,
+    served_tokens,
+    unit_shortfall_tokens,
+)
 from kvcache_exporter.sources.kv_events_decode import Batch, Event
 from tests.derive.test_attribution import BS, TEMPLATE, Stream, header, tokens_by_cause
 
@@ -107,8 +113,12 @@ def test_two_root_prompts_sharing_most_of_their_first_unit_are_below_the_hit_uni
 def test_at_a_root_a_front_is_taken_short_where_the_first_known_anchor_lies_far_behind_it():
     """A front with no anchor (or past its last one) runs FRONT_TAIL tokens at most: the known run
     starts no later, however far behind its first seen anchor lies (anchors are sparse)."""
-    assert first_known_run([54, 70, 90], [True] * 3, 128, root=True).start == 32  # was 54 - 10
-    assert first_known_run([20, 80, 100], [False, True, True], 128, root=True).start == 21 + 32  # was 70
+    assert first_known_run([54, 70, 90], [True] * 3, 128, root=True).start == min(
+        54 - 10, FRONT_TAIL
+    )  # was 54 - 10
+    assert first_known_run([20, 80, 100], [False, True, True], 128, root=True).start == min(
+        70, 21 + FRONT_TAIL
+    )  # was 70
     near = [20, 36, 52, 68, 84, 100]
     assert first_known_run(near, [True] * 6, 128, root=True).start == 16  # as before: 20 - 4
     behind_a_prefix = first_known_run([54, 70, 90], [True] * 3, 128, root=False)
