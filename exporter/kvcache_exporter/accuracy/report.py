@@ -57,8 +57,9 @@ FOOTER = """
   neither sees it, the request reads `cold`.
 - `timestamp_first`, `request_id_first`, `uuid_first`: the known run's start is estimated a quarter
   spacing before its first seen anchor, late when anchors are sparse. Round 6: at a chain's root a
-  front is taken to end at most two anchor spacings past its last anchor (or token 0), which names
-  6 more of the tiny Llama's and 3 of DP 2's right. Left: a short prompt whose shorter front shifts
+  front is taken to end at most three anchor spacings past its last anchor (or token 0), which names
+  1 more of the tiny Llama's and 1 of DP 2's right (two spacings named 6 and 3 more, but cut a
+  timestamp front in two: tests/analyzer/test_tokenize.py). Left: a short prompt whose shorter front shifts
   the earlier prompt's unstored tail into the stored blocks (its anchors read unseen and end the
   run early), or whose front has an anchor far from its end: a unit short, a tie `cold` wins.
 - `field_after_system`: a field with no anchor behind a cached prefix deeper than two units, and no

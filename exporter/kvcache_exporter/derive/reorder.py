@@ -38,7 +38,7 @@ FRONT_DEPTH_UNITS = 2
 # At a chain's root, tokens a per-request front is taken to run past its last anchor (the divergence
 # point when it has none) at most: anchor-free content that long is rare (one anchor in 16 tokens), and
 # a known run's first seen anchor can lie much later where anchors are sparse.
-FRONT_TAIL = 3 * ANCHOR_SPACING  # 2 cut a timestamp front in two (tests/analyzer/test_tokenize.py)
+FRONT_TAIL = 3 * ANCHOR_SPACING  # 2 cuts a timestamp front in two (docs/kv-events.md)
 
 
 class KnownRun(NamedTuple):
