@@ -43,6 +43,7 @@ MAX_BUFFERED_BYTES = 64 * 1024 * 1024
 PUBLISH_TIMEOUT = 2.0  # one JetStream ack; past it the delta is sent again
 PUBLISH_ATTEMPTS = 3  # late acks before the delta is dropped (publish_error)
 IDLE_SECONDS = 0.05
+STOP_SECONDS = 5.0  # close() waits this long for its tasks
 FLUSH_HASHES = 16_384  # a range's delta is sent at this many hashes: 32-byte hashes stay under 1 MiB
 STREAM_MAX_AGE = 6 * 3600.0  # the pool's stream when a sidecar creates it: `aggregate` sets its own
 STREAM_MAX_BYTES = 8 * 1024**3
@@ -97,6 +98,31 @@ async def connect(options: NatsOptions, name: str) -> Any:
         log_once(f"NATS {options.where}: " + SUBJECT.sub(r'\1"…"', repr(err)))
 
     return await nats.connect(name=name, error_cb=error_cb, **options.connect_kwargs())
+
+
+def stopping() -> bool:
+    """Whether this task was asked to stop: a cancel that lands inside nats-py can come out as a
+    return or another error (its flush and next_msg catch CancelledError; so can 3.11's wait_for
+    when its wait ends at the same moment), so a loop that goes on after one checks this."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def stop(tasks: Sequence[asyncio.Task], seconds: float = STOP_SECONDS) -> None:
+    """Cancel the tasks and wait for them, at most `seconds`: one that will not stop is logged and
+    left, never waited on forever (a shutdown that hangs is worse than a task left behind)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    pending = {task for task in tasks if not task.done()}
+    while pending and (left := deadline - loop.time()) > 0:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=min(left, 0.5))
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: its error was logged where it happened
+    if pending:
+        log.warning("%d NATS task(s) did not stop within %g s; left running", len(pending), seconds)
 
 
 async def ensure_stream(
@@ -459,7 +485,7 @@ class FleetPublisher:
         return self._nc is not None and self._nc.is_connected
 
     async def _run(self) -> None:
-        while self._nc is None:
+        while self._nc is None and not stopping():
             try:
                 self._nc = await connect(self.options, f"kvcache-publish-{self.pool}-{self.replica}")
                 self._js = self._nc.jetstream()
@@ -470,7 +496,7 @@ class FleetPublisher:
             except Exception as err:  # NATS down at start: keep counting, try again
                 log_once(f"NATS {self.options.where}: not connected ({err}); retrying every second")
                 await asyncio.sleep(1.0)
-        while True:
+        while not stopping():
             if not self.connected:  # reconnecting: the buffer holds (and bounds) what waits
                 await asyncio.sleep(IDLE_SECONDS)
                 continue
@@ -596,9 +622,7 @@ class FleetPublisher:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop([self._task])
             self._task = None
         if self._nc is not None:
             with contextlib.suppress(Exception):

@@ -5,6 +5,7 @@ gap the drops leave is marked on the shard once NATS is back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 from hypothesis import given, settings
@@ -304,3 +305,39 @@ def test_any_stream_published_and_read_by_shards_sums_to_the_same_view_as_direct
     for field in ("resident", "stored", "removed", "other_replica"):
         assert sum(getattr(v, field) for v in views if v) == (getattr(want, field) if want else 0), field
     assert sum(s.fleet.distinct for s in shards) == direct.distinct
+
+
+def test_stop_ends_a_loop_whose_cancel_was_swallowed_and_never_waits_forever(caplog):
+    """A cancel that lands inside nats-py can come out as another error (next_msg on a closed
+    connection) or nothing at all: the loops check `stopping()`, and `stop` never waits forever."""
+    from kvcache_exporter.fleet_publish import stop, stopping
+
+    released = asyncio.Event()
+
+    async def swallows_cancels() -> str:
+        turns = 0
+        while not stopping():
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                turns += 1  # as nats-py's flush does: swallowed, the loop goes on
+        return f"stopped after {turns} swallowed cancel(s)"
+
+    async def deaf() -> None:  # a loop that ignores every cancel (no stopping() check)
+        while not released.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.01)
+
+    async def run():
+        polite, stubborn = asyncio.ensure_future(swallows_cancels()), asyncio.ensure_future(deaf())
+        await asyncio.sleep(0.05)
+        await stop([polite], seconds=5.0)
+        assert polite.result() == "stopped after 1 swallowed cancel(s)"
+        began = asyncio.get_running_loop().time()
+        await stop([stubborn], seconds=0.3)
+        assert not stubborn.done() and asyncio.get_running_loop().time() - began < 3.0
+        assert "1 NATS task(s) did not stop within 0.3 s; left running" in caplog.text
+        released.set()
+        await stubborn
+
+    asyncio.run(run())

@@ -26,7 +26,16 @@ from typing import Any
 from .. import catalog as c
 from .. import fleet_wire as wire
 from ..derive.windows import SeriesHistory
-from ..fleet_publish import STREAM_MAX_AGE, STREAM_MAX_BYTES, NatsOptions, connect, ensure_stream, log_once
+from ..fleet_publish import (
+    STREAM_MAX_AGE,
+    STREAM_MAX_BYTES,
+    NatsOptions,
+    connect,
+    ensure_stream,
+    log_once,
+    stop,
+    stopping,
+)
 from ..samples import Sample
 from ..sources.kv_events_decode import Event, Mark
 from ..sources.vllm_snapshot import EngineSample
@@ -243,7 +252,7 @@ class NatsIntake:
         return self._nc is not None and self._nc.is_connected
 
     async def _run(self) -> None:
-        while True:
+        while not stopping():
             try:
                 await self._connect_and_consume()
                 return
@@ -291,7 +300,9 @@ class NatsIntake:
         counters_filter = f"{self.intake.prefix}.{self.intake.pool}.c.>"
         subs.append(("counters", await js.pull_subscribe(counters_filter, None, self.stream, counters)))
         self.connected_once = True
-        await asyncio.gather(*(self._consume(name, sub) for name, sub in subs))
+        async with asyncio.TaskGroup() as consumers:  # cancelled with _run: none outlives it
+            for name, sub in subs:
+                consumers.create_task(self._consume(name, sub))
 
     async def _resume_point(self, js: Any, durable: str) -> int:
         """The stream sequence the consumer acked last (0: none, or no consumer). A consumer with
@@ -338,7 +349,7 @@ class NatsIntake:
         from nats.errors import TimeoutError as NatsTimeout
 
         handle = self.intake.counters if name == "counters" else self.intake.delta
-        while True:
+        while not stopping():
             try:
                 msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_TIMEOUT)
             except NatsTimeout:
@@ -374,9 +385,6 @@ class NatsIntake:
             self._nc = None
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await stop(self._tasks)
         self._tasks.clear()
         await self._close_connection()
