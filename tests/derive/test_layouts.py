@@ -194,3 +194,17 @@ def test_the_events_past_the_budget_are_estimated_at_the_rate_of_those_ordered()
     # are known: after_template runs high (docs/kv-events.md)
     for layout, tokens in unbudgeted.reorder_tokens.items():
         assert abs(served.reorder_tokens[layout] - tokens) <= 0.15 * diverged, layout
+
+
+def test_events_past_the_budget_are_logged_once_a_minute_at_most(caplog):
+    now = [0.0]
+    budget = OrderBudget(1, lambda: now[0])
+    with caplog.at_level("INFO", logger="kvcache_exporter.derive.layouts"):
+        for _ in range(3000):  # 10 saved, then one a second for 300 s; 30 skipped a second
+            now[0] += 0.1
+            budget.take()
+    lines = [r for r in caplog.records if "past the reorder estimate's budget" in r.getMessage()]
+    assert budget.skipped > 2500
+    at = [(line.ordered + line.skipped + 1) / 10 for line in lines]  # the take that logged it: its time
+    assert len(at) == 5 and at[0] < 3.0  # the first skips are in the first seconds: ~1 s, ~61 s, ... 300 s
+    assert all(60.0 <= later - sooner <= 61.1 for sooner, later in pairwise(at))  # on the next token after
