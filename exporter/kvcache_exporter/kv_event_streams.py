@@ -15,6 +15,7 @@ from .derive.attribution import Attribution
 from .derive.fields import Rules
 from .derive.front_fields import FrontFields
 from .derive.kv_events import EventState
+from .derive.layouts import OrderBudget
 from .derive.state import PollState, TargetState
 from .derive.units import UnitView
 from .samples import Sample
@@ -125,7 +126,12 @@ def kv_events_poll(
     source = RankStream(s)
     source.point(stream)
     engine = stream.engine if stream is not None else "vllm"
-    attribution = Attribution(s.kv_events_max_tracked_blocks, s.kv_events_max_fingerprints)
+    per_second = s.kv_events_reorder_per_second
+    attribution = Attribution(
+        s.kv_events_max_tracked_blocks,
+        s.kv_events_max_fingerprints,
+        order_budget=OrderBudget(per_second) if per_second else None,
+    )
     if wiring.decode is not None and wiring.rules is not None:
         attribution.fields = wiring.fronts[str(rank)] = FrontFields(
             wiring.decode, wiring.rules, s.fields_max_per_second

@@ -155,6 +155,7 @@ def settings(gpu: str, vllm_urls: list[str]):
         "whatif.host_tier_bytes": "64MiB",  # the host-tier what-if: 2,048 of the seed's 32 KiB blocks
         "fields.tokenizer": str(REPO / "tests" / "fixtures" / "tiny-llama"),  # the seed model's kind
         "fields.max_per_second": "1000000",  # every diverged front named: the same output on every run
+        "kv_events.reorder_per_second": "0",  # every event ordered: the same output on every run
         "cost.gpu_hour_price": "2.5",
         "cost.energy_price_per_kwh": "0.2",
         "gpu.source": gpu,

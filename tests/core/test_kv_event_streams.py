@@ -319,3 +319,18 @@ def test_the_log_line_names_the_route_sglang_answered(caplog, shared_fixtures):
     assert len(lines) == 1 and lines[0].startswith(
         "KV events from SGLang's /server_info: rank 0 tcp://127.0.0.1:"
     )
+
+
+@pytest.mark.parametrize(("flags", "per_second"), [({}, 200), ({"kv_events.reorder_per_second": "0"}, None)])
+def test_each_stream_orders_events_on_the_budget_the_flag_gives(flags, per_second):
+    async def scenario():
+        exporter = exporter_for(
+            "http://127.0.0.1:9", **{"kv_events.endpoint": f"tcp://127.0.0.1:{free_port()}"}, **flags
+        )
+        try:
+            return exporter.state.kv_events[0].attribution.order_budget
+        finally:
+            await exporter.close()
+
+    budget = asyncio.run(scenario())
+    assert (budget and budget.rate) == per_second  # 0: no budget, every event ordered

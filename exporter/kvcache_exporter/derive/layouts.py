@@ -16,16 +16,23 @@ is the part of the served span reached *in order*:
 
 Both stop where `_run_from` ends a known run (reorder.py): K / 2 tokens into the window of the first anchor
 not reached, at least K past the last one reached; both count whole hit units from the run's start.
+
+Served on a budget (`OrderBudget`, --kv-events.reorder-per-second): the anchor order is read, walked and
+learnt for at most so many stored events a second; attribution takes the rest as with the order off.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import compress, pairwise, repeat
 from operator import eq, is_, ne
 
 from .fingerprints import K
+
+log = logging.getLogger(__name__)
 
 LAYOUTS = ("end", "after_template")
 # What `AnchorOrder` keeps per anchor pair: the anchor that followed it, or one of these.
@@ -33,6 +40,44 @@ _BRANCH = -1  # followed by more than one anchor: requests went their own ways t
 _END = -2  # an event's last pair: nothing after it seen yet
 _NEW, _NEW_OR_BRANCH = frozenset((None,)), frozenset((None, _BRANCH))  # what pairs that learning adds held
 REMEMBER_FROM = 16  # anchors: a shorter sequence is keyed and looked up again faster than its digest
+BURST_SECONDS = 10.0  # of unused budget saved: a poll hands over its interval's events at once
+LOG_EVERY_S = 60.0  # one line at most while events go past the budget
+
+
+def refilled(left: float, rate: float, elapsed: float, most: float) -> float:
+    """A token bucket's tokens after `elapsed` seconds at `rate` a second, at most `most`."""
+    return min(left + rate * max(elapsed, 0.0), most)
+
+
+class OrderBudget:
+    """At most `per_second` stored events a second the anchor order reads, walks and learns, with up to
+    BURST_SECONDS of them saved (a token bucket, on `clock`); `ordered` and `skipped` count them. One
+    per stream (`Attribution(order_budget=...)`), or one across the bench's passes, as one stream has."""
+
+    def __init__(self, per_second: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.most, self.clock = per_second, per_second * BURST_SECONDS, clock
+        self.left, self.at = self.most, clock()
+        self.due = self.at if self.most >= 1.0 else float("inf")  # when the next token is there
+        self.ordered = self.skipped = 0
+        self._logged, self._logged_skipped = float("-inf"), 0
+
+    def take(self) -> bool:
+        """Whether the next event gets the anchor order (one token spent when it does)."""
+        now = self.clock()
+        if now < self.due:  # (past the budget, the common case then: one comparison)
+            self.skipped += 1
+            return False
+        if self.skipped > self._logged_skipped and now - self._logged >= LOG_EVERY_S:
+            self._logged, self._logged_skipped = now, self.skipped
+            extra = {"per_second": self.rate, "ordered": self.ordered, "skipped": self.skipped}
+            log.info(
+                "events past the reorder estimate's budget, estimated at the ordered ones' rate", extra=extra
+            )
+        left = refilled(self.left, self.rate, now - self.at, self.most) - 1.0
+        self.left, self.at, self.ordered = left, now, self.ordered + 1
+        if left < 1.0:
+            self.due = now + (1.0 - left) / self.rate
+        return True
 
 
 def pair_keys(prints: Sequence[int]) -> list[int]:

