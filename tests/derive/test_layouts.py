@@ -180,6 +180,7 @@ def test_past_the_budget_an_event_is_attributed_as_with_the_order_off():
     without_order, _ = _seed_run(None, layouts=False)
     none_ordered, budget = _seed_run(0)
     assert budget.ordered == 0 and budget.skipped > 200
+    assert none_ordered.unordered_events == budget.skipped  # exported, as a counter
     assert none_ordered.tokens == without_order.tokens
     assert none_ordered.reorder_tokens == {"end": 0, "after_template": 0}  # nothing estimated to go by
 
@@ -188,6 +189,7 @@ def test_the_events_past_the_budget_are_estimated_at_the_rate_of_those_ordered()
     unbudgeted, _ = _seed_run(None)
     served, budget = _seed_run(1)  # 10 events saved, then one a second: most are past it
     assert budget.skipped > 10 * budget.ordered
+    assert served.unordered_events == budget.skipped and unbudgeted.unordered_events == 0
     diverged = served.tokens["prefix_diverged"]
     assert diverged == unbudgeted.tokens["prefix_diverged"]
     # every diverged token is estimated (scaled, not dropped); with less learnt, fewer branch points

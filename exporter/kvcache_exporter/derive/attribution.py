@@ -122,6 +122,7 @@ class Totals:
     rewritten_turn_sum: int = 0
     reorder_tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LAYOUTS, 0))
     """of the prefix_diverged tokens, those a reorder to each layout would hit (layouts.py)"""
+    unordered_events: int = 0  # past the order budget: attributed without the anchor order
     batches: int = 0
 
     @property
@@ -255,6 +256,7 @@ class Attribution:
         order = self._order
         if order is not None and self.order_budget is not None and not self.order_budget.take():
             order = None  # past the budget: attributed as with the order off, its estimate extrapolated
+            self.totals.unordered_events += 1
         pairs = order.read(found[1]) if order is not None else None
         known = self._known(tokens, found, length, rewritable)
         if appended:  # the whole chain hit and nothing held past its open tip: no hit was lost, cold

@@ -80,6 +80,7 @@ def totals_samples(totals: Totals) -> list[Sample]:
     out.append(Sample(c.KV_EVENTS_DECODE_TOKENS_TOTAL, {}, totals.decode_tokens))
     for layout, n in totals.reorder_tokens.items():
         out.append(Sample(c.PREFIX_CACHE_REORDER_HIT_TOKENS_TOTAL, {"layout": layout}, n))
+    out.append(Sample(c.PREFIX_CACHE_UNORDERED_EVENTS_TOTAL, {}, totals.unordered_events))
     running = 0
     for bound, count in zip((*OFFSET_BUCKETS, float("inf")), totals.offset_counts, strict=True):
         running += count

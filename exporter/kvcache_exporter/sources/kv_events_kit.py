@@ -45,6 +45,7 @@ KV_EVENTS_TIER_BYTES = "kvcache_kv_events_tier_bytes"
 KV_EVENTS_TIER_HIT_TOKENS_TOTAL = "kvcache_kv_events_tier_hit_tokens_total"
 PREFIX_CACHE_MISS_TOKENS_TOTAL = "kvcache_prefix_cache_miss_tokens_total"
 PREFIX_CACHE_REORDER_HIT_TOKENS_TOTAL = "kvcache_prefix_cache_reorder_hit_tokens_total"
+PREFIX_CACHE_UNORDERED_EVENTS_TOTAL = "kvcache_prefix_cache_unordered_events_total"
 KV_EVENTS_DECODE_TOKENS_TOTAL = "kvcache_kv_events_decode_tokens_total"
 PREFIX_DIVERGENCE_OFFSET_TOKENS = "kvcache_prefix_divergence_offset_tokens"
 PREFIX_DIVERGED_FIELD_TOKENS_TOTAL = "kvcache_prefix_diverged_field_tokens_total"
@@ -307,12 +308,27 @@ ATTRIBUTION = (
         "counter",
         "Of the prefix_diverged miss tokens, those a reorder would have served, per layout: end (the "
         "per-request fields after everything the requests share) or after_template (right after the shared "
-        "template, before what follows it such as the question); docs/kv-events.md.",
+        "template, before what follows it such as the question); events past --kv-events.reorder-per-second "
+        "count at the ordered ones' rate (kvcache_prefix_cache_unordered_events_total); docs/kv-events.md.",
         ("layout",),
         "tokens",
         "attribution",
         "BlockStored token_ids (anchor fingerprints and the order they came in)",
         "prefix_diverged tokens reached in an earlier order; after_template: up to a branch point",
+    ),
+    entry(
+        PREFIX_CACHE_UNORDERED_EVENTS_TOTAL,
+        "counter",
+        "Stored prompt events attributed without the anchor order because they came past "
+        "--kv-events.reorder-per-second: for them content_moved and prefix_diverged found by order are not "
+        "named (their misses read as the other rules say) and the reorder estimate is extrapolated from "
+        "the ordered ones. Its rate against the stored events: raise the budget (or 0: every event) when "
+        "it stays up and the causes matter more than the CPU.",
+        (),
+        "events",
+        "attribution",
+        "BlockStored, the clock",
+        "events the token bucket (layouts.OrderBudget) refused",
     ),
     entry(
         KV_EVENTS_DECODE_TOKENS_TOTAL,
