@@ -79,7 +79,7 @@ import toy_derive, toy_source
 from kvcache_exporter import kit
 row = kit.SourceKit(
     "toy", toy_derive.METRICS, toy_source.OPTIONS, toy_derive.wire, {"r": toy_derive.reading},
-    servers=("serve", "aggregate"),
+    servers=SERVERS,
 )
 kit.register(row)
 from kvcache_exporter.cli import main
@@ -87,7 +87,11 @@ sys.exit(main())
 """
 
 
-TOY = [sys.executable, "-c", textwrap.dedent(ROW)]  # kvcache-exporter, with the toy's row
+TOY = [
+    sys.executable,
+    "-c",
+    textwrap.dedent(ROW).replace("SERVERS", '("serve", "aggregate")'),
+]  # with its row
 
 
 @pytest.mark.timeout(150)
@@ -148,6 +152,30 @@ def test_a_toy_source_needs_its_two_modules_and_one_row(tmp_path):
         wait_showing(url, "kvcache_toy_reading 3.25", 30)
     finally:
         stop(aggregate)
+
+
+def test_a_row_joins_only_the_servers_it_names(tmp_path):
+    """A row registered for `aggregate` alone is in aggregate's option table, not serve's; a row
+    naming no server or one that does not exist is refused before anything is added."""
+    from kvcache_exporter import catalog, kit
+
+    toy = tmp_path / "toy"
+    toy.mkdir()
+    (toy / "toy_source.py").write_text(TOY_SOURCE)
+    (toy / "toy_derive.py").write_text(TOY_DERIVE)
+    only = [sys.executable, "-c", textwrap.dedent(ROW).replace("SERVERS", '("aggregate",)')]
+    run = dict(
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(toy)}, capture_output=True, text=True, timeout=60
+    )
+    assert "--toy.path" in subprocess.run([*only, "aggregate", "--help"], **run).stdout
+    assert "--toy.path" not in subprocess.run([*only, "serve", "--help"], **run).stdout
+
+    before = catalog.CATALOG
+    metric = catalog.Metric("kvcache_nowhere_reading", "gauge", "A row of no server's.", per_target=False)
+    for servers in ((), ("serve", "fleet")):
+        with pytest.raises(ValueError, match="servers must be some of serve, aggregate"):
+            kit.register(kit.SourceKit("nowhere", (metric,), servers=servers))
+    assert catalog.CATALOG is before and kit.KITS == []
 
 
 def test_serve_is_its_rows_and_a_row_declares_its_whole_source():
