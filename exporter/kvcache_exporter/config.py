@@ -225,6 +225,19 @@ def add_serve_options(options: tuple[Option, ...]) -> None:
     BY_KEY.update((o.key, o) for o in options)
 
 
+def add_aggregate_options(options: tuple[Option, ...]) -> None:
+    """A source's own options (kit.register) as `aggregate` has them (its environment twin), after
+    the built-in ones."""
+    global AGGREGATE_OPTIONS
+    keys = {o.key for o in AGGREGATE_OPTIONS}
+    taken = [o.key for o in options if o.key in keys or o.attr in AggregateSettings.__dataclass_fields__]
+    if taken:
+        raise ValueError(f"option declared twice: {', '.join(taken)}")
+    AGGREGATE_OPTIONS = AGGREGATE_OPTIONS + tuple(
+        replace(o, env_prefix=AGGREGATE_ENV_PREFIX) for o in options
+    )
+
+
 def resolve(flags: dict[str, Any], environ: dict[str, str], config_file: str | None) -> Settings:
     """`serve`'s settings: defaults, file, environment and flags merged (`flags` maps keys to raw
     strings or lists); ConfigError lists every problem at once."""
@@ -251,7 +264,12 @@ def resolve_aggregate(
     discovery set-up) may raise ConfigError, whose problems join the others."""
     values, problems, failed = _resolve(AGGREGATE_OPTIONS, flags, environ, config_file)
     by_key = {o.key: o for o in AGGREGATE_OPTIONS}
-    settings = AggregateSettings(**{by_key[k].attr: v for k, v in values.items()})
+    fields = AggregateSettings.__dataclass_fields__
+    by_attr = {by_key[k].attr: v for k, v in values.items()}
+    settings = AggregateSettings(
+        **{a: v for a, v in by_attr.items() if a in fields},
+        source_options={a: v for a, v in by_attr.items() if a not in fields},
+    )
     try:
         if check is not None:
             check(settings)

@@ -8,6 +8,11 @@ running; an entry whose deadline is no earlier than the running timer's keeps it
 that fires finds the open scope's deadline later (it moves there), none open (it stops), or
 its own (the scope expires, exactly as `asyncio.timeout` expires). A 1 s poll bounded at 5 s
 makes one timer every 5 polls.
+
+A timer that would fire before the next entry (the gap between the last two entries from now)
+is cancelled at the exit instead: firing with no scope open, it only woke the idle loop (a poll's
+second blocking wait, one poll in 5, on a sidecar); a cancelled timer leaves the heap when its
+time comes, without a wake.
 """
 
 from __future__ import annotations
@@ -22,7 +27,18 @@ class Deadline:
     (TimeoutError out of the scope when it runs past; a cancel from elsewhere stays a cancel).
     A scope opened while another is open (two tasks at once) gets a plain `asyncio.timeout`."""
 
-    __slots__ = ("_at", "_cancelling", "_expired", "_handle", "_loop", "_seconds", "_task", "_when")
+    __slots__ = (
+        "_at",
+        "_cancelling",
+        "_entered",
+        "_expired",
+        "_gap",
+        "_handle",
+        "_loop",
+        "_seconds",
+        "_task",
+        "_when",
+    )
 
     def __init__(self) -> None:
         self._handle: asyncio.TimerHandle | None = None
@@ -33,6 +49,8 @@ class Deadline:
         self._seconds = 0.0
         self._cancelling = 0
         self._expired = False
+        self._entered: float | None = None  # the last entry's loop time
+        self._gap = 0.0  # between the last two entries (none yet: a timer is kept)
 
     def within(self, seconds: float) -> Deadline | asyncio.Timeout:
         if self._task is not None:
@@ -46,7 +64,10 @@ class Deadline:
         if task is None:
             raise RuntimeError("a Deadline is used inside a task")
         self._task, self._cancelling, self._expired = task, task.cancelling(), False
-        self._at = at = loop.time() + self._seconds
+        now = loop.time()
+        self._gap = 0.0 if self._entered is None else now - self._entered
+        self._entered = now
+        self._at = at = now + self._seconds
         if self._handle is None or self._loop is not loop or self._when > at:
             if self._handle is not None:
                 self._handle.cancel()
@@ -57,6 +78,9 @@ class Deadline:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         task, self._task = self._task, None
+        if self._handle is not None and self._loop is not None and self._when < self._loop.time() + self._gap:
+            self._handle.cancel()  # it would fire before the next entry: a wake of the idle loop
+            self._handle, self._when = None, math.inf
         if self._expired and task is not None:
             self._expired = False
             if task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:

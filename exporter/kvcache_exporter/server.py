@@ -59,7 +59,9 @@ def build_exporter(s: Settings, clock: Callable[[], float] = time.time) -> Expor
         gpu_count=s.cost_gpu_count,
         gpu_memory_utilization_ceiling=s.audit_gpu_memory_utilization_ceiling,
     )
-    return kit.engine(ROWS, s, state, options, interval=s.collect_interval, clock=clock, registered=kit.KITS)
+    return kit.engine(
+        ROWS, s, state, options, interval=s.collect_interval, clock=clock, registered=kit.registered("serve")
+    )
 
 
 def pricing_from(settings: Settings) -> Pricing:

@@ -59,3 +59,5 @@ class Settings(
 @dataclass(frozen=True, slots=True)
 class AggregateSettings(FleetSourceSettings, FleetViewSettings, ReplicasSettings, ServiceSettings):
     """aggregate's: the shared ones, then its rows' own (fleet_view_kit.py), in that order."""
+
+    source_options: dict[str, Any] = field(default_factory=dict)  # a registered SourceKit's (kit.py)

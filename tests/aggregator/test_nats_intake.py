@@ -478,6 +478,7 @@ def read_all(replicas: dict, queries: float) -> bool:
 def test_aggregate_on_nats_serves_the_pool_from_published_deltas_and_counters(nats_server):
     """`aggregate --fleet.source` as cli.build makes it (no replica to poll): residency from the
     deltas, the pool's hit ratios from the sidecars' published counters, ready once connected."""
+    from kvcache_exporter import config
     from kvcache_exporter.aggregator import cli as aggregate_cli
     from kvcache_exporter.cli import build_parser
     from kvcache_exporter.sources.vllm_snapshot import EngineSample, VllmSnapshot
@@ -499,7 +500,7 @@ def test_aggregate_on_nats_serves_the_pool_from_published_deltas_and_counters(na
             "10m",
         ]
         args = build_parser("aggregate").parse_args(argv)
-        flags = {o.key: getattr(args, o.attr) for o in aggregate_cli.AGGREGATE_OPTIONS}
+        flags = {o.key: getattr(args, o.attr) for o in config.AGGREGATE_OPTIONS}
         aggregator = aggregate_cli.build(aggregate_cli.resolve_aggregate(flags, {}, None))
         pubs = {name: publisher(nats_server, name, counters=lambda n=name: polled.get(n)) for name in "ab"}
         for p in pubs.values():

@@ -102,3 +102,27 @@ def test_a_deadline_outlives_its_event_loop():
 
     assert run(short) == "done"
     assert run(longer) == "timeout"  # a timer of this loop, not the dead one of the first
+
+
+def test_a_timer_due_before_the_next_entry_does_not_wake_the_idle_loop(monkeypatch):
+    """Entries 0.1 s apart bounded at 0.35 s: the kept timer would fire between two entries, with
+    no scope open, only to stop; the exit before it cancels it (the next entry makes another)."""
+    deadline, idle_fires = Deadline(), []
+    fire = Deadline._fire
+
+    def counted(self):
+        if self._task is None:
+            idle_fires.append(self._when)
+        fire(self)
+
+    monkeypatch.setattr(Deadline, "_fire", counted)
+
+    async def main():
+        done = []
+        for _ in range(8):
+            done.append(await bounded(deadline, 0.35, 0.0))
+            await asyncio.sleep(0.1)
+        return done
+
+    assert run(main) == ["done"] * 8
+    assert idle_fires == []

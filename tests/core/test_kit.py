@@ -1,8 +1,10 @@
 """The source kit (kit.py): a toy source added the way a new source is meant to be, in files written
-here to a temporary folder (its source module, its derivation module) and one row, run as the real
-`kvcache-exporter serve` and `docs` processes. The test lists the files the source needed and shows
-its metric served on /metrics (and following its input), documented in docs/metrics.md's output,
-its flag in --help, and a bad reading counted under its own collector, not the loop's end."""
+here to a temporary folder (its source module, its derivation module) and one row registered for
+both servers, run as the real `kvcache-exporter serve`, `aggregate` and `docs` processes. The test
+lists the files the source needed and shows its metric served on both servers' /metrics (and
+following its input), documented in docs/metrics.md's output, its flag in both --help texts (each
+with its server's environment twin), and a bad reading counted under its own collector, not the
+loop's end."""
 
 from __future__ import annotations
 
@@ -75,17 +77,24 @@ ROW = """
 import sys
 import toy_derive, toy_source
 from kvcache_exporter import kit
-row = kit.SourceKit("toy", toy_derive.METRICS, toy_source.OPTIONS, toy_derive.wire, {"r": toy_derive.reading})
+row = kit.SourceKit(
+    "toy", toy_derive.METRICS, toy_source.OPTIONS, toy_derive.wire, {"r": toy_derive.reading},
+    servers=SERVERS,
+)
 kit.register(row)
 from kvcache_exporter.cli import main
 sys.exit(main())
 """
 
 
-TOY = [sys.executable, "-c", textwrap.dedent(ROW)]  # kvcache-exporter, with the toy's row
+TOY = [
+    sys.executable,
+    "-c",
+    textwrap.dedent(ROW).replace("SERVERS", '("serve", "aggregate")'),
+]  # with its row
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 def test_a_toy_source_needs_its_two_modules_and_one_row(tmp_path):
     toy = tmp_path / "toy"
     toy.mkdir()
@@ -123,6 +132,50 @@ def test_a_toy_source_needs_its_two_modules_and_one_row(tmp_path):
         wait_showing(url, "kvcache_toy_reading 7.0", 30)
     finally:
         stop(serve)
+
+    # the same row inside aggregate's engine, beside its replicas row (one replica, not answering)
+    helped = subprocess.run([*TOY, "aggregate", "--help"], **run)
+    assert "--toy.path" in helped.stdout and "KVCACHE_AGGREGATE_TOY_PATH" in helped.stdout
+    port = free_port()
+    aggregate = subprocess.Popen(
+        [*TOY, "aggregate", "--replica", f"127.0.0.1:{free_port()}", "--kv-events.discovery", "off",
+         "--web.listen-address", f"127.0.0.1:{port}", "--collect.interval", "200ms"],
+        cwd=tmp_path, env={**env, "KVCACHE_AGGREGATE_TOY_PATH": str(reading)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        text = wait_showing(url, "kvcache_toy_reading 7.0", 45)
+        assert 'kvcache_exporter_collector_success{collector="toy"} 1.0' in text
+        assert "kvcache_fleet_replicas 1.0" in text  # aggregate's own rows still run
+        reading.write_text("3.25\n")
+        wait_showing(url, "kvcache_toy_reading 3.25", 30)
+    finally:
+        stop(aggregate)
+
+
+def test_a_row_joins_only_the_servers_it_names(tmp_path):
+    """A row registered for `aggregate` alone is in aggregate's option table, not serve's; a row
+    naming no server or one that does not exist is refused before anything is added."""
+    from kvcache_exporter import catalog, kit
+
+    toy = tmp_path / "toy"
+    toy.mkdir()
+    (toy / "toy_source.py").write_text(TOY_SOURCE)
+    (toy / "toy_derive.py").write_text(TOY_DERIVE)
+    only = [sys.executable, "-c", textwrap.dedent(ROW).replace("SERVERS", '("aggregate",)')]
+    run = dict(
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(toy)}, capture_output=True, text=True, timeout=60
+    )
+    assert "--toy.path" in subprocess.run([*only, "aggregate", "--help"], **run).stdout
+    assert "--toy.path" not in subprocess.run([*only, "serve", "--help"], **run).stdout
+
+    before = catalog.CATALOG
+    metric = catalog.Metric("kvcache_nowhere_reading", "gauge", "A row of no server's.", per_target=False)
+    for servers in ((), ("serve", "fleet")):
+        with pytest.raises(ValueError, match="servers must be some of serve, aggregate"):
+            kit.register(kit.SourceKit("nowhere", (metric,), servers=servers))
+    assert catalog.CATALOG is before and kit.KITS == []
 
 
 def test_serve_is_its_rows_and_a_row_declares_its_whole_source():

@@ -10,8 +10,8 @@ import logging
 from collections.abc import Callable
 from functools import partial
 
-from .. import service
-from ..config import AGGREGATE_OPTIONS, ConfigError, add_options, resolve_aggregate
+from .. import config, service
+from ..config import ConfigError, add_options, resolve_aggregate
 from ..fleet_publish import NatsOptions
 from ..settings import AggregateSettings
 from .descriptors import raise_open_file_limit
@@ -29,20 +29,22 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="the fleet view of a pool: misses another replica could have served, duplicate blocks",
         description=__doc__,
     )
-    add_options(parser, AGGREGATE_OPTIONS)
+    add_options(parser, config.AGGREGATE_OPTIONS)  # with every source registered for it (kit.py)
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    return service.main(args, AGGREGATE_OPTIONS, partial(resolve_aggregate, check=discoveries_from), build)
+    return service.main(
+        args, config.AGGREGATE_OPTIONS, partial(resolve_aggregate, check=discoveries_from), build
+    )
 
 
 def settings_from(
     args: argparse.Namespace, environ: dict[str, str] | None = None
 ) -> tuple[PoolSettings, list]:
     """A parsed command line (and environment) as the poll loop's settings and discoveries."""
-    flags = {o.key: getattr(args, o.attr) for o in AGGREGATE_OPTIONS}
+    flags = {o.key: getattr(args, o.attr) for o in config.AGGREGATE_OPTIONS}
     s = resolve_aggregate(flags, {} if environ is None else environ, args.config_file)
     return pool_settings(s), discoveries_from(s)
 
@@ -61,6 +63,7 @@ def pool_settings(s: AggregateSettings) -> PoolSettings:
         max_batches_per_second=s.kv_events_max_batches_per_second,
         kv_events_discovery=s.kv_events_discovery == "on",
         kv_sources_every=s.discovery_refresh_interval,
+        source_options=s.source_options,
     )
 
 

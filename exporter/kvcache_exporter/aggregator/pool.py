@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from .. import kit
 from ..collector import Poll
@@ -59,6 +60,7 @@ class PoolSettings:
     max_batches_per_second: float = 20000
     kv_events_discovery: bool = True  # ask each replica's /kv_event_sources where it publishes
     kv_sources_every: float = 30.0  # ask again this often, and every poll while it is down
+    source_options: dict[str, Any] = field(default_factory=dict)  # a registered SourceKit's (kit.py)
 
 
 @dataclass
@@ -151,6 +153,7 @@ class Aggregator:
         self.fds = FdBudget(fd_limit or open_file_limit())
         self.fd_exhausted: Counter[str] = Counter()  # polls each replica went unsubscribed, by the budget
         self._logged_unsubscribed = 0
+        self.parts: dict[str, Any] = {}  # a registered source's own part (kit.py)
         self.engine = kit.engine(
             ROWS,
             settings,
@@ -163,6 +166,7 @@ class Aggregator:
             drain=self.drain_all,
             drain_every=DRAIN_SECONDS,
             up=self.any_up,
+            registered=kit.registered("aggregate"),
         )
 
     @property

@@ -238,6 +238,19 @@ How to read it:
   row "its /metrics read every 15 s" has this process read the exporter's page that often, so its
   figure holds the derivations and the rendering a scraped exporter does (3 slices of 15 s,
   each with one read halfway through it, and their median).
+- The event loop (issue 30): uvloop's loop in place of asyncio's, the two interleaved in one
+  session with this side-by-side function (6 pairs of the 1-target row, 2 of the 20- and
+  100-target rows; AMD EPYC, 2 cores), moved no ratio past the spread between runs: 1 target
+  0.46 against asyncio's 0.46 (medians; runs 0.43-0.50 against 0.44-0.50), CPU per poll 0.59
+  against 0.62 ms, 20 targets 0.17 against 0.18, 100 targets 0.17-0.18 against 0.19, for 2 MiB
+  more RSS; so it is not a dependency. A one-target poll's CPU is mostly waking from a second
+  of idle: `Exporter.poll_once` back to back costs 0.3 ms of the ~0.6 ms a poll costs in `serve`
+  (uvloop: 0.27-0.31 against 0.30-0.34), parsing the page 0.04 ms; strace over 31 polls: 2.2
+  blocking waits a poll (the sleep's timer, the response; 7 of 67 were `deadline.py`'s kept timer
+  firing while idle), 3 loop turns that do not block, and one recvfrom for the whole 61 KB
+  response. A kept timer due before the next entry is now cancelled at the exit: 62 blocking
+  waits in 32 polls, none idle; side by side, interleaved with the code before (6 pairs, one
+  target), 0.45 against 0.47 (runs 0.44-0.49 against 0.45-0.51), within the spread between runs.
 - One poll by stage (bench_poll.py): the same targets polled in this process through the real
   VllmSource and poll state (serve's default 4 windows, 3 quantiles), one stage at a time: fetch
   (the GET of every target on its kept-alive connection, concurrently; `sources/http.py`, our
