@@ -140,3 +140,34 @@ def test_an_id_first_before_content_whose_first_anchor_lies_late_is_prefix_diver
         attribution.apply(Batch(seq, 0.0, (Event("BlockStored", hashes, None, prompt[:128], 32),)))
     tokens = attribution.totals.tokens
     assert tokens["prefix_diverged"] == 96 and tokens["cold"] == 128 + 32
+
+
+def test_at_a_root_unseen_content_only_in_the_last_block_does_not_end_a_fronted_run():
+    """Unseen anchors from `open_tail` tokens before the end on, none seen after them: the run goes to
+    the end; not behind a cached prefix, not when a seen anchor follows, not when they start earlier."""
+    seen = [True, True, True, False, False]
+    assert first_known_run([16, 40, 70, 131, 144], seen, 160, root=True).end == 135  # before: 131 + 4
+    assert first_known_run([16, 40, 70, 131, 144], seen, 160, root=True, open_tail=40).end == 160
+    assert first_known_run([16, 40, 70, 131, 144], seen, 160, root=False, open_tail=40).end == 135
+    assert first_known_run([16, 40, 70, 100, 144], seen, 160, root=True, open_tail=40).end == 104
+    assert first_known_run([16, 40, 70, 131, 144], [*seen[:4], True], 160, root=True, open_tail=40).end == 135
+
+
+def test_a_shorter_front_shifts_the_earlier_prompts_unstored_tail_into_the_stored_blocks():
+    """Real vLLM (tiny Llama, uuid_first, 32-token blocks): a 20-token front then 160 shared tokens
+    stores 5 blocks, the shared content to 140 (its anchors fingerprinted to 132); the same content
+    behind a 6-token front stores 5 blocks too, to 154: its anchor at 138 was never fingerprinted.
+    That is the earlier prompt's unstored tail, not new content: moving the front to the end serves
+    all 5 blocks (before: 4, the run ended at the unseen anchor)."""
+    plain = [v for v in range(20, 256) if v not in SELECTED]
+    rng = random.Random(5)
+    shared = [rng.choice(plain) for _ in range(160)]
+    for at in (10, 30, 50, 70, 90, 110, 125, 138):
+        shared[at] = sorted(SELECTED)[at % 7]
+    attribution = Attribution()
+    for seq, front in enumerate((20, 6)):
+        prompt = [rng.choice(plain) for _ in range(front)] + shared
+        hashes = [hash(("block", seq, i)) for i in range(5)]
+        attribution.apply(Batch(seq, 0.0, (Event("BlockStored", hashes, None, prompt[:160], 32),)))
+    tokens = attribution.totals.tokens
+    assert tokens["prefix_diverged"] == 160 and tokens["cold"] == 160  # before: 128 and 192

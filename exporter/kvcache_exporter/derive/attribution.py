@@ -395,7 +395,7 @@ class Attribution:
             run = KnownRun(start, length, front_without_anchors(start, root, unit, depth))
         else:
             seen = seen or list(map(found.__contains__, prints))
-            run = first_known_run(positions, seen, length, root, unit, depth, fresh_start)
+            run = first_known_run(positions, seen, length, root, unit, depth, fresh_start, size + K)
         served = served_tokens(run, length, unit, bool(diverged), size // 2)
         spans: list[tuple[str, int, int]] = []
         start = unit_shortfall_tokens(run, unit, bool(diverged))
