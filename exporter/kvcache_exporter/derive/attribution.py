@@ -45,10 +45,12 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import sub
 
 from ..sources.kv_events_decode import IN_ORDER, Batch, Event, Mark
 from .content_causes import (
     foreign_span,
+    gap_changed,
     moved_from_divergence,
     moved_span,
     rewritten_span,
@@ -149,7 +151,7 @@ class Attribution:
         self.resident_peak = 0
         self._blocks = Generations(max_blocks)
         share = max_fingerprints // 8
-        self._content_prints = FingerprintSet(max_fingerprints - 3 * share - share // 2)
+        self._content_prints = FingerprintSet(max_fingerprints - 4 * share - share // 2)
         # of chains' first tokens (shared starts short of a unit); an update adds up to PREFIX_STEPS past
         # the bound before it rotates: kept under its share, off where the share is that small
         self._prefixes = FingerprintSet(share // 2 - PREFIX_STEPS) if share // 2 > 2 * PREFIX_STEPS else None
@@ -157,6 +159,9 @@ class Attribution:
         self._foreign = FingerprintSet(max_fingerprints // 8)  # of adapters' and salted chains, untagged
         # which anchor followed which: the layouts' worth; None: not estimated (the bench's baseline)
         self._order = AnchorOrder(max_fingerprints // 8) if reorder_layouts else None
+        # tokens from each anchor pair's first anchor to its second, as last stored: an anchor-free section
+        # moved between them shows nowhere else (content_causes.gap_changed)
+        self._gaps = Generations(share) if reorder_layouts else None
         self.limits = (max_blocks, max_fingerprints)
         self._stored = 0  # blocks stored so far: the clock of the what-if estimate
         self._era = 0
@@ -297,6 +302,8 @@ class Attribution:
                     self.fields.observe(event, run.start, served)
         if order is not None:
             order.learn(pairs)
+            self._gaps.new.update(zip(pairs[1], map(sub, found[0][1:], found[0]), strict=False))
+            self._gaps.rotate_if_full()
         self._track(hashes, depth, marked, 0, turns)
         return spans
 
@@ -470,6 +477,9 @@ class Attribution:
             return None, True
         if not joins and end - start < min(FIELD_RUN_UNITS * unit, FIELD_RUN_TOKENS):  # recombined pieces
             return None, True
+        if gap_changed(positions, self._gaps.get_many(pairs[1]), start, last):  # moved past the front
+            moved = whole_units(start, end, unit)
+            return (None if moved is None else (None, 0, [("content_moved", *moved)])), True
         run = KnownRun(start, end, True)
         served = served_tokens(run, length, unit, False, size // 2) if end > start else 0
         if served <= 0:
