@@ -274,3 +274,19 @@ def test_a_field_of_another_length_moves_no_pair_past_it():
         ask(stream, system + no_anchor(82 + seed, 4 + 3 * seed) + rest, held)
     tokens = tokens_by_cause(stream)
     assert tokens["prefix_diverged"] >= 4 * 8 * BS and "content_moved" not in tokens, tokens
+
+
+def test_a_field_right_after_an_anchor_is_fronted_however_far_the_next_anchor_lies():
+    """Real vLLM (tiny Llama, field_after_system): the system prompt's last anchor in the divergence
+    point's block, then a per-request field (the one before held an anchor, this one none), then
+    shared content whose first anchor lies past the first two blocks. The one seam (that anchor pair
+    never seen) is the field; it read as in order at the divergence point with a seam further on:
+    `cold`."""
+    stream, held = Stream(Attribution()), set()
+    system = [*text(90, 5 * BS), ANCHOR, *no_anchor(91, K + 1)]  # its last anchor 0 tokens into block 5
+    rest = [*no_anchor(95, 20), ANCHOR + 512, *text(96, 12 * BS)]  # first anchor 36 tokens into block 5
+    ask(stream, [*system, *no_anchor(92, 3), ANCHOR + 256, *no_anchor(93, K), *rest], held)
+    before = dict(tokens_by_cause(stream))
+    ask(stream, system + no_anchor(94, 6) + rest, held)
+    tokens = {cause: n - before.get(cause, 0) for cause, n in tokens_by_cause(stream).items()}
+    assert tokens.get("prefix_diverged", 0) >= 8 * BS, tokens

@@ -6,6 +6,7 @@ from kvcache_exporter.derive.attribution import Attribution
 from kvcache_exporter.derive.fingerprints import SELECTED
 from kvcache_exporter.derive.reorder import (
     FRONT_TAIL,
+    FRONT_TAIL_BEHIND_ANCHOR,
     KnownRun,
     first_known_run,
     served_tokens,
@@ -117,8 +118,8 @@ def test_at_a_root_a_front_is_taken_short_where_the_first_known_anchor_lies_far_
         54 - 10, FRONT_TAIL
     )  # was 54 - 10
     assert first_known_run([20, 80, 100], [False, True, True], 128, root=True).start == min(
-        70, 21 + FRONT_TAIL
-    )  # was 70
+        70, 21 + FRONT_TAIL_BEHIND_ANCHOR
+    )  # was 70, then 69 (FRONT_TAIL)
     near = [20, 36, 52, 68, 84, 100]
     assert first_known_run(near, [True] * 6, 128, root=True).start == 16  # as before: 20 - 4
     behind_a_prefix = first_known_run([54, 70, 90], [True] * 3, 128, root=False)
@@ -171,3 +172,24 @@ def test_a_shorter_front_shifts_the_earlier_prompts_unstored_tail_into_the_store
         attribution.apply(Batch(seq, 0.0, (Event("BlockStored", hashes, None, prompt[:160], 32),)))
     tokens = attribution.totals.tokens
     assert tokens["prefix_diverged"] == 160 and tokens["cold"] == 160  # before: 128 and 192
+
+
+def test_at_a_root_a_front_with_an_anchor_runs_two_spacings_past_it_at_most():
+    """Real vLLM (tiny Llama, uuid_first, 32-token blocks): a 34-token front whose last anchor sits at
+    5, then the chat stored before behind a 30-token front, its first anchor 40 tokens in (74). Taken
+    as starting three spacings past the front's anchor (54), the run served 2 of the 4 blocks (named
+    cold); from two (38), 3, what moving the front to the end serves (the earlier prompt stored 4
+    blocks, 120 tokens of the chat)."""
+    plain = [v for v in range(20, 256) if v not in SELECTED]
+    rng = random.Random(9)
+    shared = [rng.choice(plain) for _ in range(40)] + rng.choices(range(20, 500), k=80)
+    for at in range(40, 120, 14):  # anchors at the typical spacing (a sparser event leads further)
+        shared[at] = sorted(SELECTED)[at % 9]
+    attribution = Attribution()
+    for seq, length in enumerate((30, 34)):
+        front = [rng.choice(plain) for _ in range(length)]
+        front[length - 29] = sorted(SELECTED)[5 + seq]
+        hashes = [hash(("block", seq, i)) for i in range(4)]
+        attribution.apply(Batch(seq, 0.0, (Event("BlockStored", hashes, None, (front + shared)[:128], 32),)))
+    tokens = attribution.totals.tokens
+    assert tokens["prefix_diverged"] == 96 and tokens["cold"] == 128 + 32  # before: 64 and 192

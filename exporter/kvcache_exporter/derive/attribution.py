@@ -455,7 +455,9 @@ class Attribution:
                 return (None, 0, [("content_moved", *moved)]), True
         paired = self._order.steps(pairs, first, seen)  # in order from `first` on (layouts.py)
         joins, last = seams(positions, seen, paired, first)
-        fronted = first or (joins and positions[joins[0]] < 2 * size)
+        # a field behind known content: its seam's first anchor in the divergence point's block, or the
+        # seam in the first two
+        fronted = first or (joins and (positions[joins[0] - 1] < size or positions[joins[0]] < 2 * size))
         if joins and not fronted:  # in order at the divergence point, seams only further on: the rule below
             return None, False  # (questions recombined from shared sentences behind a field with no anchor)
         moves = joins if first else joins[1:]

@@ -39,6 +39,9 @@ FRONT_DEPTH_UNITS = 2
 # point when it has none) at most: anchor-free content that long is rare (one anchor in 16 tokens), and
 # a known run's first seen anchor can lie much later where anchors are sparse.
 FRONT_TAIL = 3 * ANCHOR_SPACING  # 2 cuts a timestamp front in two (docs/kv-events.md)
+# Past the front's last anchor, where it has one: its tail then is what follows that anchor only (the seed's
+# header's longest is 27 tokens; docs/kv-events.md)
+FRONT_TAIL_BEHIND_ANCHOR = 2 * ANCHOR_SPACING
 
 
 class KnownRun(NamedTuple):
@@ -69,10 +72,10 @@ def first_known_run(
     of the end does not end a fronted run (an earlier prompt's tail it never stored: docs/kv-events.md).
 
     The run starts `lead` tokens before its first seen anchor (never at or before the unseen
-    anchor preceding it; at a root, at most FRONT_TAIL tokens after it, or after the divergence
-    point when no anchor precedes it: a per-request front is short) and ends K / 2 tokens into the
-    first unseen anchor's window after it (at least K tokens past its last seen anchor: that window
-    was known whole)."""
+    anchor preceding it; at a root, at most FRONT_TAIL_BEHIND_ANCHOR tokens after it, or FRONT_TAIL
+    after the divergence point when no anchor precedes it: a per-request front is short) and ends
+    K / 2 tokens into the first unseen anchor's window after it (at least K tokens past its last seen
+    anchor: that window was known whole)."""
     if True not in seen:
         return None
     first = seen.index(True)
@@ -105,7 +108,7 @@ def _run_from(
     floor = positions[first - 1] + 1 if first else 0
     start = max(floor, positions[first] - lead(positions, length))
     if root:
-        start = min(start, floor + FRONT_TAIL)
+        start = min(start, floor + (FRONT_TAIL_BEHIND_ANCHOR if first else FRONT_TAIL))
     end = length if after is None else min(max(positions[after - 1] + K, positions[after] + K // 2), length)
     fronted = first > 0 or ((root or after is None) and front_without_anchors(start, root, unit, depth))
     if root and not first and unit > 0:
