@@ -157,11 +157,11 @@ class Attribution:
         self._prefixes = FingerprintSet(share // 2 - PREFIX_STEPS) if share // 2 > 2 * PREFIX_STEPS else None
         self._generated = FingerprintSet(max_fingerprints // 8)  # of decode-filled blocks: generated text
         self._foreign = FingerprintSet(max_fingerprints // 8)  # of adapters' and salted chains, untagged
-        # which anchor followed which: the layouts' worth; None: not estimated (the bench's baseline)
-        self._order = AnchorOrder(max_fingerprints // 8) if reorder_layouts else None
         # tokens from each anchor pair's first anchor to its second, as last stored: an anchor-free section
         # moved between them shows nowhere else (content_causes.gap_changed)
         self._gaps = Generations(share) if reorder_layouts else None
+        # which anchor followed which: the layouts' worth; None: not estimated (the bench's baseline)
+        self._order = AnchorOrder(max_fingerprints // 8) if reorder_layouts else None
         self.limits = (max_blocks, max_fingerprints)
         self._stored = 0  # blocks stored so far: the clock of the what-if estimate
         self._era = 0
