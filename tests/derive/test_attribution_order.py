@@ -246,3 +246,47 @@ def test_one_unit_all_known_behind_a_new_start_is_prefix_diverged():
     assert max(fronted, key=fronted.__getitem__) == "prefix_diverged", fronted
     ended = causes(content[:58] + no_anchor(98, 6), content[:58] + no_anchor(99, 6))
     assert max(ended, key=ended.__getitem__) == "below_hit_unit", ended
+
+
+def test_a_section_with_no_anchor_moved_shows_as_a_pair_further_apart_or_closer():
+    """Real vLLM (tiny Llama, tools_reordered/documents_reranked): a section with no anchor of its own
+    moved to the front. Every anchor is known and every pair in the order seen before; only the
+    distances changed: the pair around the section's old place is closer by its length. A field sits
+    in the divergence point's block; a changed distance past it is a second change: a move. It read
+    as a field behind known content (`prefix_diverged`)."""
+    stream, held = Stream(Attribution()), set()
+    system = text(70, 5 * BS - 5) + no_anchor(69, K)  # no anchor window reaches past a section's end
+    docs = [[*text(71 + i, 4 * BS), ANCHOR, *no_anchor(75 + i, K - 1)] for i in range(3)]
+    docs.insert(1, no_anchor(72, 40))
+    ask(stream, system + joined(docs) + text(75, BS), held)
+    before = dict(tokens_by_cause(stream))
+    ask(stream, system + joined(docs[i] for i in (1, 0, 2, 3)) + text(75, BS), held)
+    tokens = {cause: n - before.get(cause, 0) for cause, n in tokens_by_cause(stream).items()}
+    assert tokens.get("content_moved", 0) >= 8 * BS and "prefix_diverged" not in tokens, tokens
+
+
+def test_a_field_of_another_length_moves_no_pair_past_it():
+    """The same prompt with a per-request field of another length each time, right after the system
+    prompt: the distances past the field are the same, so it stays prefix_diverged."""
+    stream, held = Stream(Attribution()), set()
+    system, rest = text(80, 5 * BS + 3), text(81, 12 * BS)
+    for seed in range(5):
+        ask(stream, system + no_anchor(82 + seed, 4 + 3 * seed) + rest, held)
+    tokens = tokens_by_cause(stream)
+    assert tokens["prefix_diverged"] >= 4 * 8 * BS and "content_moved" not in tokens, tokens
+
+
+def test_a_field_right_after_an_anchor_is_fronted_however_far_the_next_anchor_lies():
+    """Real vLLM (tiny Llama, field_after_system): the system prompt's last anchor in the divergence
+    point's block, then a per-request field (the one before held an anchor, this one none), then
+    shared content whose first anchor lies past the first two blocks. The one seam (that anchor pair
+    never seen) is the field; it read as in order at the divergence point with a seam further on:
+    `cold`."""
+    stream, held = Stream(Attribution()), set()
+    system = [*text(90, 5 * BS), ANCHOR, *no_anchor(91, K + 1)]  # its last anchor 0 tokens into block 5
+    rest = [*no_anchor(95, 20), ANCHOR + 512, *text(96, 12 * BS)]  # first anchor 36 tokens into block 5
+    ask(stream, [*system, *no_anchor(92, 3), ANCHOR + 256, *no_anchor(93, K), *rest], held)
+    before = dict(tokens_by_cause(stream))
+    ask(stream, system + no_anchor(94, 6) + rest, held)
+    tokens = {cause: n - before.get(cause, 0) for cause, n in tokens_by_cause(stream).items()}
+    assert tokens.get("prefix_diverged", 0) >= 8 * BS, tokens

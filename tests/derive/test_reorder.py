@@ -6,6 +6,7 @@ from kvcache_exporter.derive.attribution import Attribution
 from kvcache_exporter.derive.fingerprints import SELECTED
 from kvcache_exporter.derive.reorder import (
     FRONT_TAIL,
+    FRONT_TAIL_BEHIND_ANCHOR,
     KnownRun,
     first_known_run,
     served_tokens,
@@ -117,8 +118,8 @@ def test_at_a_root_a_front_is_taken_short_where_the_first_known_anchor_lies_far_
         54 - 10, FRONT_TAIL
     )  # was 54 - 10
     assert first_known_run([20, 80, 100], [False, True, True], 128, root=True).start == min(
-        70, 21 + FRONT_TAIL
-    )  # was 70
+        70, 21 + FRONT_TAIL_BEHIND_ANCHOR
+    )  # was 70, then 69 (FRONT_TAIL)
     near = [20, 36, 52, 68, 84, 100]
     assert first_known_run(near, [True] * 6, 128, root=True).start == 16  # as before: 20 - 4
     behind_a_prefix = first_known_run([54, 70, 90], [True] * 3, 128, root=False)
@@ -140,3 +141,55 @@ def test_an_id_first_before_content_whose_first_anchor_lies_late_is_prefix_diver
         attribution.apply(Batch(seq, 0.0, (Event("BlockStored", hashes, None, prompt[:128], 32),)))
     tokens = attribution.totals.tokens
     assert tokens["prefix_diverged"] == 96 and tokens["cold"] == 128 + 32
+
+
+def test_at_a_root_unseen_content_only_in_the_last_block_does_not_end_a_fronted_run():
+    """Unseen anchors from `open_tail` tokens before the end on, none seen after them: the run goes to
+    the end; not behind a cached prefix, not when a seen anchor follows, not when they start earlier."""
+    seen = [True, True, True, False, False]
+    assert first_known_run([16, 40, 70, 131, 144], seen, 160, root=True).end == 135  # before: 131 + 4
+    assert first_known_run([16, 40, 70, 131, 144], seen, 160, root=True, open_tail=40).end == 160
+    assert first_known_run([16, 40, 70, 131, 144], seen, 160, root=False, open_tail=40).end == 135
+    assert first_known_run([16, 40, 70, 100, 144], seen, 160, root=True, open_tail=40).end == 104
+    assert first_known_run([16, 40, 70, 131, 144], [*seen[:4], True], 160, root=True, open_tail=40).end == 135
+
+
+def test_a_shorter_front_shifts_the_earlier_prompts_unstored_tail_into_the_stored_blocks():
+    """Real vLLM (tiny Llama, uuid_first, 32-token blocks): a 20-token front then 160 shared tokens
+    stores 5 blocks, the shared content to 140 (its anchors fingerprinted to 132); the same content
+    behind a 6-token front stores 5 blocks too, to 154: its anchor at 138 was never fingerprinted.
+    That is the earlier prompt's unstored tail, not new content: moving the front to the end serves
+    all 5 blocks (before: 4, the run ended at the unseen anchor)."""
+    plain = [v for v in range(20, 256) if v not in SELECTED]
+    rng = random.Random(5)
+    shared = [rng.choice(plain) for _ in range(160)]
+    for at in (10, 30, 50, 70, 90, 110, 125, 138):
+        shared[at] = sorted(SELECTED)[at % 7]
+    attribution = Attribution()
+    for seq, front in enumerate((20, 6)):
+        prompt = [rng.choice(plain) for _ in range(front)] + shared
+        hashes = [hash(("block", seq, i)) for i in range(5)]
+        attribution.apply(Batch(seq, 0.0, (Event("BlockStored", hashes, None, prompt[:160], 32),)))
+    tokens = attribution.totals.tokens
+    assert tokens["prefix_diverged"] == 160 and tokens["cold"] == 160  # before: 128 and 192
+
+
+def test_at_a_root_a_front_with_an_anchor_runs_two_spacings_past_it_at_most():
+    """Real vLLM (tiny Llama, uuid_first, 32-token blocks): a 34-token front whose last anchor sits at
+    5, then the chat stored before behind a 30-token front, its first anchor 40 tokens in (74). Taken
+    as starting three spacings past the front's anchor (54), the run served 2 of the 4 blocks (named
+    cold); from two (38), 3, what moving the front to the end serves (the earlier prompt stored 4
+    blocks, 120 tokens of the chat)."""
+    plain = [v for v in range(20, 256) if v not in SELECTED]
+    rng = random.Random(9)
+    shared = [rng.choice(plain) for _ in range(40)] + rng.choices(range(20, 500), k=80)
+    for at in range(40, 120, 14):  # anchors at the typical spacing (a sparser event leads further)
+        shared[at] = sorted(SELECTED)[at % 9]
+    attribution = Attribution()
+    for seq, length in enumerate((30, 34)):
+        front = [rng.choice(plain) for _ in range(length)]
+        front[length - 29] = sorted(SELECTED)[5 + seq]
+        hashes = [hash(("block", seq, i)) for i in range(4)]
+        attribution.apply(Batch(seq, 0.0, (Event("BlockStored", hashes, None, (front + shared)[:128], 32),)))
+    tokens = attribution.totals.tokens
+    assert tokens["prefix_diverged"] == 96 and tokens["cold"] == 128 + 32  # before: 64 and 192

@@ -45,10 +45,12 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import sub
 
 from ..sources.kv_events_decode import IN_ORDER, Batch, Event, Mark
 from .content_causes import (
     foreign_span,
+    gap_changed,
     moved_from_divergence,
     moved_span,
     rewritten_span,
@@ -151,12 +153,15 @@ class Attribution:
         self.resident_peak = 0
         self._blocks = Generations(max_blocks)
         share = max_fingerprints // 8
-        self._content_prints = FingerprintSet(max_fingerprints - 3 * share - share // 2)
+        self._content_prints = FingerprintSet(max_fingerprints - 4 * share - share // 2)
         # of chains' first tokens (shared starts short of a unit); an update adds up to PREFIX_STEPS past
         # the bound before it rotates: kept under its share, off where the share is that small
         self._prefixes = FingerprintSet(share // 2 - PREFIX_STEPS) if share // 2 > 2 * PREFIX_STEPS else None
         self._generated = FingerprintSet(max_fingerprints // 8)  # of decode-filled blocks: generated text
         self._foreign = FingerprintSet(max_fingerprints // 8)  # of adapters' and salted chains, untagged
+        # tokens from each anchor pair's first anchor to its second, as last stored: an anchor-free section
+        # moved between them shows nowhere else (content_causes.gap_changed)
+        self._gaps = Generations(share) if reorder_layouts else None
         # which anchor followed which: the layouts' worth; None: not estimated (the bench's baseline)
         self._order = AnchorOrder(max_fingerprints // 8) if reorder_layouts else None
         self.order_budget = order_budget  # None: every event ordered (tests, the analyzer, the accuracy runs)
@@ -307,6 +312,8 @@ class Attribution:
                     self.fields.observe(event, run.start, served)
         if order is not None:
             order.learn(pairs)
+            self._gaps.new.update(zip(pairs[1], map(sub, found[0][1:], found[0]), strict=False))
+            self._gaps.rotate_if_full()
         self._track(hashes, depth, marked, 0, turns)
         return spans
 
@@ -416,7 +423,7 @@ class Attribution:
             run = KnownRun(start, length, front_without_anchors(start, root, unit, depth))
         else:
             seen = seen or list(map(found.__contains__, prints))
-            run = first_known_run(positions, seen, length, root, unit, depth, fresh_start)
+            run = first_known_run(positions, seen, length, root, unit, depth, fresh_start, size + K)
         served = served_tokens(run, length, unit, bool(diverged), size // 2)
         spans: list[tuple[str, int, int]] = []
         start = unit_shortfall_tokens(run, unit, bool(diverged))
@@ -469,7 +476,9 @@ class Attribution:
                 return (None, 0, [("content_moved", *moved)]), True
         paired = self._order.steps(pairs, first, seen)  # in order from `first` on (layouts.py)
         joins, last = seams(positions, seen, paired, first)
-        fronted = first or (joins and positions[joins[0]] < 2 * size)
+        # a field behind known content: its seam's first anchor in the divergence point's block, or the
+        # seam in the first two
+        fronted = first or (joins and (positions[joins[0] - 1] < size or positions[joins[0]] < 2 * size))
         if joins and not fronted:  # in order at the divergence point, seams only further on: the rule below
             return None, False  # (questions recombined from shared sentences behind a field with no anchor)
         moves = joins if first else joins[1:]
@@ -491,6 +500,9 @@ class Attribution:
             return None, True
         if not joins and end - start < min(FIELD_RUN_UNITS * unit, FIELD_RUN_TOKENS):  # recombined pieces
             return None, True
+        if gap_changed(positions, self._gaps.get_many(pairs[1]), start, last):  # moved past the front
+            moved = whole_units(start, end, unit)
+            return (None if moved is None else (None, 0, [("content_moved", *moved)])), True
         run = KnownRun(start, end, True)
         served = served_tokens(run, length, unit, False, size // 2) if end > start else 0
         if served <= 0:

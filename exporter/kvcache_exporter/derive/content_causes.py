@@ -33,6 +33,7 @@ explains, `(start, stop)`, or None (docs/kv-events.md, one section per cause):
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 
 from .fingerprints import ANCHOR_SPACING, K
@@ -184,3 +185,18 @@ def moved_from_divergence(
     if any(bounds[i + 1] - bounds[i] < shortest for i in range(len(bounds) - 1)):
         return None
     return whole_units(0, _end_at(positions, last, length), unit)
+
+
+def gap_changed(positions: Sequence[int], before: Sequence[int | None], start: int, last: int) -> bool:
+    """Whether two consecutive anchors from token `start` on (up to anchor `last`) lie further apart or
+    closer than when their pair was last stored: a section with no anchor of its own moved in or out
+    between them, where no pair shows a seam. `before`: each pair's distance as last stored (None:
+    never). A per-request field sits in the divergence point's block, before `start`: one change, where
+    the block hash shows it; a gap that changed past it is a second change."""
+    begin = bisect_left(positions, start)
+    return any(
+        was is not None and was != b - a
+        for a, b, was in zip(
+            positions[begin:last], positions[begin + 1 : last + 1], before[begin:last], strict=False
+        )
+    )

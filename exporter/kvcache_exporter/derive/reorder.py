@@ -39,6 +39,9 @@ FRONT_DEPTH_UNITS = 2
 # point when it has none) at most: anchor-free content that long is rare (one anchor in 16 tokens), and
 # a known run's first seen anchor can lie much later where anchors are sparse.
 FRONT_TAIL = 3 * ANCHOR_SPACING  # 2 cuts a timestamp front in two (docs/kv-events.md)
+# Past the front's last anchor, where it has one: its tail then is what follows that anchor only (the seed's
+# header's longest is 27 tokens; docs/kv-events.md)
+FRONT_TAIL_BEHIND_ANCHOR = 2 * ANCHOR_SPACING
 
 
 class KnownRun(NamedTuple):
@@ -56,6 +59,7 @@ def first_known_run(
     unit: int = 0,
     depth: int | None = None,
     fresh_start: bool = False,
+    open_tail: int = 0,
 ) -> KnownRun | None:
     """The first known run of `length` new tokens whose anchors sit at `positions` (ascending, all
     below `length`) and were `seen` before; None when no anchor was seen. `root`: the tokens start
@@ -64,17 +68,18 @@ def first_known_run(
     with the head's length (none after it: the head itself). `depth`: tokens of the cached prefix
     before the new ones (None: unknown). `fresh_start`: at a root, the chain's first tokens were never
     seen as a chain's start (fingerprints.prefix_prints): one unit all seen yet new differs at its
-    front, not in its last K tokens.
+    front, not in its last K tokens. `open_tail`: at a root, unseen content only within that many tokens
+    of the end does not end a fronted run (an earlier prompt's tail it never stored: docs/kv-events.md).
 
     The run starts `lead` tokens before its first seen anchor (never at or before the unseen
-    anchor preceding it; at a root, at most FRONT_TAIL tokens after it, or after the divergence
-    point when no anchor precedes it: a per-request front is short) and ends K / 2 tokens into the
-    first unseen anchor's window after it (at least K tokens past its last seen anchor: that window
-    was known whole)."""
+    anchor preceding it; at a root, at most FRONT_TAIL_BEHIND_ANCHOR tokens after it, or FRONT_TAIL
+    after the divergence point when no anchor precedes it: a per-request front is short) and ends
+    K / 2 tokens into the first unseen anchor's window after it (at least K tokens past its last seen
+    anchor: that window was known whole)."""
     if True not in seen:
         return None
     first = seen.index(True)
-    run = _run_from(positions, seen, length, root, first, unit, depth, fresh_start)
+    run = _run_from(positions, seen, length, root, first, unit, depth, fresh_start, open_tail)
     if run.fronted or run.end >= unit or not near_start(root, depth, unit):
         return run
     after = next((i for i in range(first + 1, len(seen)) if not seen[i]), len(seen))
@@ -82,7 +87,9 @@ def first_known_run(
     return (
         run
         if behind is None
-        else _run_from(positions, seen, length, root, behind, unit, depth)._replace(head=run.end)
+        else _run_from(positions, seen, length, root, behind, unit, depth, open_tail=open_tail)._replace(
+            head=run.end
+        )
     )
 
 
@@ -95,12 +102,13 @@ def _run_from(
     unit: int,
     depth: int | None,
     fresh_start: bool = False,
+    open_tail: int = 0,
 ) -> KnownRun:
     after = next((i for i in range(first + 1, len(seen)) if not seen[i]), None)
     floor = positions[first - 1] + 1 if first else 0
     start = max(floor, positions[first] - lead(positions, length))
     if root:
-        start = min(start, floor + FRONT_TAIL)
+        start = min(start, floor + (FRONT_TAIL_BEHIND_ANCHOR if first else FRONT_TAIL))
     end = length if after is None else min(max(positions[after - 1] + K, positions[after] + K // 2), length)
     fronted = first > 0 or ((root or after is None) and front_without_anchors(start, root, unit, depth))
     if root and not first and unit > 0:
@@ -108,6 +116,9 @@ def _run_from(
             end = min(max(positions[-1] + K, unit - K), length)
         if end < unit:  # short of a unit: whatever came before it, it can never hit
             fronted = False
+    tail = after is not None and length - positions[after] < open_tail and True not in seen[after:]
+    if root and fronted and tail:  # the earlier prompt's unstored tail, shifted in by a shorter front
+        end = length
     return KnownRun(start, max(end, start), fronted)
 
 
