@@ -469,7 +469,7 @@ class Attribution:
             # sections moved from the divergence point on; unseen anchors before them all in one
             # window straddle the seam there, not a field (not at a root: a template's head, a field
             # and history behind it read as moved there, tests/analyzer/test_layout_estimates.py)
-            walk = pairs[4] or self._order.followers(pairs)  # each pair's follower; None: never seen
+            walk = self._order.followers(pairs)  # each pair's follower; None: never seen
             pair_seen = [follower is not None for follower in walk[first:]]
             moved = moved_from_divergence(positions[first:], seen[first:], pair_seen, length, unit)
             if moved is not None:

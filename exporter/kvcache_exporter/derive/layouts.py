@@ -157,7 +157,7 @@ class AnchorOrder:
         pair was seen).
         A pair followed by several anchors (requests going their own ways, sections seen in more than
         one order) is in order for none."""
-        walk, prints = pairs[4] or self.followers(pairs), pairs[0]
+        walk, prints = self.followers(pairs), pairs[0]
         last = min(len(prints), len(seen)) - 1  # steps first .. last - 1 (seen: anchors inside the event)
         if first >= last:
             return [False] * first
@@ -245,24 +245,13 @@ def layout_served(
     """(end, after_template): the tokens of the served `span` (start, stop) a reorder to each layout would
     hit, in whole hit units from the span's start; the walk starts at the first anchor of the known run
     (from `run_start`: the span may start before it, where the run's tail made it longer). `pairs`: the
-    event's anchors as `order` read them. (AnchorOrder.reached and stop_after, inline: once an event.)"""
+    event's anchors as `order` read them."""
     start, stop = span
-    first, count = bisect_left(positions, run_start), len(positions)
-    if first >= count or unit <= 0:
+    first = bisect_left(positions, run_start)
+    if first >= len(positions) or unit <= 0:
         return 0, 0
-    ahead = (pairs[4] or order.followers(pairs))[first:]
-    ahead.append(None)  # (the walk ends at the first pair never seen, at the last pair at the latest)
-    reached = ahead.index(None)
-    ahead[reached] = _BRANCH  # (no branch point on the way: the template ends where the walk does)
-    last, branch = first + reached, first + min(ahead.index(_BRANCH) + 1, reached)
-    if last + 1 < count:  # (anchors cut, hostile: the last anchor at most)
-        end = min(max(positions[last] + K, positions[last + 1] + K // 2), length, stop)
-    else:
-        end = stop
-    if branch == last and last + 1 < count:  # (no branch point on the way: the same end)
-        template = end
-    elif branch + 1 < count:
-        template = min(max(positions[branch] + K, positions[branch + 1] + K // 2), length, end)
-    else:
-        template = min(length, end)
+    last, branch = order.reached(pairs, first)
+    last, branch = min(last, len(positions) - 1), min(branch, len(positions) - 1)  # anchors cut: hostile
+    end = min(stop_after(positions, last, length), stop) if last + 1 < len(positions) else stop
+    template = min(stop_after(positions, branch, length), end)
     return (end - start) // unit * unit, max(template - start, 0) // unit * unit
