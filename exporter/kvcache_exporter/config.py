@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import fields, replace
 from typing import Any
 
@@ -215,12 +215,17 @@ def _settle(problems: list[str], checks: list[tuple[str, str]], failed_flags: se
         raise ConfigError(*problems)
 
 
+def _refuse_taken(options: tuple[Option, ...], keys: Container[str], settings_type: type) -> None:
+    """A source's options (kit.register) whose key the table, or whose attribute the settings, has."""
+    taken = [o.key for o in options if o.key in keys or o.attr in settings_type.__dataclass_fields__]
+    if taken:
+        raise ValueError(f"option declared twice: {', '.join(taken)}")
+
+
 def add_serve_options(options: tuple[Option, ...]) -> None:
     """A source's own options (kit.register), after the built-in ones."""
     global OPTIONS
-    taken = [o.key for o in options if o.key in BY_KEY or o.attr in Settings.__dataclass_fields__]
-    if taken:
-        raise ValueError(f"option declared twice: {', '.join(taken)}")
+    _refuse_taken(options, BY_KEY, Settings)
     OPTIONS = OPTIONS + tuple(options)
     BY_KEY.update((o.key, o) for o in options)
 
@@ -229,12 +234,20 @@ def add_aggregate_options(options: tuple[Option, ...]) -> None:
     """A source's own options (kit.register) as `aggregate` has them (its environment twin), after
     the built-in ones."""
     global AGGREGATE_OPTIONS
-    keys = {o.key for o in AGGREGATE_OPTIONS}
-    taken = [o.key for o in options if o.key in keys or o.attr in AggregateSettings.__dataclass_fields__]
-    if taken:
-        raise ValueError(f"option declared twice: {', '.join(taken)}")
+    _refuse_taken(options, {o.key for o in AGGREGATE_OPTIONS}, AggregateSettings)
     AGGREGATE_OPTIONS = AGGREGATE_OPTIONS + tuple(
         replace(o, env_prefix=AGGREGATE_ENV_PREFIX) for o in options
+    )
+
+
+def _settings(settings_type: type, values: dict[str, Any], by_key: dict[str, Option]) -> Any:
+    """Resolved values (by option key) as the command's settings: its own fields, and a registered
+    source's options (kit.register) in `source_options`."""
+    fields = settings_type.__dataclass_fields__
+    by_attr = {by_key[k].attr: v for k, v in values.items()}
+    return settings_type(
+        **{a: v for a, v in by_attr.items() if a in fields},
+        source_options={a: v for a, v in by_attr.items() if a not in fields},
     )
 
 
@@ -244,12 +257,7 @@ def resolve(flags: dict[str, Any], environ: dict[str, str], config_file: str | N
     values, problems, failed = _resolve(OPTIONS, flags, environ, config_file)
     gpu_kit.from_environment(values, environ)
     fleet_publish_kit.from_environment(values, environ)
-    fields = Settings.__dataclass_fields__
-    by_attr = {BY_KEY[k].attr: v for k, v in values.items()}
-    settings = Settings(
-        **{a: v for a, v in by_attr.items() if a in fields},
-        source_options={a: v for a, v in by_attr.items() if a not in fields},
-    )
+    settings = _settings(Settings, values, BY_KEY)
     _settle(problems, checks(settings), {BY_KEY[k].flag for k in failed})
     return settings
 
@@ -264,12 +272,7 @@ def resolve_aggregate(
     discovery set-up) may raise ConfigError, whose problems join the others."""
     values, problems, failed = _resolve(AGGREGATE_OPTIONS, flags, environ, config_file)
     by_key = {o.key: o for o in AGGREGATE_OPTIONS}
-    fields = AggregateSettings.__dataclass_fields__
-    by_attr = {by_key[k].attr: v for k, v in values.items()}
-    settings = AggregateSettings(
-        **{a: v for a, v in by_attr.items() if a in fields},
-        source_options={a: v for a, v in by_attr.items() if a not in fields},
-    )
+    settings = _settings(AggregateSettings, values, by_key)
     try:
         if check is not None:
             check(settings)
