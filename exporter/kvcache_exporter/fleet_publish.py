@@ -90,12 +90,19 @@ def log_once(message: str) -> None:
         log.warning("%s (logged once)", message)
 
 
+def described(err: BaseException) -> str:
+    """An error as a log line may show it: its type and its text (nats-py's JetStream errors carry
+    their code and description only in the text), a permission error's subject left out."""
+    text = str(err)
+    return SUBJECT.sub(r'\1"…"', f"{type(err).__name__}: {text}" if text else type(err).__name__)
+
+
 async def connect(options: NatsOptions, name: str) -> Any:
     """A NATS connection that reconnects forever and logs its state changes once each."""
     import nats  # here: serve without --fleet.publish never loads it
 
     async def error_cb(err: Exception) -> None:  # subjects left out: a refused pool logs once, not per range
-        log_once(f"NATS {options.where}: " + SUBJECT.sub(r'\1"…"', repr(err)))
+        log_once(f"NATS {options.where}: {described(err)}")
 
     return await nats.connect(name=name, error_cb=error_cb, **options.connect_kwargs())
 

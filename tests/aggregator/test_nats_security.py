@@ -44,19 +44,23 @@ def certificates(where: Path) -> tuple[Path, Path, Path]:
 
 
 async def reaches_a_shard(
-    options: NatsOptions, pool: str = "llama", shard_options: NatsOptions | None = None, replicas: int = 1
+    options: NatsOptions,
+    pool: str = "llama",
+    shard_options: NatsOptions | None = None,
+    replicas: int = 1,
+    seconds: float = 20,
 ):
     """Publishes one drain with `options` and reads it with a shard (which creates the stream on
-    `replicas` servers): (publisher, shard intake)."""
+    `replicas` servers), each step within `seconds`: (publisher, shard intake)."""
     intake = NatsIntake(shard_options or options, DeltaIntake(FleetResidency(), pool), replicas=replicas)
     publisher = FleetPublisher(options, pool, "a")
     await intake.start()
     try:
-        await until(lambda: intake.connected_once, 20)
+        await until(lambda: intake.connected_once, seconds)
         publisher.start()
         publisher.offer(0, drain())
-        await publisher.flush(20)
-        await settled(intake, 20)
+        await publisher.flush(seconds)
+        await settled(intake, seconds)
         return publisher, intake.intake
     finally:
         await publisher.close()

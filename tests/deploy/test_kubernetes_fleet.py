@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
+from urllib.request import urlopen
 
 import pytest
 import yaml
@@ -166,9 +169,10 @@ def test_sidecars_publish_and_shards_read_their_pool_as_its_nats_users():
     assert users[f"aggregator-{pool}"] == secret_key(container)
 
 
-def cluster_on_loopback(tmp_path: Path) -> tuple[list[subprocess.Popen], list[int]]:
+def cluster_on_loopback(tmp_path: Path) -> tuple[list[subprocess.Popen], list[int], list[int]]:
     """The ConfigMap's nats.conf run for real: three servers, names and addresses moved to loopback
-    ports and a folder each, nothing else changed. Returns the processes and their client ports."""
+    ports and a folder each, nothing else changed. Returns the processes, their client ports and their
+    monitoring ports."""
     conf_path, env = nats_config(tmp_path)
     conf = conf_path.read_text()
     binary = shutil.which("nats-server")
@@ -188,7 +192,30 @@ def cluster_on_loopback(tmp_path: Path) -> tuple[list[subprocess.Popen], list[in
         processes.append(
             subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=server_env)
         )
-    return processes, [client for client, _, _ in ports]
+    return processes, [client for client, _, _ in ports], [monitor for _, _, monitor in ports]
+
+
+def meta_group_formed(monitor_ports: list[int], seconds: float) -> None:
+    """Waits until every server names the same JetStream meta leader and the leader counts the other
+    servers current: what a StatefulSet's rollout gives a shard before it comes (a shard started
+    earlier only retries, tested in tests/aggregator)."""
+    deadline, last = time.monotonic() + seconds, None
+    while time.monotonic() < deadline:
+        try:
+            metas = [
+                json.load(urlopen(f"http://127.0.0.1:{p}/jsz", timeout=2))["meta_cluster"]
+                for p in monitor_ports
+            ]
+        except (OSError, ValueError, KeyError) as err:
+            last = err
+        else:
+            leaders = {m.get("leader") for m in metas}
+            current = [r for m in metas if m.get("replicas") for r in m["replicas"] if r.get("current")]
+            if len(leaders) == 1 and None not in leaders and len(current) == len(monitor_ports) - 1:
+                return
+            last = metas
+        time.sleep(0.2)
+    raise AssertionError(f"no JetStream meta group in {seconds} s: {last}")
 
 
 @pytest.mark.timeout(120)
@@ -197,7 +224,7 @@ def test_the_three_servers_form_jetstream_and_carry_a_sidecars_deltas_to_a_shard
     aggregator-llama: the routes, JetStream and the shipped users work together."""
     if shutil.which("nats-server") is None:
         pytest.skip("nats-server is not installed (make system-deps installs it as root)")
-    processes, ports = cluster_on_loopback(tmp_path)
+    processes, ports, monitors = cluster_on_loopback(tmp_path)
     _, env = nats_config(tmp_path)
 
     def options(role: str, port: int) -> NatsOptions:
@@ -205,9 +232,10 @@ def test_the_three_servers_form_jetstream_and_carry_a_sidecars_deltas_to_a_shard
         return NatsOptions(f"nats://{role}-llama:{password}@127.0.0.1:{port}")
 
     try:
+        meta_group_formed(monitors, 30)
         publisher, intake = asyncio.run(
             reaches_a_shard(
-                options("sidecar", ports[0]), "llama", options("aggregator", ports[2]), replicas=3
+                options("sidecar", ports[0]), "llama", options("aggregator", ports[2]), replicas=3, seconds=60
             )
         )
         assert intake.fleet.replicas["a"].resident == 40 and publisher.dropped == {}

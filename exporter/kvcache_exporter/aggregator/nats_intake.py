@@ -31,6 +31,7 @@ from ..fleet_publish import (
     STREAM_MAX_BYTES,
     NatsOptions,
     connect,
+    described,
     ensure_stream,
     log_once,
     stop,
@@ -259,7 +260,7 @@ class NatsIntake:
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # NATS down at start, no stream yet: try again
-                log_once(f"NATS {self.options.where}: {err!r}; retrying every second")
+                log_once(f"NATS {self.options.where}: {described(err)}; retrying every second")
                 await self._close_connection()
                 await asyncio.sleep(RETRY_SECONDS)
 
