@@ -188,6 +188,17 @@ def test_state_stays_within_its_bounds():
     assert stream.attribution.totals.tokens["cold"] == 300 * 160
 
 
+def test_one_event_larger_than_every_bound_leaves_the_state_within_them():
+    """A single BlockStored of 400 blocks (vLLM stores a long prompt in one): every map it fills at
+    once (blocks, content fingerprints, the anchor order, the pair gaps) keeps its bound."""
+    stream = Stream(Attribution(max_blocks=100, max_fingerprints=256))
+    rng = random.Random(8)
+    for _ in range(3):
+        stream.prompt(header(rng, 400 * BS))
+        blocks, prints = stream.attribution.tracked
+        assert blocks <= 100 and prints <= 256, (blocks, prints)
+
+
 def test_what_if_capacity_counts_evictions_a_bigger_cache_would_have_kept():
     stream = Stream(Attribution(capacity_blocks=4))
     hashes = stream.prompt(TEMPLATE[:32])

@@ -94,14 +94,15 @@ def _followed(was: int | None, now: int) -> int:
 def _learn_by_rule(new: dict, old: dict, half: int, prints: list[int]) -> tuple[dict, dict]:
     """One event learnt pair by pair, as the rule says (what AnchorOrder.learn does at C speed): each
     pair's follower in this event (the last occurrence of a pair; the event's last pair: the end mark,
-    or what it already had in the new generation), put in the new generation; it turns at `half`."""
+    or what it already had in the new generation), put in the new generation; it turns at `half`,
+    keeping the last `half` put."""
     keys = [hash(pair) for pair in pairwise(prints)]
     if not keys:
         return new, old
     now = dict(zip(keys, [*prints[2:], new.get(keys[-1], _END)], strict=True))
     for key, follower in now.items():
         new[key] = _followed(new.get(key, old.get(key)), follower)
-    return ({}, new) if len(new) >= half else (new, old)
+    return ({}, dict(list(new.items())[-half:])) if len(new) >= half else (new, old)
 
 
 @settings(max_examples=300, deadline=None)

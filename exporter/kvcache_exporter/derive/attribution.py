@@ -154,9 +154,9 @@ class Attribution:
         self._blocks = Generations(max_blocks)
         share = max_fingerprints // 8
         self._content_prints = FingerprintSet(max_fingerprints - 4 * share - share // 2)
-        # of chains' first tokens (shared starts short of a unit); an update adds up to PREFIX_STEPS past
-        # the bound before it rotates: kept under its share, off where the share is that small
-        self._prefixes = FingerprintSet(share // 2 - PREFIX_STEPS) if share // 2 > 2 * PREFIX_STEPS else None
+        # of chains' first tokens (shared starts short of a unit); off where the share holds only a few
+        # chains' (an update puts PREFIX_STEPS)
+        self._prefixes = FingerprintSet(share // 2) if share // 2 > 2 * PREFIX_STEPS else None
         self._generated = FingerprintSet(max_fingerprints // 8)  # of decode-filled blocks: generated text
         self._foreign = FingerprintSet(max_fingerprints // 8)  # of adapters' and salted chains, untagged
         # tokens from each anchor pair's first anchor to its second, as last stored: an anchor-free section

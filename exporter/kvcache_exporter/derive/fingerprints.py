@@ -18,6 +18,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Hashable, Sequence
 from functools import cache
+from itertools import islice
 
 K = 8  # tokens per fingerprint: long enough that random 8-token matches are rare
 _MULT = 0x9E3779B1  # Knuth's multiplicative hash: spreads neighbouring values
@@ -88,6 +89,16 @@ def anchored_prints(tokens: Sequence[int]) -> list[tuple[int, int]]:
     return list(zip(*anchors(tokens), strict=True))
 
 
+def newest(entries, half: int):
+    """At most `half` of a generation's entries, the last put where they have an order: a bulk update
+    (one event of more blocks or anchors than the half) puts more than the half before it rotates."""
+    if len(entries) <= half:
+        return entries
+    if isinstance(entries, dict):
+        return dict(islice(entries.items(), len(entries) - half, None))
+    return set(islice(entries, half))
+
+
 class Generations:
     """A bounded map kept as two generations: the newest half and the one before it.
 
@@ -121,7 +132,7 @@ class Generations:
     def rotate_if_full(self) -> None:
         """After writing to `new` directly (hot loops do): keep the bound."""
         if len(self.new) >= self.half:
-            self.old, self.new = self.new, {}
+            self.old, self.new = newest(self.new, self.half), {}
 
     def clear(self) -> None:
         self.new, self.old = {}, {}
@@ -148,4 +159,4 @@ class FingerprintSet:
     def rotate_if_full(self) -> None:
         """After writing to `new` directly (hot loops do): keep the bound."""
         if len(self.new) >= self.half:
-            self.old, self.new = self.new, set()
+            self.old, self.new = newest(self.new, self.half), set()

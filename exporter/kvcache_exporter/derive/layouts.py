@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from itertools import compress, pairwise, repeat
 from operator import eq, is_, ne
 
-from .fingerprints import K
+from .fingerprints import K, newest
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ class AnchorOrder:
             else:
                 self._merge(keys, before, after)
         if len(new) >= self.half:
-            self.old, self.new = new, {}
+            self.old, self.new = newest(new, self.half), {}
             self._learned, self._learned_keys = {}, 0
         elif digest is not None and self._learned_keys + len(keys) <= self.remembered:
             self._learned[digest] = keys, None, self.merges  # (all in `new` now; followers: when repeated)
