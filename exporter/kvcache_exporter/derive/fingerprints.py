@@ -90,13 +90,18 @@ def anchored_prints(tokens: Sequence[int]) -> list[tuple[int, int]]:
 
 
 def newest(entries, half: int):
-    """At most `half` of a generation's entries, the last put where they have an order: a bulk update
-    (one event of more blocks or anchors than the half) puts more than the half before it rotates."""
-    if len(entries) <= half:
-        return entries
-    if isinstance(entries, dict):
-        return dict(islice(entries.items(), len(entries) - half, None))
-    return set(islice(entries, half))
+    """`entries` cut to at most `half` in place, the first put going first where they have an order: a
+    bulk update (one event of more blocks or anchors than the half) puts more before it rotates. Costs
+    the overshoot, not the half: a rotation stays cheap."""
+    over = len(entries) - half
+    if over > 0:
+        if isinstance(entries, dict):
+            for key in list(islice(entries, over)):
+                del entries[key]
+        else:
+            for _ in range(over):
+                entries.pop()
+    return entries
 
 
 class Generations:
