@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from kvcache_exporter import fleet_wire as wire
 from kvcache_exporter.aggregator.fleet_residency import FleetResidency, HashRange
 from kvcache_exporter.aggregator.nats_intake import DeltaIntake, NatsIntake
-from kvcache_exporter.fleet_publish import FleetPublisher, NatsOptions
+from kvcache_exporter.fleet_publish import FleetPublisher, NatsOptions, described
 from kvcache_exporter.sources.kv_events_decode import Batch, Event, KvEventDrain
 from tests.conftest import free_port
 from tests.core.test_serve import scrape, start, until
@@ -341,3 +341,16 @@ def test_stop_ends_a_loop_whose_cancel_was_swallowed_and_never_waits_forever(cap
         await stubborn
 
     asyncio.run(run())
+
+
+def test_a_nats_error_is_logged_with_its_code_and_description_and_without_a_subject():
+    """nats-py keeps a JetStream error's code and description in its text only (its repr is bare)."""
+    from nats.errors import Error, TimeoutError
+    from nats.js.errors import BadRequestError
+
+    refused = BadRequestError(code=400, err_code=10005, description="no suitable peers for placement")
+    assert repr(refused) == "BadRequestError()"  # what the log said before
+    assert "err_code=10005" in described(refused) and "no suitable peers" in described(refused)
+    assert described(TimeoutError()) == "TimeoutError: nats: timeout"
+    violation = Error('nats: permissions violation for publish to "kvcache.mistral.d.0.1"')
+    assert "kvcache.mistral" not in described(violation) and 'publish to "…"' in described(violation)
