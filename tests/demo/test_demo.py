@@ -240,6 +240,30 @@ def test_the_narrator_tells_a_cause_once_it_has_settled_and_again_when_it_change
     assert len(said) == 1 and said[0].startswith("demo: phase 4/4 templates")
 
 
+def test_the_worth_is_the_phases_latest_when_the_settling_poll_has_none():
+    """CI saw the raw phase's why told on a poll whose 3 s window had its what-ifs left out (KV events
+    ahead of vLLM's counters), and no worth before the phase ended: the latest of the phase stands in."""
+    from kvcache_exporter.demo.view import Narrator, Phase
+
+    def without_estimate(share: float, now: float):
+        misses, snap = _snap(share, now)
+        snap.reordered = None
+        return misses, snap
+
+    narrator = Narrator(window=3)
+    narrator.tell(Phase("raw", 2, 4, 3.0, 5), *_snap(0.90, 0.0))  # the window's what-ifs: 85 %
+    assert narrator.tell(Phase("raw", 2, 4, 4.0, 4), *without_estimate(0.91, 0.0)) == []
+    said = narrator.tell(Phase("raw", 2, 4, 5.0, 3), *without_estimate(0.91, 0.0))
+    assert [line.split(":")[1] for line in said] == [" why", " action", " worth"], said
+    assert said[2].endswith("~85% instead of 0%")
+    narrator = Narrator(window=3)  # a worth of the last phase is not this one's
+    narrator.tell(Phase("normalized", 1, 4, 5.0, 3), *_snap(0.90, 0.0))
+    for t in (3.0, 4.0):
+        narrator.tell(Phase("raw", 2, 4, t, 5), *without_estimate(0.91, 0.0))
+    said = narrator.tell(Phase("raw", 2, 4, 5.0, 3), *without_estimate(0.91, 0.0))
+    assert [line.split(":")[1] for line in said] == [" why", " action"], said
+
+
 def test_too_small_is_explained_where_utilization_is_low_and_cost_has_its_currency():
     from kvcache_exporter.demo.view import Narrator, Phase, render_frame, render_line
 

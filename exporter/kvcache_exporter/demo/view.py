@@ -320,18 +320,22 @@ class Narrator:
     """Line mode's story: one line when a phase starts; why, action and worth once the cause has
     settled (the short window holds this phase's traffic only, and the top cause and its figures
     held still for SETTLE_TICKS ticks), again when the settled cause changes, and the worth when it
-    becomes known later."""
+    becomes known later. The worth is the latest this phase's short window gave for the same cause: the
+    exporter leaves a window's what-ifs out while its KV events run ahead of vLLM's counters, which a
+    3 s window on a busy machine does every other poll."""
 
     window: float
     """the short window's seconds: before it has passed, the misses mix in the last phase's"""
     phase: int = 0
     told: tuple[str, bool] | None = None
     recent: list[tuple[str, tuple[float, ...]]] = field(default_factory=list)
+    known_worth: tuple[str, str] | None = None
+    """(cause, worth) last given in this phase"""
 
     def tell(self, phase: Phase, misses: Misses | None, snap: Snapshot | None) -> list[str]:
         out = []
         if phase.index != self.phase:
-            self.phase, self.told, self.recent = phase.index, None, []
+            self.phase, self.told, self.recent, self.known_worth = phase.index, None, [], None
             out.append(
                 f"demo: phase {phase.index}/{phase.count} {phase.name}: {PHASE_TEXT.get(phase.name, '')}"
             )
@@ -339,11 +343,15 @@ class Narrator:
             self.recent = []
             return out
         self.recent = [*self.recent, (misses.top, _figures(misses, snap))][-SETTLE_TICKS:]
+        value = worth(misses, snap)
+        if value is not None:
+            self.known_worth = (misses.top, value)
+        elif self.known_worth is not None and self.known_worth[0] == misses.top:
+            value = self.known_worth[1]
         causes = {cause for cause, _ in self.recent}
         spreads = [max(f) - min(f) for f in zip(*(figures for _, figures in self.recent), strict=True)]
         if len(self.recent) < SETTLE_TICKS or len(causes) > 1 or max(spreads) > SETTLE_SPREAD:
             return out
-        value = worth(misses, snap)
         if self.told == (misses.top, value is not None):
             return out
         if self.told is None or self.told[0] != misses.top:
