@@ -322,7 +322,7 @@ class Narrator:
     held still for SETTLE_TICKS ticks), again when the settled cause changes, and the worth when it
     becomes known later. The worth is the latest this phase's short window gave for the same cause: the
     exporter leaves a window's what-ifs out while its KV events run ahead of vLLM's counters, which a
-    3 s window on a busy machine does every other poll."""
+    3 s window on a busy machine often is."""
 
     window: float
     """the short window's seconds: before it has passed, the misses mix in the last phase's"""
